@@ -1,0 +1,1 @@
+//! Engine allocators: pools, small objects, stacks, frames and alignment.

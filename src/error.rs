@@ -1,0 +1,154 @@
+//! The crate's one error type.
+
+use std::panic::Location;
+
+/// Everything that can go wrong in mmobject.
+///
+/// Every fallible call comes in two forms: `try_*` returns this error, and the
+/// plain call panics with this error's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ---- object manager -------------------------------------------------
+    /// The handle or key names an object that has been released or destroyed.
+    #[error("stale handle: {type_name}#{index} (generation {generation}) no longer names a live object")]
+    StaleHandle {
+        /// The object type the handle was for.
+        type_name: &'static str,
+        /// The key's index.
+        index: u32,
+        /// The key's generation.
+        generation: u32,
+    },
+    /// The handle belongs to a different `ObjectManager`.
+    #[error("handle belongs to object manager #{found}, but was used with object manager #{expected}")]
+    WrongManager {
+        /// The id of the manager the call was made on.
+        expected: u32,
+        /// The id of the manager the handle came from (for raw handles: the low 8 bits only).
+        found: u32,
+    },
+    /// A raw handle or key names an object of another type.
+    #[error("wrong type: the handle names a {found}, but a {expected} was asked for")]
+    WrongType {
+        /// The type that was asked for.
+        expected: &'static str,
+        /// The type the handle actually names.
+        found: &'static str,
+    },
+    /// A raw handle was released more times than it was referenced.
+    #[error("double release: {type_name}#{index} has no references left to release")]
+    DoubleRelease {
+        /// The object type.
+        type_name: &'static str,
+        /// The key's index.
+        index: u32,
+    },
+    /// A raw handle is malformed: it names no slot this manager ever handed out.
+    #[error("invalid raw handle {raw:#018x}: it names no object slot of this manager")]
+    InvalidRawHandle {
+        /// The raw handle's bits.
+        raw: u64,
+    },
+    /// Too many references to one object.
+    #[error("reference count overflow on {type_name}#{index}")]
+    RefCountOverflow {
+        /// The object type.
+        type_name: &'static str,
+        /// The key's index.
+        index: u32,
+    },
+    /// An object store (or the manager) is full.
+    #[error("capacity exceeded for {what}: the limit is {limit}")]
+    CapacityExceeded {
+        /// What is full (a type name, or "object types").
+        what: &'static str,
+        /// The limit that was hit.
+        limit: usize,
+    },
+
+    // ---- allocators ------------------------------------------------------
+    /// An allocator has no room for the request.
+    #[error("out of memory: requested {requested} bytes, {available} available")]
+    OutOfMemory {
+        /// Bytes requested (including alignment padding where relevant).
+        requested: usize,
+        /// Bytes still available in the allocator (or in the relevant class).
+        available: usize,
+    },
+    /// The alignment is not a power of two, or is larger than supported.
+    #[error("unsupported alignment {align}: it must be a power of two no larger than {max}")]
+    UnsupportedAlignment {
+        /// The alignment requested.
+        align: usize,
+        /// The largest alignment supported.
+        max: usize,
+    },
+    /// A pointer that this allocator never handed out was freed.
+    #[error("foreign free: {addr:#x} does not belong to this allocator")]
+    ForeignPointer {
+        /// The address that was freed.
+        addr: usize,
+    },
+    /// A pointer inside the allocator that does not start a block was freed.
+    #[error("bad free: {addr:#x} is not the start of a block (the block starts at {block_start:#x})")]
+    NotBlockStart {
+        /// The address that was freed.
+        addr: usize,
+        /// The start of the block that contains it.
+        block_start: usize,
+    },
+    /// A block was freed twice.
+    #[error("double free of {addr:#x}")]
+    DoubleFree {
+        /// The address that was freed twice.
+        addr: usize,
+    },
+    /// A stack marker that is not valid for this stack (from another stack, or above the top).
+    #[error("invalid marker: {reason}")]
+    InvalidMarker {
+        /// Why the marker is invalid.
+        reason: &'static str,
+    },
+    /// A freed block's fill pattern was overwritten: something wrote to it after it was freed.
+    #[error("use after free detected: freed block at {addr:#x} was written to")]
+    UseAfterFree {
+        /// The block's address.
+        addr: usize,
+    },
+
+    // ---- tracker ----------------------------------------------------------
+    /// A memory budget would be exceeded.
+    #[error("budget exceeded for tag '{tag}': budget {budget} bytes, {current} in use, {requested} requested")]
+    BudgetExceeded {
+        /// The tag whose budget is exceeded.
+        tag: &'static str,
+        /// The tag's budget in bytes.
+        budget: usize,
+        /// Bytes in use under the tag before the request.
+        current: usize,
+        /// Bytes requested.
+        requested: usize,
+    },
+    /// A pointer the tracker never saw was untracked or freed.
+    #[error("untracked free: the tracker has no record of {addr:#x}")]
+    UntrackedFree {
+        /// The address.
+        addr: usize,
+    },
+    /// Guard bytes around an allocation were overwritten.
+    #[error("buffer overrun: {bytes} guard byte(s) overwritten around the {size}-byte block at {addr:#x} allocated at {site}")]
+    BufferOverrun {
+        /// The block's address.
+        addr: usize,
+        /// The block's size.
+        size: usize,
+        /// How many guard bytes were changed.
+        bytes: usize,
+        /// Where the block was allocated.
+        site: &'static Location<'static>,
+    },
+}
+
+/// A `Result` whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,26 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs, missing_debug_implementations)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod alloc;
+mod error;
+pub mod object;
+mod sync;
+pub mod track;
+
+pub use error::{Error, Result};
+pub use object::{HeapSize, MMObject, ObjectKey, VisitHandles};
+
+/// Implements [`MMObject`] for a struct or enum.
+///
+/// - `#[mm(tag = "Textures")]` on the type sets its memory category (default: the type name).
+/// - `#[mm(skip)]` on a field leaves it out of `size()` and `visit_handles()`.
+pub use mmobject_macros::MMObject;
+
+/// Paths the derive's generated code uses. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::object::probe::{NoHeapSize, NoVisitHandles, Probe, ViaHeapSize, ViaVisitHandles};
+    pub use crate::object::{MMObject, ObjectKey};
+    pub use core::mem::size_of;
+}

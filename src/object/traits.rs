@@ -1,0 +1,240 @@
+//! The [`MMObject`] trait and the field helpers that `#[derive(MMObject)]` uses.
+
+use super::key::ObjectKey;
+
+/// A type that can live in an [`ObjectManager`](crate::ObjectManager).
+///
+/// Implement it with `#[derive(MMObject)]`:
+///
+/// ```
+/// use mmobject::{Handle, MMObject};
+///
+/// #[derive(MMObject)]
+/// #[mm(tag = "Textures")]
+/// struct Texture { width: u32, height: u32, pixels: Vec<u8> }
+///
+/// #[derive(MMObject)]
+/// struct Material { albedo: Handle<Texture>, detail: Option<Handle<Texture>> }
+///
+/// assert_eq!(Texture::TYPE_NAME, "Texture");
+/// assert_eq!(Texture::TAG, "Textures");
+/// assert_eq!(Material::TAG, "Material");
+/// let t = Texture { width: 2, height: 2, pixels: Vec::with_capacity(16) };
+/// assert_eq!(t.size(), std::mem::size_of::<Texture>() + 16);
+/// ```
+///
+/// Objects are `Send + Sync` because the manager hands out `&T` to any thread
+/// that holds `&ObjectManager`, and destroys objects on whichever thread calls
+/// [`collect_garbage`](crate::ObjectManager::collect_garbage).
+pub trait MMObject: Send + Sync + 'static {
+    /// The type's name, as shown in reports and `Debug` output.
+    const TYPE_NAME: &'static str;
+    /// The memory category the type's bytes are counted under (default: the type name).
+    const TAG: &'static str;
+
+    /// The object's size in bytes: `size_of::<Self>()` plus the heap bytes it owns
+    /// that the derive can see (`Vec`, `String`, `Box`, … fields).
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+    }
+
+    /// Calls `visitor` with the key of every strong [`Handle`](crate::Handle) the
+    /// object holds, including those inside `Option`, `Vec`, arrays, tuples and `Box`.
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        let _ = visitor;
+    }
+}
+
+/// Heap bytes owned by a value, beyond its own `size_of`.
+///
+/// The derive sums this over an object's fields to compute
+/// [`MMObject::size`]. Field types that do not implement it count as owning no
+/// heap memory. Implement it for your own field types to make sizes exact.
+pub trait HeapSize {
+    /// Bytes this value owns on the heap (not counting `size_of::<Self>()`).
+    fn heap_size(&self) -> usize;
+}
+
+/// Visiting the strong handles a value holds.
+///
+/// The derive calls this for each field. Field types that do not implement it
+/// are taken to hold no handles. Implement it for your own field types that
+/// hold handles, so cycle and retention analysis can see them.
+pub trait VisitHandles {
+    /// Calls `visitor` with the key of every strong handle in `self`.
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey));
+}
+
+macro_rules! no_heap {
+    ($($t:ty),* $(,)?) => {$(
+        impl HeapSize for $t {
+            #[inline]
+            fn heap_size(&self) -> usize { 0 }
+        }
+    )*};
+}
+
+no_heap!(
+    (), bool, char, u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64,
+    &'static str, ObjectKey
+);
+
+impl HeapSize for String {
+    fn heap_size(&self) -> usize {
+        self.capacity()
+    }
+}
+
+impl<T: HeapSize> HeapSize for Vec<T> {
+    fn heap_size(&self) -> usize {
+        self.capacity() * std::mem::size_of::<T>() + self.iter().map(HeapSize::heap_size).sum::<usize>()
+    }
+}
+
+impl<T: HeapSize + ?Sized> HeapSize for Box<T> {
+    fn heap_size(&self) -> usize {
+        std::mem::size_of_val::<T>(self) + (**self).heap_size()
+    }
+}
+
+impl<T: HeapSize> HeapSize for [T] {
+    fn heap_size(&self) -> usize {
+        self.iter().map(HeapSize::heap_size).sum()
+    }
+}
+
+impl HeapSize for str {
+    fn heap_size(&self) -> usize {
+        0
+    }
+}
+
+impl<T: HeapSize> HeapSize for Option<T> {
+    fn heap_size(&self) -> usize {
+        self.as_ref().map_or(0, HeapSize::heap_size)
+    }
+}
+
+impl<T: HeapSize, const N: usize> HeapSize for [T; N] {
+    fn heap_size(&self) -> usize {
+        self.iter().map(HeapSize::heap_size).sum()
+    }
+}
+
+impl<K: HeapSize, V: HeapSize, S> HeapSize for std::collections::HashMap<K, V, S> {
+    fn heap_size(&self) -> usize {
+        // Buckets plus roughly one control byte per bucket.
+        self.capacity() * (std::mem::size_of::<(K, V)>() + 1)
+            + self.iter().map(|(k, v)| k.heap_size() + v.heap_size()).sum::<usize>()
+    }
+}
+
+impl<T: VisitHandles> VisitHandles for Option<T> {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        if let Some(v) = self {
+            v.visit_handles(visitor);
+        }
+    }
+}
+
+impl<T: VisitHandles> VisitHandles for Vec<T> {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        self.iter().for_each(|v| v.visit_handles(visitor));
+    }
+}
+
+impl<T: VisitHandles> VisitHandles for [T] {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        self.iter().for_each(|v| v.visit_handles(visitor));
+    }
+}
+
+impl<T: VisitHandles, const N: usize> VisitHandles for [T; N] {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        self.iter().for_each(|v| v.visit_handles(visitor));
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for Box<T> {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        (**self).visit_handles(visitor);
+    }
+}
+
+macro_rules! tuples {
+    ($($name:ident)+) => {
+        impl<$($name: HeapSize),+> HeapSize for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn heap_size(&self) -> usize {
+                let ($($name,)+) = self;
+                0 $(+ $name.heap_size())+
+            }
+        }
+        impl<$($name: VisitHandles),+> VisitHandles for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+                let ($($name,)+) = self;
+                $($name.visit_handles(visitor);)+
+            }
+        }
+    };
+}
+
+tuples!(A);
+tuples!(A B);
+tuples!(A B C);
+tuples!(A B C D);
+tuples!(A B C D E);
+tuples!(A B C D E F);
+
+/// Support for the derive's generated code. Not public API.
+///
+/// The derive calls `(&&Probe(&field)).mm_heap_size()`: method resolution picks
+/// the `HeapSize`-based impl when the field type implements the trait, and the
+/// fallback (zero) otherwise ("autoref specialization"). The same holds for
+/// handle visiting.
+#[doc(hidden)]
+pub mod probe {
+    use super::{HeapSize, ObjectKey, VisitHandles};
+
+    #[allow(missing_debug_implementations)]
+    pub struct Probe<'a, T: ?Sized>(pub &'a T);
+
+    pub trait ViaHeapSize {
+        fn mm_heap_size(&self) -> usize;
+    }
+    impl<T: HeapSize + ?Sized> ViaHeapSize for Probe<'_, T> {
+        #[inline]
+        fn mm_heap_size(&self) -> usize {
+            self.0.heap_size()
+        }
+    }
+
+    pub trait NoHeapSize {
+        fn mm_heap_size(&self) -> usize;
+    }
+    impl<T: ?Sized> NoHeapSize for &Probe<'_, T> {
+        #[inline]
+        fn mm_heap_size(&self) -> usize {
+            0
+        }
+    }
+
+    pub trait ViaVisitHandles {
+        fn mm_visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey));
+    }
+    impl<T: VisitHandles + ?Sized> ViaVisitHandles for Probe<'_, T> {
+        #[inline]
+        fn mm_visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+            self.0.visit_handles(visitor);
+        }
+    }
+
+    pub trait NoVisitHandles {
+        fn mm_visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey));
+    }
+    impl<T: ?Sized> NoVisitHandles for &Probe<'_, T> {
+        #[inline]
+        fn mm_visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
+    }
+}

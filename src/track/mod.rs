@@ -1,0 +1,1 @@
+//! The memory tracker: tags, per-tag stats and budgets, records and reports.
