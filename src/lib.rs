@@ -9,7 +9,10 @@ mod sync;
 pub mod track;
 
 pub use error::{Error, Result};
-pub use object::{HeapSize, MMObject, ObjectKey, VisitHandles};
+pub use object::{
+    CollectStats, Handle, HeapSize, LeakReport, MMObject, MemoryReport, ObjectKey, ObjectManager, RawHandle,
+    VisitHandles, WeakHandle,
+};
 
 /// Implements [`MMObject`] for a struct or enum.
 ///

@@ -29,20 +29,19 @@ use slotmap::{Key, KeyData};
 pub struct ObjectKey(KeyData);
 
 impl ObjectKey {
-    #[allow(dead_code)]
     pub(crate) fn new(index: u32, generation: u32) -> Self {
         debug_assert!(generation & 1 == 1, "an occupied generation is odd");
-        ObjectKey(KeyData::from_ffi((u64::from(generation)) | (u64::from(index) << 32)))
+        ObjectKey(KeyData::from_ffi(u64::from(index) | (u64::from(generation) << 32)))
     }
 
     /// The manager-wide index of the object's slot.
     pub fn index(self) -> u32 {
-        (self.0.as_ffi() >> 32) as u32
+        self.0.as_ffi() as u32
     }
 
     /// The generation of the slot when the key was made (odd).
     pub fn generation(self) -> u32 {
-        self.0.as_ffi() as u32
+        (self.0.as_ffi() >> 32) as u32
     }
 }
 

@@ -1,9 +1,36 @@
 //! Objects: the manager, its generational stores, handles, collection and reports.
+//!
+//! # How it works
+//!
+//! Each [`MMObject`] type gets one store inside the [`ObjectManager`]: a
+//! generational slot map whose slots live in segments that never move (segment
+//! `k` holds `base << k` slots). A slot is a 16-byte header (count or list
+//! link, generation, creation site) followed by the value.
+//!
+//! - A [`Handle`] points straight at its slot. Clone is one relaxed atomic add;
+//!   drop is one atomic sub, and the last drop pushes the slot onto its store's
+//!   lock-free dead list.
+//! - [`ObjectManager::collect_garbage`] swaps each dead list empty and destroys
+//!   what it held, looping until cascades settle: O(dead), never O(live).
+//! - A [`WeakHandle`] is a key plus a location; every use checks the
+//!   generation, so a reused slot never validates an old weak or raw handle.
 
+mod handle;
+mod index_space;
 mod key;
+mod leak;
+mod manager;
+mod report;
+mod shared;
+mod slot;
+mod store;
 mod traits;
 
+pub use handle::{Handle, RawHandle, WeakHandle};
 pub use key::ObjectKey;
+pub use leak::{LeakEntry, LeakReport};
+pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, TryCreateError, MAX_TYPES};
+pub use report::{MemoryReport, TypeReport};
 #[doc(hidden)]
 pub use traits::probe;
 pub use traits::{HeapSize, MMObject, VisitHandles};

@@ -1,0 +1,335 @@
+//! Strong, weak and raw handles.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use crate::sync::{fence, Ordering};
+
+use super::index_space::INDEX_BITS;
+use super::shared::StoreShared;
+use super::slot::{Slot, MAX_REFS};
+use super::{MMObject, ObjectKey, VisitHandles};
+
+/// Packs a store index and a local slot index into one `u32`.
+#[inline]
+pub(crate) fn pack_location(store_index: u32, local: u32) -> u32 {
+    debug_assert!(store_index < 256 && local < (1 << INDEX_BITS), "location out of range");
+    store_index << INDEX_BITS | local
+}
+
+#[inline]
+pub(crate) fn unpack_location(location: u32) -> (u32, u32) {
+    (location >> INDEX_BITS, location & ((1 << INDEX_BITS) - 1))
+}
+
+/// A strong, refcounted reference to an object in an [`ObjectManager`](crate::ObjectManager).
+///
+/// Cloning adds a reference (one relaxed atomic add); dropping removes one.
+/// Dropping the last handle never runs `T::drop` on the spot: the object
+/// becomes *dead*, and the next
+/// [`collect_garbage`](crate::ObjectManager::collect_garbage) destroys it.
+/// Read the object through the manager: `mm.get(&h)`, `mm[&h]`, `mm.get_mut(&h)`.
+///
+/// `Handle<T>` is `Send + Sync`: dropping a handle never drops a `T`, so
+/// handles can be cloned and dropped on any thread.
+///
+/// # Examples
+///
+/// ```
+/// use mmobject::{MMObject, ObjectManager};
+///
+/// #[derive(MMObject)]
+/// struct Mesh { vertices: Vec<[f32; 3]> }
+///
+/// let mut mm = ObjectManager::new();
+/// let mesh = mm.create(Mesh { vertices: vec![[0.0; 3]; 3] });
+/// let other = mesh.clone();
+/// assert_eq!(mesh.ref_count(), 2);
+/// assert_eq!(mm[&other].vertices.len(), 3);
+/// drop(mesh);
+/// drop(other);
+/// assert_eq!(mm.dead_count(), 1);
+/// assert_eq!(mm.collect_garbage().objects, 1);
+/// ```
+pub struct Handle<T> {
+    slot: NonNull<Slot<T>>,
+    shared: NonNull<StoreShared>,
+    generation: u32,
+    local: u32,
+    _type: PhantomData<fn() -> T>,
+}
+
+// SAFETY: a handle only touches its slot's atomic header and its store's
+// atomic dead list; it never reads, writes or drops a `T` on its own.
+unsafe impl<T> Send for Handle<T> {}
+// SAFETY: as for `Send`; `&Handle` allows only `clone`, `ref_count` and key reads.
+unsafe impl<T> Sync for Handle<T> {}
+
+impl<T> Handle<T> {
+    /// Wraps a reference the caller already counted.
+    ///
+    /// # Safety
+    ///
+    /// `slot` must be the occupied slot `local` of the store whose shared part
+    /// is `shared`, with the given generation, and the caller must transfer
+    /// one counted reference to the new handle.
+    #[inline]
+    pub(crate) unsafe fn from_counted(
+        slot: NonNull<Slot<T>>,
+        shared: NonNull<StoreShared>,
+        generation: u32,
+        local: u32,
+    ) -> Self {
+        Handle { slot, shared, generation, local, _type: PhantomData }
+    }
+
+    #[inline]
+    pub(crate) fn slot(&self) -> &Slot<T> {
+        // SAFETY: the slot's segment outlives every handle into it (the
+        // manager leaks it if handles outlive the manager).
+        unsafe { self.slot.as_ref() }
+    }
+
+    #[inline]
+    pub(crate) fn shared(&self) -> &StoreShared {
+        // SAFETY: the store's shared part outlives every handle (as above).
+        unsafe { self.shared.as_ref() }
+    }
+
+    /// The id of the manager the handle belongs to.
+    #[inline]
+    pub(crate) fn manager_id(&self) -> u32 {
+        self.shared().manager_id
+    }
+
+    /// The number of strong references to the object (handles plus raw handles).
+    pub fn ref_count(&self) -> u32 {
+        self.slot().header.ref_count()
+    }
+
+    /// The object's untyped key.
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::new(self.shared().global_index(self.local), self.generation)
+    }
+
+    /// A weak handle to the same object: `Copy`, uncounted, checked on use.
+    pub fn downgrade(&self) -> WeakHandle<T> {
+        let shared = self.shared();
+        WeakHandle {
+            key: self.key(),
+            location: pack_location(shared.store_index, self.local),
+            manager: shared.manager_id,
+            _type: PhantomData,
+        }
+    }
+
+    /// True if both handles name the same object.
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        a.slot == b.slot
+    }
+
+    /// Turns the handle into a raw `u64` for scripting or FFI, keeping its reference.
+    ///
+    /// Give the reference back with [`ObjectManager::handle_from_raw`](crate::ObjectManager::handle_from_raw)
+    /// or [`ObjectManager::release_raw`](crate::ObjectManager::release_raw);
+    /// until then the object stays alive (and is reported as a leak at shutdown).
+    pub fn into_raw(self) -> RawHandle {
+        let shared = self.shared();
+        let tag = u64::from(shared.manager_id & 0xff);
+        let index = u64::from(shared.global_index(self.local));
+        let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation));
+        *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
+        std::mem::forget(self);
+        raw
+    }
+}
+
+impl<T> Clone for Handle<T> {
+    #[inline]
+    fn clone(&self) -> Self {
+        let old = self.slot().header.word.fetch_add(1, Ordering::Relaxed);
+        if old >= MAX_REFS {
+            refcount_overflow(&self.slot().header.word);
+        }
+        Handle { ..*self }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refcount_overflow(word: &crate::sync::AtomicU32) -> ! {
+    word.fetch_sub(1, Ordering::Relaxed);
+    panic!("mmobject: reference count overflow (more than {MAX_REFS} handles to one object)");
+}
+
+impl<T> Drop for Handle<T> {
+    #[inline]
+    fn drop(&mut self) {
+        let word = &self.slot().header.word;
+        if word.fetch_sub(1, Ordering::Release) != 1 {
+            return;
+        }
+        // Acquire: every other handle's uses happen before the object dies.
+        fence(Ordering::Acquire);
+        self.shared().push_dead(self.local, word);
+    }
+}
+
+impl<T> PartialEq for Handle<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.slot == other.slot && self.generation == other.generation
+    }
+}
+
+impl<T> Eq for Handle<T> {}
+
+impl<T> Hash for Handle<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.slot.hash(state);
+        self.generation.hash(state);
+    }
+}
+
+impl<T: MMObject> fmt::Debug for Handle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", T::TYPE_NAME, self.key())
+    }
+}
+
+impl<T> VisitHandles for Handle<T> {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        visitor(self.key());
+    }
+}
+
+impl<T> super::HeapSize for Handle<T> {
+    fn heap_size(&self) -> usize {
+        0
+    }
+}
+
+/// A weak reference: `Copy`, 16 bytes, no count. Read through the manager.
+///
+/// [`ObjectManager::upgrade`](crate::ObjectManager::upgrade) turns it into a
+/// [`Handle`] while the object is live; once the last strong handle is gone,
+/// upgrading returns `None`, even before the object is collected.
+///
+/// # Examples
+///
+/// ```
+/// use mmobject::{MMObject, ObjectManager};
+///
+/// #[derive(MMObject)]
+/// struct Enemy { hp: u32 }
+///
+/// let mm = ObjectManager::new();
+/// let enemy = mm.create(Enemy { hp: 3 });
+/// let target = enemy.downgrade();
+/// assert_eq!(mm.get_weak(target).map(|e| e.hp), Some(3));
+/// drop(enemy);
+/// assert!(mm.upgrade(target).is_none());
+/// ```
+pub struct WeakHandle<T> {
+    key: ObjectKey,
+    location: u32,
+    manager: u32,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> WeakHandle<T> {
+    /// The object's untyped key.
+    pub fn key(&self) -> ObjectKey {
+        self.key
+    }
+
+    pub(crate) fn location(&self) -> u32 {
+        self.location
+    }
+
+    pub(crate) fn manager_id(&self) -> u32 {
+        self.manager
+    }
+
+    pub(crate) fn new(key: ObjectKey, location: u32, manager: u32) -> Self {
+        WeakHandle { key, location, manager, _type: PhantomData }
+    }
+}
+
+impl<T> Clone for WeakHandle<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for WeakHandle<T> {}
+
+impl<T> PartialEq for WeakHandle<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.manager == other.manager
+    }
+}
+
+impl<T> Eq for WeakHandle<T> {}
+
+impl<T> Hash for WeakHandle<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+        self.manager.hash(state);
+    }
+}
+
+impl<T: MMObject> fmt::Debug for WeakHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Weak({}{})", T::TYPE_NAME, self.key)
+    }
+}
+
+/// A handle as a plain `u64`, for scripting languages and FFI.
+///
+/// It carries one counted reference (see [`Handle::into_raw`]). Bits: the
+/// low 8 bits of the manager id, a 24-bit manager-wide index and a 32-bit
+/// generation. Every call that takes one checks it: a stale, foreign,
+/// wrong-type or over-released raw handle gives an `Err`, and a failed call
+/// changes no count.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RawHandle(pub u64);
+
+impl RawHandle {
+    pub(crate) fn manager_tag(self) -> u32 {
+        (self.0 >> 56) as u32
+    }
+
+    pub(crate) fn index(self) -> u32 {
+        (self.0 >> 32) as u32 & ((1 << INDEX_BITS) - 1)
+    }
+
+    pub(crate) fn generation(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+impl fmt::Debug for RawHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RawHandle({:#018x})", self.0)
+    }
+}
+
+impl From<RawHandle> for u64 {
+    fn from(raw: RawHandle) -> u64 {
+        raw.0
+    }
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(std::mem::size_of::<Handle<u8>>(), 24);
+        assert_eq!(std::mem::size_of::<Option<Handle<u8>>>(), 24);
+        assert_eq!(std::mem::size_of::<WeakHandle<u8>>(), 16);
+    }
+}

@@ -1,0 +1,150 @@
+//! The part of a store that handles point at: its identity and its dead list.
+//!
+//! The dead list is a lock-free stack of local slot indices, threaded through
+//! the slots' header words. Any thread pushes (a handle drop that takes the
+//! count to zero); only collection, which holds `&mut ObjectManager`, takes the
+//! whole stack at once with one swap. Since nothing ever pops a single node,
+//! a successful push CAS always links the node to the true top: no ABA.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use crate::sync::{AtomicU32, Ordering};
+
+use super::slot::{LINK_FLAG, NIL};
+
+/// Segments per store: enough for 2^24 slots from a base of one slot.
+pub(crate) const MAX_SEGMENTS: usize = 26;
+
+/// What a store shares with its handles.
+///
+/// # Invariants
+///
+/// - It is allocated once per store and outlives every handle into the store:
+///   the manager frees it only after proving that no handle is left, and
+///   leaks it otherwise.
+/// - `segment_start[k]` is written before segment `k` is published, and never again.
+#[repr(C, align(64))]
+pub(crate) struct StoreShared {
+    /// Top of the dead stack (a local index, or [`NIL`]). Alone on its cache line.
+    dead_head: AtomicU32,
+    _pad: [u8; 60],
+    /// The owning manager's id.
+    pub(crate) manager_id: u32,
+    /// This store's position in the manager's store table.
+    pub(crate) store_index: u32,
+    /// log2 of the first segment's slot count.
+    pub(crate) base_bits: u32,
+    /// The manager-wide index of each segment's first slot.
+    segment_start: [AtomicU32; MAX_SEGMENTS],
+    /// Outstanding raw references, by local slot index. Raw calls check it, so
+    /// a raw handle can never give back more references than it holds.
+    pub(crate) raw_refs: Mutex<HashMap<u32, u32>>,
+}
+
+impl StoreShared {
+    pub(crate) fn new(manager_id: u32, store_index: u32, base_bits: u32) -> Self {
+        StoreShared {
+            dead_head: AtomicU32::new(NIL),
+            _pad: [0; 60],
+            manager_id,
+            store_index,
+            base_bits,
+            segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
+            raw_refs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Pushes the slot `local`, whose header word is `word`, onto the dead stack.
+    ///
+    /// The caller has just taken the slot's count to zero, so no other thread
+    /// writes `word` until collection takes the stack.
+    #[inline]
+    pub(crate) fn push_dead(&self, local: u32, word: &AtomicU32) {
+        let mut head = self.dead_head.load(Ordering::Relaxed);
+        loop {
+            word.store(LINK_FLAG | head, Ordering::Relaxed);
+            // Release: publishes the link above (and, through the count's
+            // release sequence, every use of the object) to the collector.
+            match self.dead_head.compare_exchange_weak(head, local, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Pushes an already linked chain `first ..= last` back onto the dead stack.
+    pub(crate) fn push_dead_chain(&self, first: u32, last_word: &AtomicU32) {
+        let mut head = self.dead_head.load(Ordering::Relaxed);
+        loop {
+            last_word.store(LINK_FLAG | head, Ordering::Relaxed);
+            match self.dead_head.compare_exchange_weak(head, first, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Takes the whole dead stack, leaving it empty.
+    pub(crate) fn take_dead(&self) -> u32 {
+        self.dead_head.swap(NIL, Ordering::Acquire)
+    }
+
+    /// The top of the dead stack, without taking it.
+    pub(crate) fn peek_dead(&self) -> u32 {
+        self.dead_head.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_segment_start(&self, segment: usize, start: u32) {
+        self.segment_start[segment].store(start, Ordering::Relaxed);
+    }
+
+    /// The manager-wide index of the slot `local`, whose segment must be published.
+    #[inline]
+    pub(crate) fn global_index(&self, local: u32) -> u32 {
+        let (segment, offset) = locate(local, self.base_bits);
+        self.segment_start[segment].load(Ordering::Relaxed) + offset as u32
+    }
+}
+
+/// Splits a local slot index into (segment, offset): segment `k` holds `base << k` slots.
+#[inline]
+pub(crate) fn locate(local: u32, base_bits: u32) -> (usize, usize) {
+    let shifted = u64::from(local) + (1u64 << base_bits);
+    let segment = 63 - shifted.leading_zeros() - base_bits;
+    let offset = shifted - (1u64 << (segment + base_bits));
+    (segment as usize, offset as usize)
+}
+
+/// The slot count of segment `k`.
+#[inline]
+pub(crate) fn segment_len(segment: usize, base_bits: u32) -> u32 {
+    1u32 << (segment as u32 + base_bits)
+}
+
+/// The local index of segment `k`'s first slot.
+#[inline]
+pub(crate) fn segment_first(segment: usize, base_bits: u32) -> u32 {
+    segment_len(segment, base_bits) - (1u32 << base_bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_walks_doubling_segments() {
+        for base_bits in [0, 3, 6] {
+            let mut local = 0u32;
+            for segment in 0..8 {
+                assert_eq!(segment_first(segment, base_bits), local);
+                for offset in 0..segment_len(segment, base_bits) {
+                    assert_eq!(locate(local, base_bits), (segment, offset as usize));
+                    local += 1;
+                }
+            }
+        }
+        assert_eq!(locate((1 << 24) - 1, 0).0, 24);
+    }
+}

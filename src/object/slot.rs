@@ -1,0 +1,176 @@
+//! One object slot: a 16-byte header and the value.
+
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::panic::Location;
+
+use crate::sync::{AtomicU32, Ordering};
+
+/// Set in [`SlotHeader::word`] when the word holds a list link instead of a count.
+pub(crate) const LINK_FLAG: u32 = 1 << 31;
+/// The end of a dead list or free list.
+pub(crate) const NIL: u32 = LINK_FLAG - 1;
+/// Clones past this count panic: far above any real use, far below the link flag.
+pub(crate) const MAX_REFS: u32 = 1 << 30;
+
+/// The per-object metadata: 16 bytes on 64-bit targets.
+///
+/// # Invariants
+///
+/// - `generation` is even while the slot is vacant and odd while it is occupied.
+///   It only ever grows (wrapping); vacant → occupied happens in `create`
+///   (`&ObjectManager`), occupied → vacant only in collection or shutdown
+///   (`&mut ObjectManager`).
+/// - `word`, while the slot is occupied and referenced, is the strong count
+///   (no [`LINK_FLAG`]). It is 0 only while the last releaser pushes the slot
+///   onto its store's dead list. Once the slot is on the dead list, or vacant on
+///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
+///   the next slot in that list (or [`NIL`]).
+/// - `site` is valid while the slot is occupied.
+#[repr(C)]
+pub(crate) struct SlotHeader {
+    pub(crate) word: AtomicU32,
+    pub(crate) generation: AtomicU32,
+    pub(crate) site: UnsafeCell<&'static Location<'static>>,
+}
+
+/// A slot: the header, then the value, initialised exactly while the generation is odd.
+#[repr(C)]
+pub(crate) struct Slot<T> {
+    pub(crate) header: SlotHeader,
+    pub(crate) value: UnsafeCell<MaybeUninit<T>>,
+}
+
+/// What a slot holds, read through its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// Never used, or on the free list.
+    Vacant,
+    /// Occupied with the given strong count (> 0).
+    Live(u32),
+    /// Occupied, but released: waiting for collection.
+    Dead,
+}
+
+impl SlotHeader {
+    pub(crate) fn vacant(generation: u32) -> Self {
+        debug_assert!(generation & 1 == 0, "a vacant generation is even");
+        SlotHeader {
+            word: AtomicU32::new(LINK_FLAG | NIL),
+            generation: AtomicU32::new(generation),
+            site: UnsafeCell::new(Location::caller()),
+        }
+    }
+
+    /// Reads the slot's state. `Acquire` on the generation pairs with the
+    /// `Release` store that publishes a new object in `create`.
+    pub(crate) fn state(&self) -> SlotState {
+        if self.generation.load(Ordering::Acquire) & 1 == 0 {
+            return SlotState::Vacant;
+        }
+        match self.word.load(Ordering::Acquire) {
+            w if w & LINK_FLAG != 0 || w == 0 => SlotState::Dead,
+            count => SlotState::Live(count),
+        }
+    }
+
+    /// True if the slot is occupied by the object with this generation and it is referenced.
+    pub(crate) fn is_live(&self, generation: u32) -> bool {
+        self.generation.load(Ordering::Acquire) == generation
+            && matches!(self.word.load(Ordering::Acquire), w if w & LINK_FLAG == 0 && w != 0)
+    }
+
+    /// Adds a reference if the object with `generation` is live: the count only
+    /// rises from a non-zero value, so a dead object is never revived.
+    pub(crate) fn try_add_ref(&self, generation: u32) -> Result<(), AddRefError> {
+        if self.generation.load(Ordering::Acquire) != generation {
+            return Err(AddRefError::Stale);
+        }
+        let mut count = self.word.load(Ordering::Relaxed);
+        loop {
+            if count & LINK_FLAG != 0 || count == 0 {
+                return Err(AddRefError::Stale);
+            }
+            if count >= MAX_REFS {
+                return Err(AddRefError::Overflow);
+            }
+            match self.word.compare_exchange_weak(count, count + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(actual) => count = actual,
+            }
+        }
+    }
+
+    /// Drops a reference taken through a raw handle, refusing to go below zero.
+    /// Returns true if this was the last reference (the caller must push the
+    /// slot onto the dead list).
+    pub(crate) fn try_release(&self, generation: u32) -> Result<bool, ReleaseError> {
+        if self.generation.load(Ordering::Acquire) != generation {
+            return Err(ReleaseError::Stale);
+        }
+        let mut count = self.word.load(Ordering::Relaxed);
+        loop {
+            if count & LINK_FLAG != 0 || count == 0 {
+                return Err(ReleaseError::NoReferences);
+            }
+            match self.word.compare_exchange_weak(count, count - 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(count == 1),
+                Err(actual) => count = actual,
+            }
+        }
+    }
+
+    /// The strong count, or 0 for a dead or vacant slot.
+    pub(crate) fn ref_count(&self) -> u32 {
+        match self.word.load(Ordering::Relaxed) {
+            w if w & LINK_FLAG != 0 => 0,
+            w => w,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddRefError {
+    Stale,
+    Overflow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseError {
+    Stale,
+    NoReferences,
+}
+
+impl<T> Slot<T> {
+    pub(crate) fn vacant(generation: u32) -> Self {
+        Slot { header: SlotHeader::vacant(generation), value: UnsafeCell::new(MaybeUninit::uninit()) }
+    }
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<SlotHeader>(), 16);
+        assert_eq!(std::mem::size_of::<Slot<[u64; 8]>>(), 16 + 64);
+    }
+
+    #[test]
+    fn add_ref_never_revives() {
+        let h = SlotHeader::vacant(2);
+        h.generation.store(3, Ordering::Relaxed);
+        h.word.store(1, Ordering::Relaxed);
+        assert_eq!(h.try_add_ref(3), Ok(()));
+        assert_eq!(h.ref_count(), 2);
+        assert_eq!(h.try_add_ref(5), Err(AddRefError::Stale));
+        assert_eq!(h.try_release(3), Ok(false));
+        assert_eq!(h.try_release(3), Ok(true));
+        assert_eq!(h.try_release(3), Err(ReleaseError::NoReferences));
+        assert_eq!(h.try_add_ref(3), Err(AddRefError::Stale));
+        h.word.store(LINK_FLAG | 7, Ordering::Relaxed);
+        assert_eq!(h.state(), SlotState::Dead);
+        assert_eq!(h.try_add_ref(3), Err(AddRefError::Stale));
+    }
+}

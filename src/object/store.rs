@@ -1,0 +1,541 @@
+//! One type's object store: a generational slot map over never-moving segments.
+//!
+//! Segment `k` holds `base << k` slots and is allocated once, when the store
+//! first needs it, and never moved or freed while the store lives. Handles can
+//! therefore point straight at their slot. Free slots form a list threaded
+//! through their header words; `create` pops it with one CAS (no lock), and
+//! only collection, which holds `&mut`, pushes onto it.
+
+use std::any::Any;
+use std::panic::Location;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::Error;
+
+use super::index_space::{IndexSpace, MAX_INDEX};
+use super::report::TypeReport;
+use super::shared::{locate, segment_first, segment_len, StoreShared, MAX_SEGMENTS};
+use super::slot::{Slot, SlotHeader, SlotState, LINK_FLAG, NIL};
+use super::{CollectStats, LeakEntry, MMObject, ObjectKey};
+
+/// A store's configuration, fixed at creation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreConfig {
+    pub(crate) manager_id: u32,
+    pub(crate) store_index: u32,
+    pub(crate) base_bits: u32,
+    pub(crate) max_objects: u32,
+    /// The generation new slots start at (even).
+    pub(crate) first_generation: u32,
+}
+
+/// The objects of one type.
+///
+/// # Invariants
+///
+/// - `shared` comes from `Box::into_raw` and is freed in `Drop` unless
+///   `leaked` is set. It is never freed while a handle into the store exists.
+/// - `segments[k]` is null or points to `segment_len(k)` initialised slots
+///   from `Box<[Slot<T>]>`; once published it never changes.
+/// - Every local index below `len` names a slot that is occupied, on the dead
+///   list, or on the free list (or is about to be, inside `create`).
+/// - While other threads may use the store (`&self`), the free list is only
+///   popped; pushes happen under `&mut self`.
+pub(crate) struct Store<T> {
+    shared: NonNull<StoreShared>,
+    segments: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
+    free_head: AtomicU32,
+    len: AtomicU32,
+    created: AtomicU64,
+    destroyed: AtomicU64,
+    peak_resident: AtomicU64,
+    grow_lock: Mutex<()>,
+    index_space: Arc<IndexSpace>,
+    config: StoreConfig,
+    leaked: bool,
+}
+
+// SAFETY: the store owns `T`s, hands out `&T` to any thread holding `&self`
+// (needs `T: Sync`) and drops them on the thread holding `&mut self` (needs
+// `T: Send`). All shared mutable state is atomic or behind `grow_lock`; the
+// slot values are only written by the thread that popped the slot (`create`)
+// or under `&mut self` (collection).
+unsafe impl<T: Send + Sync> Send for Store<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: Send + Sync> Sync for Store<T> {}
+
+/// The outcome of the shutdown pass over one store.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Settled {
+    /// Slots still referenced from outside the manager.
+    pub(crate) outliving: usize,
+    /// Bytes of segment memory left allocated on purpose.
+    pub(crate) leaked_bytes: usize,
+}
+
+impl<T: MMObject> Store<T> {
+    pub(crate) fn new(config: StoreConfig, index_space: Arc<IndexSpace>) -> Self {
+        let shared = Box::new(StoreShared::new(config.manager_id, config.store_index, config.base_bits));
+        Store {
+            shared: NonNull::from(Box::leak(shared)),
+            segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            free_head: AtomicU32::new(NIL),
+            len: AtomicU32::new(0),
+            created: AtomicU64::new(0),
+            destroyed: AtomicU64::new(0),
+            peak_resident: AtomicU64::new(0),
+            grow_lock: Mutex::new(()),
+            index_space,
+            config,
+            leaked: false,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn shared(&self) -> &StoreShared {
+        // SAFETY: `shared` is valid for the store's whole life (type invariant).
+        unsafe { self.shared.as_ref() }
+    }
+
+    #[inline]
+    pub(crate) fn shared_ptr(&self) -> NonNull<StoreShared> {
+        self.shared
+    }
+
+    /// The slot `local`, if its segment exists.
+    #[inline]
+    pub(crate) fn slot(&self, local: u32) -> Option<&Slot<T>> {
+        if local >= MAX_INDEX {
+            return None;
+        }
+        let (segment, offset) = locate(local, self.config.base_bits);
+        let base = self.segments[segment].load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: a published segment holds `segment_len(segment)` initialised
+        // slots and `offset` is below that by construction of `locate`.
+        Some(unsafe { &*base.add(offset) })
+    }
+
+    /// Puts `value` in a free slot and returns (local index, slot, generation)
+    /// with a count of one.
+    pub(crate) fn try_insert(
+        &self,
+        value: T,
+        site: &'static Location<'static>,
+    ) -> Result<(u32, NonNull<Slot<T>>, u32), (T, Error)> {
+        let local = match self.pop_free() {
+            Some(local) => local,
+            None => match self.bump() {
+                Ok(local) => local,
+                Err(error) => return Err((value, error)),
+            },
+        };
+        let slot = self.slot(local).expect("an allocated slot's segment is published");
+        // SAFETY: the slot was popped from the free list or freshly bumped, so
+        // this thread owns it exclusively until it publishes the generation below.
+        unsafe {
+            (*slot.value.get()).write(value);
+            *slot.header.site.get() = site;
+        }
+        slot.header.word.store(1, Ordering::Relaxed);
+        let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
+        debug_assert!(generation & 1 == 1, "a vacant slot's generation is even");
+        // Release: readers that see the odd generation see the value and count.
+        slot.header.generation.store(generation, Ordering::Release);
+        self.created.fetch_add(1, Ordering::Relaxed);
+        Ok((local, NonNull::from(slot), generation))
+    }
+
+    /// Pops the free list. Concurrent callers only pop, so the head never
+    /// returns to a value it held: a stale `next` read makes the CAS fail.
+    fn pop_free(&self) -> Option<u32> {
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            if head == NIL {
+                return None;
+            }
+            let slot = self.slot(head).expect("free slots live in published segments");
+            let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
+            match self.free_head.compare_exchange_weak(head, next, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => return Some(head),
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Takes a never-used slot, allocating its segment if needed.
+    fn bump(&self) -> Result<u32, Error> {
+        let local = self.len.fetch_add(1, Ordering::Relaxed);
+        if local >= self.config.max_objects {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::CapacityExceeded { what: T::TYPE_NAME, limit: self.config.max_objects as usize });
+        }
+        let (segment, _) = locate(local, self.config.base_bits);
+        if self.segments[segment].load(Ordering::Acquire).is_null() {
+            if let Err(error) = self.grow(segment) {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                return Err(error);
+            }
+        }
+        Ok(local)
+    }
+
+    /// Allocates segments so that `additional` more slots exist past `len`.
+    pub(crate) fn reserve(&self, additional: usize) -> Result<(), Error> {
+        let len = u64::from(self.len.load(Ordering::Relaxed));
+        let want = (len + additional as u64).min(u64::from(self.config.max_objects)) as u32;
+        if want == 0 {
+            return Ok(());
+        }
+        let (last, _) = locate(want - 1, self.config.base_bits);
+        for segment in 0..=last {
+            if self.segments[segment].load(Ordering::Acquire).is_null() {
+                self.grow(segment)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn grow(&self, segment: usize) -> Result<(), Error> {
+        let _guard = self.grow_lock.lock();
+        if !self.segments[segment].load(Ordering::Acquire).is_null() {
+            return Ok(());
+        }
+        let base_bits = self.config.base_bits;
+        let len = segment_len(segment, base_bits);
+        let start = self.index_space.reserve(len, self.config.store_index, segment_first(segment, base_bits))?;
+        self.shared().set_segment_start(segment, start);
+        let slots: Box<[Slot<T>]> = (0..len).map(|_| Slot::vacant(self.config.first_generation)).collect();
+        let base = Box::into_raw(slots) as *mut Slot<T>;
+        // Release: publishes the initialised slots and the segment start.
+        self.segments[segment].store(base, Ordering::Release);
+        Ok(())
+    }
+
+    /// Calls `f` with every slot in published segments, in local order.
+    pub(crate) fn for_each_slot(&self, mut f: impl FnMut(u32, &Slot<T>)) {
+        let limit = self.len.load(Ordering::Acquire);
+        for segment in 0..MAX_SEGMENTS {
+            let first = segment_first(segment, self.config.base_bits);
+            if first >= limit {
+                break;
+            }
+            let base = self.segments[segment].load(Ordering::Acquire);
+            if base.is_null() {
+                continue;
+            }
+            let len = segment_len(segment, self.config.base_bits).min(limit - first);
+            for offset in 0..len {
+                // SAFETY: `offset < segment_len(segment)`; the segment is published.
+                f(first + offset, unsafe { &*base.add(offset as usize) });
+            }
+        }
+    }
+
+    /// The live object in `slot`, if the slot is occupied.
+    ///
+    /// # Safety
+    ///
+    /// The slot's generation must have been read as odd (with `Acquire`) by
+    /// this thread, under a borrow of the store that prevents collection.
+    pub(crate) unsafe fn value_unchecked(slot: &Slot<T>) -> &T {
+        // SAFETY: an odd generation means the value is initialised (type
+        // invariant of `Slot`), and the caller's borrow keeps it alive.
+        unsafe { (*slot.value.get()).assume_init_ref() }
+    }
+
+    pub(crate) fn key_of(&self, local: u32, generation: u32) -> ObjectKey {
+        ObjectKey::new(self.shared().global_index(local), generation)
+    }
+
+    /// Objects on the dead list, counted by walking it: O(dead).
+    pub(crate) fn dead_count(&self) -> usize {
+        let mut count = 0;
+        let mut at = self.shared().peek_dead();
+        while at != NIL {
+            count += 1;
+            let slot = self.slot(at).expect("dead slots live in published segments");
+            at = slot.header.word.load(Ordering::Acquire) & !LINK_FLAG;
+        }
+        count
+    }
+
+    /// Objects created and not yet destroyed (live or dead).
+    pub(crate) fn resident(&self) -> u64 {
+        self.created.load(Ordering::Relaxed) - self.destroyed.load(Ordering::Relaxed)
+    }
+
+    fn note_peak(&self) -> u64 {
+        let resident = self.resident();
+        self.peak_resident.fetch_max(resident, Ordering::Relaxed).max(resident)
+    }
+
+    /// Destroys dead objects until the dead list is empty or `budget` runs out.
+    ///
+    /// If a `Drop` panics, the slot being destroyed is already on the free
+    /// list (its value counts as dropped, as after any panicking drop), and
+    /// the rest of the chain goes back onto the dead list before the panic
+    /// propagates.
+    pub(crate) fn collect(&mut self, budget: &mut usize, stats: &mut CollectStats) -> usize {
+        self.note_peak();
+        if *budget == 0 {
+            return 0;
+        }
+        let head = self.shared().take_dead();
+        if head == NIL {
+            return 0;
+        }
+        let mut requeue = Requeue { store: self, rest: head, current: NIL };
+        let mut freed = 0;
+        while requeue.rest != NIL && *budget > 0 {
+            let local = requeue.rest;
+            let store = &*requeue.store;
+            let slot = store.slot(local).expect("dead slots live in published segments");
+            requeue.rest = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
+            requeue.current = local;
+            // SAFETY: a dead slot is still occupied; we hold `&mut self`.
+            let bytes = unsafe { Self::value_unchecked(slot) }.size();
+            requeue.current = NIL;
+            store.free_slot(slot, local);
+            // SAFETY: the slot was occupied (its value initialised) and is now
+            // vacant and unreachable from any handle; the value is dropped
+            // exactly once, here.
+            unsafe { (*slot.value.get()).assume_init_drop() };
+            *budget -= 1;
+            freed += 1;
+            stats.objects += 1;
+            stats.bytes += bytes;
+        }
+        freed
+    }
+
+    /// Marks a dead slot vacant and pushes it on the free list.
+    fn free_slot(&self, slot: &Slot<T>, local: u32) {
+        let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
+        debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
+        slot.header.generation.store(generation, Ordering::Release);
+        slot.header.word.store(LINK_FLAG | self.free_head.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.free_head.store(local, Ordering::Release);
+        self.destroyed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Puts the unprocessed part of a dead chain back if collection unwinds.
+struct Requeue<'a, T: MMObject> {
+    store: &'a mut Store<T>,
+    /// The next dead slot to process.
+    rest: u32,
+    /// A dead slot taken off the chain whose value is still in use.
+    current: u32,
+}
+
+impl<T: MMObject> Drop for Requeue<'_, T> {
+    fn drop(&mut self) {
+        let shared = self.store.shared();
+        if self.current != NIL {
+            let slot = self.store.slot(self.current).expect("published");
+            shared.push_dead(self.current, &slot.header.word);
+        }
+        if self.rest != NIL {
+            let mut last = self.rest;
+            loop {
+                let word = &self.store.slot(last).expect("published").header.word;
+                let next = word.load(Ordering::Relaxed) & !LINK_FLAG;
+                if next == NIL {
+                    shared.push_dead_chain(self.rest, word);
+                    break;
+                }
+                last = next;
+            }
+        }
+    }
+}
+
+/// The type-erased face of a store, used by the manager.
+pub(crate) trait ErasedStore: Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    fn type_name(&self) -> &'static str;
+    fn header(&self, local: u32) -> Option<&SlotHeader>;
+    fn shared(&self) -> &StoreShared;
+    fn collect(&mut self, budget: &mut usize, stats: &mut CollectStats) -> usize;
+    fn dead_count(&self) -> usize;
+    fn live_count(&self) -> usize;
+    fn report(&self) -> TypeReport;
+    fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject));
+    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str));
+    fn settle(&mut self) -> Settled;
+}
+
+/// A live object seen without its type.
+pub(crate) trait ErasedObject {
+    fn size(&self) -> usize;
+}
+
+impl<T: MMObject> ErasedObject for T {
+    fn size(&self) -> usize {
+        MMObject::size(self)
+    }
+}
+
+impl<T: MMObject> ErasedStore for Store<T> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn type_name(&self) -> &'static str {
+        T::TYPE_NAME
+    }
+
+    fn header(&self, local: u32) -> Option<&SlotHeader> {
+        self.slot(local).map(|s| &s.header)
+    }
+
+    fn shared(&self) -> &StoreShared {
+        Store::shared(self)
+    }
+
+    fn collect(&mut self, budget: &mut usize, stats: &mut CollectStats) -> usize {
+        Store::collect(self, budget, stats)
+    }
+
+    fn dead_count(&self) -> usize {
+        Store::dead_count(self)
+    }
+
+    fn live_count(&self) -> usize {
+        (self.resident() as usize).saturating_sub(self.dead_count())
+    }
+
+    fn report(&self) -> TypeReport {
+        let mut bytes = 0;
+        self.for_each_slot(|_, slot| {
+            if slot.header.generation.load(Ordering::Acquire) & 1 == 1 {
+                // SAFETY: odd generation read with Acquire; `&self` blocks collection.
+                bytes += unsafe { Self::value_unchecked(slot) }.size();
+            }
+        });
+        let dead = self.dead_count();
+        TypeReport {
+            type_name: T::TYPE_NAME,
+            tag: T::TAG,
+            live: (self.resident() as usize).saturating_sub(dead),
+            peak_live: self.note_peak() as usize,
+            dead_pending: dead,
+            bytes,
+            slot_bytes: std::mem::size_of::<Slot<T>>(),
+            created: self.created.load(Ordering::Relaxed),
+            destroyed: self.destroyed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject)) {
+        self.for_each_slot(|local, slot| {
+            if let SlotState::Live(_) = slot.header.state() {
+                // SAFETY: live implies an odd generation read with Acquire in
+                // `state`; `&self` blocks collection.
+                let value = unsafe { Self::value_unchecked(slot) };
+                let generation = slot.header.generation.load(Ordering::Relaxed);
+                f(self.key_of(local, generation), &slot.header, value);
+            }
+        });
+    }
+
+    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str)) {
+        let mut destroyed = 0;
+        self.for_each_slot(|_, slot| {
+            let generation = slot.header.generation.load(Ordering::Relaxed);
+            if generation & 1 == 1 {
+                slot.header.generation.store(generation.wrapping_add(1), Ordering::Release);
+                destroyed += 1;
+                // SAFETY: the slot was occupied, so its value is initialised; it
+                // is now marked vacant, so nothing reads or drops it again.
+                let drop_value = || unsafe { (*slot.value.get()).assume_init_drop() };
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_value)).is_err() {
+                    on_panic(T::TYPE_NAME);
+                }
+            }
+        });
+        self.destroyed.fetch_add(destroyed, Ordering::Relaxed);
+    }
+
+    /// Decides whether the segments can be freed: every used slot must be
+    /// accounted for (on the free list, or taken off the dead list now). A slot
+    /// that is not is still referenced from outside the manager, or its last
+    /// handle is being dropped on another thread right now: then the memory
+    /// is leaked on purpose, so those handles stay sound.
+    fn settle(&mut self) -> Settled {
+        let limit = *self.len.get_mut() as usize;
+        let mut accounted = vec![false; limit];
+        let mut mark = |store: &Self, mut at: u32| {
+            while at != NIL {
+                accounted[at as usize] = true;
+                at = store.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
+            }
+        };
+        let free_head = *self.free_head.get_mut();
+        mark(self, free_head);
+        mark(self, self.shared().take_dead());
+        let outliving = accounted.iter().filter(|&&a| !a).count();
+        let mut settled = Settled { outliving, leaked_bytes: 0 };
+        if outliving > 0 {
+            self.leaked = true;
+            for segment in 0..MAX_SEGMENTS {
+                if !self.segments[segment].load(Ordering::Relaxed).is_null() {
+                    settled.leaked_bytes +=
+                        segment_len(segment, self.config.base_bits) as usize * std::mem::size_of::<Slot<T>>();
+                }
+            }
+            settled.leaked_bytes += std::mem::size_of::<StoreShared>();
+        }
+        settled
+    }
+}
+
+impl<T> Drop for Store<T> {
+    fn drop(&mut self) {
+        if self.leaked {
+            return;
+        }
+        for segment in 0..MAX_SEGMENTS {
+            let base = *self.segments[segment].get_mut();
+            if !base.is_null() {
+                let len = segment_len(segment, self.config.base_bits) as usize;
+                // SAFETY: `base` came from `Box::<[Slot<T>]>::into_raw` with this
+                // length; values were destroyed by the manager's shutdown and
+                // `Slot` has no drop glue for its `MaybeUninit` value.
+                drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(base, len)) });
+            }
+        }
+        // SAFETY: `shared` came from `Box::leak`, and `leaked` is false, so the
+        // shutdown pass proved that no handle into this store is left.
+        drop(unsafe { Box::from_raw(self.shared.as_ptr()) });
+    }
+}
+
+impl<T> std::fmt::Debug for Store<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .field("created", &self.created.load(Ordering::Relaxed))
+            .field("destroyed", &self.destroyed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Collects the leak entries of one store's live objects.
+pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
+    let type_name = store.type_name();
+    store.visit_live(&mut |key, header, value| {
+        let size = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value.size())).unwrap_or(0);
+        // SAFETY: `visit_live` only yields occupied slots, whose site is valid.
+        let site = unsafe { *header.site.get() };
+        out.push(LeakEntry { type_name, key, ref_count: header.ref_count(), size, site });
+    });
+}
