@@ -102,6 +102,7 @@ fn size_counts_vec_string_and_box_capacity() {
     #[derive(MMObject)]
     struct Boxed {
         one: Box<u64>,
+        #[allow(clippy::box_collection)] // Box counts its pointee, then the pointee's heap.
         nested: Box<Vec<u32>>,
         words: Vec<String>,
     }

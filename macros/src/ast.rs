@@ -50,6 +50,8 @@ pub struct Field {
 impl<'a> Input<'a> {
     /// Builds the model, recording attribute syntax errors in `cx`.
     pub fn from_syn(input: &'a DeriveInput, cx: &Ctxt) -> Self {
+        // Type attributes first, so their errors come first.
+        let attrs = attr::parse(&input.attrs, cx);
         let data = match &input.data {
             SynData::Struct(data) => Data::Struct(fields_from_syn(&data.fields, cx)),
             SynData::Enum(data) => Data::Enum(
@@ -67,7 +69,7 @@ impl<'a> Input<'a> {
         Input {
             ident: &input.ident,
             generics: &input.generics,
-            attrs: attr::parse(&input.attrs, cx),
+            attrs,
             data,
         }
     }

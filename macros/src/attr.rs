@@ -38,10 +38,10 @@ pub fn parse(attrs: &[Attribute], cx: &Ctxt) -> Vec<MmAttr> {
         let list = match &attr.meta {
             Meta::List(list) => list,
             Meta::Path(_) | Meta::NameValue(_) => {
-                cx.error_at(
-                    attr.span(),
+                cx.push(syn::Error::new_spanned(
+                    &attr.meta,
                     "expected a list of mm attributes: `#[mm(tag = \"...\")]` or `#[mm(skip)]`",
-                );
+                ));
                 continue;
             }
         };
