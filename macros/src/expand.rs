@@ -14,9 +14,9 @@ use crate::ast::{Data, Field, Input};
 /// The full impl for a valid input.
 pub fn derive(input: &Input<'_>) -> TokenStream {
     let name = input.ident.unraw().to_string();
-    let tag = input.tag().map_or_else(|| name.clone(), |lit| lit.value());
+    let tag = input.tag().map_or_else(|| name.clone(), syn::LitStr::value);
     let (size, visit) = match &input.data {
-        Data::Struct(fields) => (struct_size(fields), struct_visit(fields)),
+        Data::Struct(fields) => (Some(struct_size(fields)), struct_visit(fields)),
         Data::Enum(variants) if variants.is_empty() => (None, None),
         Data::Enum(variants) => {
             let arms: Vec<(&Ident, Vec<&Field>)> = variants
@@ -28,7 +28,7 @@ pub fn derive(input: &Input<'_>) -> TokenStream {
                     )
                 })
                 .collect();
-            (enum_size(&arms), enum_visit(&arms))
+            (Some(enum_size(&arms)), enum_visit(&arms))
         }
         Data::Union(_) => (None, None),
     };
@@ -157,10 +157,10 @@ fn struct_places(fields: &[Field]) -> Vec<TokenStream> {
         .collect()
 }
 
-fn struct_size(fields: &[Field]) -> Option<TokenStream> {
+fn struct_size(fields: &[Field]) -> TokenStream {
     let places = struct_places(fields);
     let sizes = places.iter().map(heap_size_of);
-    Some(size_fn((!places.is_empty()).then(|| quote!(#(#sizes)+*))))
+    size_fn((!places.is_empty()).then(|| quote!(#(#sizes)+*)))
 }
 
 fn struct_visit(fields: &[Field]) -> Option<TokenStream> {
@@ -208,7 +208,7 @@ fn enum_arms(
     Some(quote!(match self { #out }))
 }
 
-fn enum_size(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
+fn enum_size(arms: &[(&Ident, Vec<&Field>)]) -> TokenStream {
     let matched = enum_arms(
         arms,
         |places| {
@@ -217,7 +217,7 @@ fn enum_size(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
         },
         quote!(0),
     );
-    Some(size_fn(matched))
+    size_fn(matched)
 }
 
 fn enum_visit(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {

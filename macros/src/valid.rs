@@ -16,11 +16,11 @@ enum Place {
 }
 
 impl Place {
-    fn name(self) -> &'static str {
+    const fn name(self) -> &'static str {
         match self {
-            Place::Type => "the type",
-            Place::Variant => "an enum variant",
-            Place::Field => "a field",
+            Self::Type => "the type",
+            Self::Variant => "an enum variant",
+            Self::Field => "a field",
         }
     }
 }
