@@ -2,7 +2,10 @@
 //! with its parsed `#[mm(...)]` attributes.
 
 use proc_macro2::Span;
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
 use syn::{Data as SynData, DeriveInput, Fields, Generics, Ident, Index, LitStr, Member};
+use syn::{Meta, Token};
 
 use crate::attr::{self, Kind, MmAttr};
 use crate::ctxt::Ctxt;
@@ -15,6 +18,9 @@ pub struct Input<'a> {
     pub generics: &'a Generics,
     /// The `#[mm(...)]` keys on the type.
     pub attrs: Vec<MmAttr>,
+    /// The `packed` in `#[repr(packed)]`, if present: the derive takes
+    /// references to fields, which a packed struct cannot give.
+    pub packed: Option<Span>,
     /// What kind of type it is, with its fields.
     pub data: Data<'a>,
 }
@@ -70,6 +76,7 @@ impl<'a> Input<'a> {
             ident: &input.ident,
             generics: &input.generics,
             attrs,
+            packed: packed_repr(&input.attrs),
             data,
         }
     }
@@ -90,6 +97,22 @@ impl Field {
             .iter()
             .any(|attr| matches!(attr.kind, Kind::Skip))
     }
+}
+
+/// The span of `packed` in `#[repr(packed)]` or `#[repr(C, packed(2))]`.
+///
+/// A `repr` that does not parse is left for the compiler to report.
+fn packed_repr(attrs: &[syn::Attribute]) -> Option<Span> {
+    attrs
+        .iter()
+        .filter(|attr| attr.path().is_ident("repr"))
+        .filter_map(|attr| {
+            attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)
+                .ok()
+        })
+        .flatten()
+        .find(|meta| meta.path().is_ident("packed"))
+        .map(|meta| meta.path().span())
 }
 
 fn fields_from_syn(fields: &Fields, cx: &Ctxt) -> Vec<Field> {

@@ -45,7 +45,8 @@ use syn::{parse_macro_input, DeriveInput};
 /// - `#[mm(skip)]` on a field (of a struct or of an enum variant): leave it out
 ///   of `size()` and `visit_handles()`.
 ///
-/// Unions, unknown keys and keys in the wrong place are compile errors.
+/// Unions, `#[repr(packed)]` structs, unknown keys, keys in the wrong place,
+/// repeated keys and empty tags are compile errors, each pointing at the mistake.
 ///
 /// # Examples
 ///

@@ -28,6 +28,12 @@ impl Place {
 /// Records in `cx` every problem with `input`.
 pub fn check(input: &Input<'_>, cx: &Ctxt) {
     check_attrs(&input.attrs, Place::Type, cx);
+    if let Some(span) = input.packed {
+        cx.error_at(
+            span,
+            "`#[derive(MMObject)]` does not support `#[repr(packed)]` types: it reads fields by reference",
+        );
+    }
     match &input.data {
         Data::Struct(fields) => check_fields(fields, cx),
         Data::Enum(variants) => {
@@ -129,6 +135,17 @@ mod tests {
                 "`#[mm(tag = ...)]` goes on the type, not on an enum variant",
             ]
         );
+    }
+
+    #[test]
+    fn rejects_packed_structs_only() {
+        let packed = "`#[derive(MMObject)]` does not support `#[repr(packed)]` types: it reads fields by reference";
+        assert_eq!(
+            errors(parse_quote! { #[repr(C, packed(2))] struct S { a: u32 } }),
+            [packed]
+        );
+        assert_eq!(errors(parse_quote! { #[repr(packed)] struct S; }), [packed]);
+        assert!(errors(parse_quote! { #[repr(C, align(8))] struct S { a: u32 } }).is_empty());
     }
 
     #[test]
