@@ -2,7 +2,12 @@
 
 // Skipped fields and some variants exist only to be skipped or matched.
 #![allow(dead_code)]
-#![deny(unused_qualifications, unused_results, unreachable_patterns, unused_imports)]
+#![deny(
+    unused_qualifications,
+    unused_results,
+    unreachable_patterns,
+    unused_imports
+)]
 
 use std::mem::size_of;
 
