@@ -189,10 +189,11 @@ tuples!(A B C D E F);
 
 /// Support for the derive's generated code. Not public API.
 ///
-/// The derive calls `(&&Probe(&field)).mm_heap_size()`: method resolution picks
-/// the `HeapSize`-based impl when the field type implements the trait, and the
-/// fallback (zero) otherwise ("autoref specialization"). The same holds for
-/// handle visiting.
+/// The derive calls `(&Probe(&field)).mm_heap_size()`: method resolution first
+/// tries receiver `&Probe<T>`, which only the `HeapSize`-based impl (on
+/// `Probe<T>`) offers, then autorefs to `&&Probe<T>`, the fallback (zero) on
+/// `&Probe<T>` ("autoref specialization"). Calling on `&&Probe` would always
+/// pick the fallback. The same holds for handle visiting.
 #[doc(hidden)]
 pub mod probe {
     use super::{HeapSize, ObjectKey, VisitHandles};

@@ -1,0 +1,314 @@
+//! Writing the `impl MMObject` for a checked [`Input`].
+//!
+//! The generated code names `mmobject` only through `::mmobject::__private`,
+//! and sits inside `const _: () = { ... };` so nothing it declares leaks into
+//! the user's namespace.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote};
+use syn::ext::IdentExt;
+use syn::{GenericParam, Generics, Ident, Member};
+
+use crate::ast::{Data, Field, Input};
+
+/// The full impl for a valid input.
+pub fn derive(input: &Input<'_>) -> TokenStream {
+    let name = input.ident.unraw().to_string();
+    let tag = input.tag().map_or_else(|| name.clone(), syn::LitStr::value);
+    let (size, visit) = match &input.data {
+        Data::Struct(fields) => (Some(struct_size(fields)), struct_visit(fields)),
+        Data::Enum(variants) if variants.is_empty() => (None, None),
+        Data::Enum(variants) => {
+            let arms: Vec<(&Ident, Vec<&Field>)> = variants
+                .iter()
+                .map(|variant| {
+                    (
+                        variant.ident,
+                        variant.fields.iter().filter(|f| !f.is_skipped()).collect(),
+                    )
+                })
+                .collect();
+            (Some(enum_size(&arms)), enum_visit(&arms))
+        }
+        Data::Union(_) => (None, None),
+    };
+    wrap(
+        input.ident,
+        input.generics,
+        &name,
+        &tag,
+        size.into_iter().chain(visit).collect(),
+    )
+}
+
+/// An impl with the constants and the trait's default methods, emitted next to
+/// `compile_error!` so that one mistake in the attributes does not also cause
+/// "`MMObject` is not implemented" errors wherever the type is used.
+pub fn stub(input: &Input<'_>) -> TokenStream {
+    let name = input.ident.unraw().to_string();
+    wrap(
+        input.ident,
+        input.generics,
+        &name,
+        &name,
+        TokenStream::new(),
+    )
+}
+
+fn wrap(
+    ident: &Ident,
+    generics: &Generics,
+    name: &str,
+    tag: &str,
+    methods: TokenStream,
+) -> TokenStream {
+    let generics = with_bounds(generics);
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    quote! {
+        #[doc(hidden)]
+        const _: () = {
+            #[automatically_derived]
+            impl #impl_generics ::mmobject::__private::MMObject for #ident #ty_generics #where_clause {
+                const TYPE_NAME: &'static str = #name;
+                const TAG: &'static str = #tag;
+                #methods
+            }
+        };
+    }
+}
+
+/// `generics` plus `T: Send + Sync + 'static` for each type parameter and
+/// `'a: 'static` for each lifetime, since `MMObject: Send + Sync + 'static`.
+fn with_bounds(generics: &Generics) -> Generics {
+    let mut generics = generics.clone();
+    let bounds: Vec<syn::WherePredicate> = generics
+        .params
+        .iter()
+        .filter_map(|param| match param {
+            GenericParam::Type(param) => {
+                let ident = &param.ident;
+                Some(syn::parse_quote!(#ident: ::core::marker::Send + ::core::marker::Sync + 'static))
+            }
+            GenericParam::Lifetime(param) => {
+                let lifetime = &param.lifetime;
+                Some(syn::parse_quote!(#lifetime: 'static))
+            }
+            GenericParam::Const(_) => None,
+        })
+        .collect();
+    generics.make_where_clause().predicates.extend(bounds);
+    generics
+}
+
+/// `(&Probe(place)).mm_heap_size()`: autoref specialization picks
+/// `ViaHeapSize` (on `Probe<T>`, receiver `&Probe<T>`) when the field type
+/// implements `HeapSize`, and `NoHeapSize` (on `&Probe<T>`, reached by one
+/// more autoref) otherwise.
+fn heap_size_of(place: &TokenStream) -> TokenStream {
+    quote!((&::mmobject::__private::Probe(#place)).mm_heap_size())
+}
+
+/// `(&Probe(place)).mm_visit_handles(visitor)`, chosen the same way.
+fn visit_of(place: &TokenStream, visitor: &Ident) -> TokenStream {
+    quote!((&::mmobject::__private::Probe(#place)).mm_visit_handles(#visitor);)
+}
+
+fn visitor_ident() -> Ident {
+    Ident::new("visitor", Span::mixed_site())
+}
+
+fn size_fn(extra: Option<TokenStream>) -> TokenStream {
+    let extra = extra.map(|extra| {
+        quote! {
+            + {
+                #[allow(unused_imports)]
+                use ::mmobject::__private::{NoHeapSize as _, ViaHeapSize as _};
+                #extra
+            }
+        }
+    });
+    quote! {
+        #[inline]
+        fn size(&self) -> usize {
+            ::mmobject::__private::size_of::<Self>() #extra
+        }
+    }
+}
+
+fn visit_fn(body: TokenStream) -> TokenStream {
+    let visitor = visitor_ident();
+    quote! {
+        fn visit_handles(&self, #visitor: &mut dyn ::core::ops::FnMut(::mmobject::__private::ObjectKey)) {
+            #[allow(unused_imports)]
+            use ::mmobject::__private::{NoVisitHandles as _, ViaVisitHandles as _};
+            #body
+        }
+    }
+}
+
+fn struct_places(fields: &[Field]) -> Vec<TokenStream> {
+    fields
+        .iter()
+        .filter(|field| !field.is_skipped())
+        .map(|field| {
+            let member = &field.member;
+            quote!(&self.#member)
+        })
+        .collect()
+}
+
+fn struct_size(fields: &[Field]) -> TokenStream {
+    let places = struct_places(fields);
+    let sizes = places.iter().map(heap_size_of);
+    size_fn((!places.is_empty()).then(|| quote!(#(#sizes)+*)))
+}
+
+fn struct_visit(fields: &[Field]) -> Option<TokenStream> {
+    let places = struct_places(fields);
+    if places.is_empty() {
+        return None;
+    }
+    let visitor = visitor_ident();
+    let visits = places.iter().map(|place| visit_of(place, &visitor));
+    Some(visit_fn(quote!(#(#visits)*)))
+}
+
+/// `Self::V { a: __mm_field_0, 1: __mm_field_1, .. }` and the bindings, in order.
+/// The braced form with `..` fits named, tuple and unit variants alike.
+fn variant_pattern(variant: &Ident, fields: &[&Field]) -> (TokenStream, Vec<TokenStream>) {
+    let bindings: Vec<Ident> = (0..fields.len())
+        .map(|i| format_ident!("__mm_field_{}", i, span = Span::mixed_site()))
+        .collect();
+    let members: Vec<&Member> = fields.iter().map(|field| &field.member).collect();
+    let pattern = quote!(Self::#variant { #(#members: #bindings,)* .. });
+    (
+        pattern,
+        bindings.iter().map(|binding| quote!(#binding)).collect(),
+    )
+}
+
+/// Match arms for variants with counted fields; `_` covers the others.
+fn enum_arms(
+    arms: &[(&Ident, Vec<&Field>)],
+    arm_body: impl Fn(&[TokenStream]) -> TokenStream,
+    fallback: TokenStream,
+) -> Option<TokenStream> {
+    let mut out = TokenStream::new();
+    for (variant, fields) in arms.iter().filter(|(_, fields)| !fields.is_empty()) {
+        let (pattern, places) = variant_pattern(variant, fields);
+        let body = arm_body(&places);
+        out.extend(quote!(#pattern => #body,));
+    }
+    if out.is_empty() {
+        return None;
+    }
+    if arms.iter().any(|(_, fields)| fields.is_empty()) {
+        out.extend(quote!(_ => #fallback,));
+    }
+    Some(quote!(match self { #out }))
+}
+
+fn enum_size(arms: &[(&Ident, Vec<&Field>)]) -> TokenStream {
+    let matched = enum_arms(
+        arms,
+        |places| {
+            let sizes = places.iter().map(heap_size_of);
+            quote!(#(#sizes)+*)
+        },
+        quote!(0),
+    );
+    size_fn(matched)
+}
+
+fn enum_visit(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
+    let visitor = visitor_ident();
+    let matched = enum_arms(
+        arms,
+        |places| {
+            let visits = places.iter().map(|place| visit_of(place, &visitor));
+            quote!({ #(#visits)* })
+        },
+        quote!({}),
+    )?;
+    Some(visit_fn(matched))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ctxt::Ctxt;
+    use syn::{parse_quote, DeriveInput};
+
+    fn expand(input: DeriveInput) -> String {
+        let cx = Ctxt::default();
+        let model = Input::from_syn(&input, &cx);
+        cx.finish().unwrap();
+        derive(&model).to_string()
+    }
+
+    #[test]
+    fn names_the_crate_only_through_private() {
+        let out = expand(parse_quote!(
+            struct S {
+                a: Vec<u8>,
+            }
+        ));
+        assert!(out.starts_with("# [doc (hidden)] const _ : () ="), "{out}");
+        for path in out.match_indices(":: mmobject ::") {
+            assert!(
+                out[path.0..].starts_with(":: mmobject :: __private ::"),
+                "{out}"
+            );
+        }
+    }
+
+    #[test]
+    fn uses_the_bare_name_and_tag() {
+        let out = expand(parse_quote!(
+            #[mm(tag = r"Tex")]
+            struct r#Wrapper<T, const N: usize> {
+                a: [T; N],
+            }
+        ));
+        assert!(
+            out.contains("const TYPE_NAME : & 'static str = \"Wrapper\""),
+            "{out}"
+        );
+        assert!(out.contains("const TAG : & 'static str = \"Tex\""), "{out}");
+        assert!(
+            out.contains("T : :: core :: marker :: Send + :: core :: marker :: Sync + 'static"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn skips_methods_with_nothing_to_do() {
+        let out = expand(parse_quote!(
+            struct Unit;
+        ));
+        assert!(out.contains("fn size"), "{out}");
+        assert!(!out.contains("mm_heap_size"), "{out}");
+        assert!(!out.contains("visit_handles"), "{out}");
+        let out = expand(parse_quote!(
+            enum Never {}
+        ));
+        assert!(!out.contains("fn "), "{out}");
+    }
+
+    #[test]
+    fn enum_arms_cover_fieldless_variants_with_a_wildcard() {
+        let out = expand(parse_quote!(
+            enum E {
+                A(u8),
+                B,
+                C {
+                    #[mm(skip)]
+                    x: u8,
+                },
+            }
+        ));
+        assert!(out.contains("Self :: A { 0 : __mm_field_0 , .. }"), "{out}");
+        assert!(!out.contains("Self :: C"), "{out}");
+        assert!(out.contains("_ => 0"), "{out}");
+    }
+}

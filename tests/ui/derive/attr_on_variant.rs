@@ -1,0 +1,10 @@
+use mmobject::MMObject;
+
+#[derive(MMObject)]
+enum Shape {
+    #[mm(skip)]
+    Mesh(Vec<u8>),
+    Point,
+}
+
+fn main() {}

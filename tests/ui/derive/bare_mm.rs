@@ -1,0 +1,9 @@
+use mmobject::MMObject;
+
+#[derive(MMObject)]
+#[mm]
+struct Texture {
+    pixels: Vec<u8>,
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use mmobject::MMObject;
+
+#[derive(MMObject)]
+struct Texture {
+    #[mm(skip, skip)]
+    pixels: Vec<u8>,
+}
+
+fn main() {}
