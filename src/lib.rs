@@ -2,6 +2,9 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+// Lets the derive's `::mmobject::…` paths resolve inside this crate's own tests.
+extern crate self as mmobject;
+
 pub mod alloc;
 mod error;
 pub mod object;

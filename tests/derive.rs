@@ -2,12 +2,7 @@
 
 // Skipped fields and some variants exist only to be skipped or matched.
 #![allow(dead_code)]
-#![deny(
-    unused_qualifications,
-    unused_results,
-    unreachable_patterns,
-    unused_imports
-)]
+#![deny(unused_qualifications, unused_results, unreachable_patterns, unused_imports)]
 
 use std::mem::size_of;
 
@@ -93,11 +88,7 @@ fn tag_defaults_to_the_type_name() {
 
 #[test]
 fn size_counts_vec_string_and_box_capacity() {
-    let t = Texture {
-        width: 4,
-        height: 4,
-        pixels: Vec::with_capacity(64),
-    };
+    let t = Texture { width: 4, height: 4, pixels: Vec::with_capacity(64) };
     assert_eq!(t.size(), size_of::<Texture>() + 64);
 
     let mut s = String::with_capacity(10);
@@ -118,10 +109,7 @@ fn size_counts_vec_string_and_box_capacity() {
         words: vec![String::with_capacity(5), String::with_capacity(7)],
     };
     let words = b.words.capacity() * size_of::<String>() + 5 + 7;
-    assert_eq!(
-        b.size(),
-        size_of::<Boxed>() + 8 + size_of::<Vec<u32>>() + 3 * 4 + words
-    );
+    assert_eq!(b.size(), size_of::<Boxed>() + 8 + size_of::<Vec<u32>>() + 3 * 4 + words);
 }
 
 #[test]
@@ -142,12 +130,8 @@ fn skip_leaves_a_field_out() {
         borrowed: FakeHandle,
         owned: FakeHandle,
     }
-    let c = Cached {
-        data: Vec::with_capacity(8),
-        cache: Vec::with_capacity(1000),
-        borrowed: handle(1),
-        owned: handle(2),
-    };
+    let c =
+        Cached { data: Vec::with_capacity(8), cache: Vec::with_capacity(1000), borrowed: handle(1), owned: handle(2) };
     assert_eq!(c.size(), size_of::<Cached>() + 8);
     assert_eq!(visited(&c), keys([2]));
 
@@ -166,9 +150,7 @@ fn fields_without_the_traits_count_zero_and_hold_no_handles() {
         pixels: Vec<u8>,
     }
     let w = WithOpaque {
-        opaque: Opaque {
-            _bytes: vec![0; 100],
-        },
+        opaque: Opaque { _bytes: vec![0; 100] },
         opaques: Vec::with_capacity(4),
         pixels: Vec::with_capacity(2),
     };
@@ -189,14 +171,7 @@ fn user_heap_size_impls_are_used() {
         blob: Blob,
         blobs: Option<Blob>,
     }
-    assert_eq!(
-        HasBlob {
-            blob: Blob(40),
-            blobs: Some(Blob(2))
-        }
-        .size(),
-        size_of::<HasBlob>() + 42
-    );
+    assert_eq!(HasBlob { blob: Blob(40), blobs: Some(Blob(2)) }.size(), size_of::<HasBlob>() + 42);
 }
 
 // --- Handle visiting ----------------------------------------------------------
@@ -237,19 +212,10 @@ fn a_field_named_visitor_does_not_clash() {
     }
     #[derive(MMObject)]
     enum Shadow {
-        A {
-            visitor: FakeHandle,
-            __mm_field_0: FakeHandle,
-        },
+        A { visitor: FakeHandle, __mm_field_0: FakeHandle },
     }
     assert_eq!(visited(&Named { visitor: handle(3) }), keys([3]));
-    assert_eq!(
-        visited(&Shadow::A {
-            visitor: handle(1),
-            __mm_field_0: handle(2)
-        }),
-        keys([1, 2])
-    );
+    assert_eq!(visited(&Shadow::A { visitor: handle(1), __mm_field_0: handle(2) }), keys([1, 2]));
 }
 
 // --- Enums --------------------------------------------------------------------
@@ -258,10 +224,7 @@ fn a_field_named_visitor_does_not_clash() {
 #[mm(tag = "Geometry")]
 enum Shape {
     Point,
-    Mesh {
-        vertices: Vec<[f32; 3]>,
-        material: FakeHandle,
-    },
+    Mesh { vertices: Vec<[f32; 3]>, material: FakeHandle },
     Instances(Vec<FakeHandle>, #[mm(skip)] Vec<u8>),
     Skipped(#[mm(skip)] String),
 }
@@ -271,10 +234,7 @@ fn enums_count_and_visit_the_current_variant() {
     assert_eq!(Shape::Point.size(), size_of::<Shape>());
     assert!(visited(&Shape::Point).is_empty());
 
-    let mesh = Shape::Mesh {
-        vertices: Vec::with_capacity(2),
-        material: handle(7),
-    };
+    let mesh = Shape::Mesh { vertices: Vec::with_capacity(2), material: handle(7) };
     assert_eq!(mesh.size(), size_of::<Shape>() + 2 * 12);
     assert_eq!(visited(&mesh), keys([7]));
 
@@ -338,28 +298,16 @@ fn generics_pass_through() {
     let w = Wrapper { inner: 5u64 };
     assert_eq!(w.size(), size_of::<Wrapper<u64>>());
 
-    let g: Grid<u8> = Grid {
-        cells: [0; 4],
-        names: Vec::with_capacity(2),
-    };
+    let g: Grid<u8> = Grid { cells: [0; 4], names: Vec::with_capacity(2) };
     assert_eq!(g.size(), size_of::<Grid<u8>>() + 2 * size_of::<String>());
-    let g: Grid<u16, 8> = Grid {
-        cells: [0; 8],
-        names: Vec::new(),
-    };
+    let g: Grid<u16, 8> = Grid { cells: [0; 8], names: Vec::new() };
     assert_eq!(Grid::<u16, 8>::TYPE_NAME, "Grid");
     assert_eq!(g.size(), 16 + size_of::<Vec<String>>());
 
-    let n = Named {
-        name: "static",
-        label: String::with_capacity(6),
-    };
+    let n = Named { name: "static", label: String::with_capacity(6) };
     assert_eq!(n.size(), size_of::<Named<'static>>() + 6);
 
-    assert_eq!(
-        Either::<u8, u16>::Left(1).size(),
-        size_of::<Either<u8, u16>>()
-    );
+    assert_eq!(Either::<u8, u16>::Left(1).size(), size_of::<Either<u8, u16>>());
 }
 
 #[test]
@@ -367,9 +315,7 @@ fn generic_fields_count_as_opaque() {
     // In a generic impl the probe cannot see through `T`, so a `Vec` held as a
     // type parameter counts no heap bytes and visits nothing: the documented
     // limit of the derive.
-    let w = Wrapper {
-        inner: Vec::<u8>::with_capacity(32),
-    };
+    let w = Wrapper { inner: Vec::<u8>::with_capacity(32) };
     assert_eq!(w.size(), size_of::<Wrapper<Vec<u8>>>());
     let w = Wrapper { inner: handle(1) };
     assert!(visited(&w).is_empty());

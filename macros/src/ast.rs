@@ -72,13 +72,7 @@ impl<'a> Input<'a> {
             ),
             SynData::Union(data) => Data::Union(data.union_token.span),
         };
-        Input {
-            ident: &input.ident,
-            generics: &input.generics,
-            attrs,
-            packed: packed_repr(&input.attrs),
-            data,
-        }
+        Input { ident: &input.ident, generics: &input.generics, attrs, packed: packed_repr(&input.attrs), data }
     }
 
     /// The `tag = "..."` on the type, if any (the first one, should it repeat).
@@ -93,9 +87,7 @@ impl<'a> Input<'a> {
 impl Field {
     /// Whether the field carries `#[mm(skip)]`.
     pub fn is_skipped(&self) -> bool {
-        self.attrs
-            .iter()
-            .any(|attr| matches!(attr.kind, Kind::Skip))
+        self.attrs.iter().any(|attr| matches!(attr.kind, Kind::Skip))
     }
 }
 
@@ -106,10 +98,7 @@ fn packed_repr(attrs: &[syn::Attribute]) -> Option<Span> {
     attrs
         .iter()
         .filter(|attr| attr.path().is_ident("repr"))
-        .filter_map(|attr| {
-            attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)
-                .ok()
-        })
+        .filter_map(|attr| attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated).ok())
         .flatten()
         .find(|meta| meta.path().is_ident("packed"))
         .map(|meta| meta.path().span())

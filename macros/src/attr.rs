@@ -53,13 +53,8 @@ pub fn parse(attrs: &[Attribute], cx: &Ctxt) -> Vec<MmAttr> {
                 }
                 let value: Expr = meta.value()?.parse()?;
                 match value {
-                    Expr::Lit(ExprLit {
-                        lit: Lit::Str(lit), ..
-                    }) => {
-                        out.push(MmAttr {
-                            kind: Kind::Tag(lit),
-                            span,
-                        });
+                    Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => {
+                        out.push(MmAttr { kind: Kind::Tag(lit), span });
                         Ok(())
                     }
                     other => Err(syn::Error::new_spanned(
@@ -71,10 +66,7 @@ pub fn parse(attrs: &[Attribute], cx: &Ctxt) -> Vec<MmAttr> {
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
                     return Err(meta.error("`skip` takes no value: write `#[mm(skip)]`"));
                 }
-                out.push(MmAttr {
-                    kind: Kind::Skip,
-                    span,
-                });
+                out.push(MmAttr { kind: Kind::Skip, span });
                 Ok(())
             } else {
                 Err(meta.error(format_args!(
@@ -92,16 +84,8 @@ pub fn parse(attrs: &[Attribute], cx: &Ctxt) -> Vec<MmAttr> {
 
 /// `a::b` for a path, without the spaces that `quote` would put in.
 fn path_to_string(path: &syn::Path) -> String {
-    let segments: Vec<String> = path
-        .segments
-        .iter()
-        .map(|segment| segment.ident.to_string())
-        .collect();
-    let prefix = if path.leading_colon.is_some() {
-        "::"
-    } else {
-        ""
-    };
+    let segments: Vec<String> = path.segments.iter().map(|segment| segment.ident.to_string()).collect();
+    let prefix = if path.leading_colon.is_some() { "::" } else { "" };
     format!("{prefix}{}", segments.join("::"))
 }
 
@@ -125,10 +109,7 @@ mod tests {
 
     #[test]
     fn reads_tag_and_skip() {
-        let out = parse_ok(vec![
-            parse_quote!(#[mm(tag = "Textures")]),
-            parse_quote!(#[mm(skip)]),
-        ]);
+        let out = parse_ok(vec![parse_quote!(#[mm(tag = "Textures")]), parse_quote!(#[mm(skip)])]);
         assert!(matches!(&out[0].kind, Kind::Tag(lit) if lit.value() == "Textures"));
         assert!(matches!(out[1].kind, Kind::Skip));
     }
@@ -142,19 +123,12 @@ mod tests {
 
     #[test]
     fn ignores_other_attributes() {
-        assert!(parse_ok(vec![
-            parse_quote!(#[doc = "x"]),
-            parse_quote!(#[serde(skip)])
-        ])
-        .is_empty());
+        assert!(parse_ok(vec![parse_quote!(#[doc = "x"]), parse_quote!(#[serde(skip)])]).is_empty());
     }
 
     #[test]
     fn rejects_unknown_keys_by_full_path() {
-        assert_eq!(
-            parse_err(vec![parse_quote!(#[mm(a::b)])]),
-            "unknown mm attribute `a::b`; expected `tag` or `skip`"
-        );
+        assert_eq!(parse_err(vec![parse_quote!(#[mm(a::b)])]), "unknown mm attribute `a::b`; expected `tag` or `skip`");
     }
 
     #[test]
@@ -162,12 +136,8 @@ mod tests {
         assert!(parse_err(vec![parse_quote!(#[mm])]).starts_with("expected a list"));
         assert!(parse_err(vec![parse_quote!(#[mm = "x"])]).starts_with("expected a list"));
         assert!(parse_err(vec![parse_quote!(#[mm(tag)])]).starts_with("expected a value"));
-        assert!(
-            parse_err(vec![parse_quote!(#[mm(tag = 5)])]).starts_with("expected a string literal")
-        );
-        assert!(
-            parse_err(vec![parse_quote!(#[mm(skip = true)])]).starts_with("`skip` takes no value")
-        );
+        assert!(parse_err(vec![parse_quote!(#[mm(tag = 5)])]).starts_with("expected a string literal"));
+        assert!(parse_err(vec![parse_quote!(#[mm(skip = true)])]).starts_with("`skip` takes no value"));
     }
 
     #[test]

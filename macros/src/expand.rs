@@ -21,24 +21,13 @@ pub fn derive(input: &Input<'_>) -> TokenStream {
         Data::Enum(variants) => {
             let arms: Vec<(&Ident, Vec<&Field>)> = variants
                 .iter()
-                .map(|variant| {
-                    (
-                        variant.ident,
-                        variant.fields.iter().filter(|f| !f.is_skipped()).collect(),
-                    )
-                })
+                .map(|variant| (variant.ident, variant.fields.iter().filter(|f| !f.is_skipped()).collect()))
                 .collect();
             (Some(enum_size(&arms)), enum_visit(&arms))
         }
         Data::Union(_) => (None, None),
     };
-    wrap(
-        input.ident,
-        input.generics,
-        &name,
-        &tag,
-        size.into_iter().chain(visit).collect(),
-    )
+    wrap(input.ident, input.generics, &name, &tag, size.into_iter().chain(visit).collect())
 }
 
 /// An impl with the constants and the trait's default methods, emitted next to
@@ -46,22 +35,10 @@ pub fn derive(input: &Input<'_>) -> TokenStream {
 /// "`MMObject` is not implemented" errors wherever the type is used.
 pub fn stub(input: &Input<'_>) -> TokenStream {
     let name = input.ident.unraw().to_string();
-    wrap(
-        input.ident,
-        input.generics,
-        &name,
-        &name,
-        TokenStream::new(),
-    )
+    wrap(input.ident, input.generics, &name, &name, TokenStream::new())
 }
 
-fn wrap(
-    ident: &Ident,
-    generics: &Generics,
-    name: &str,
-    tag: &str,
-    methods: TokenStream,
-) -> TokenStream {
+fn wrap(ident: &Ident, generics: &Generics, name: &str, tag: &str, methods: TokenStream) -> TokenStream {
     let generics = with_bounds(generics);
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     quote! {
@@ -176,15 +153,11 @@ fn struct_visit(fields: &[Field]) -> Option<TokenStream> {
 /// `Self::V { a: __mm_field_0, 1: __mm_field_1, .. }` and the bindings, in order.
 /// The braced form with `..` fits named, tuple and unit variants alike.
 fn variant_pattern(variant: &Ident, fields: &[&Field]) -> (TokenStream, Vec<TokenStream>) {
-    let bindings: Vec<Ident> = (0..fields.len())
-        .map(|i| format_ident!("__mm_field_{}", i, span = Span::mixed_site()))
-        .collect();
+    let bindings: Vec<Ident> =
+        (0..fields.len()).map(|i| format_ident!("__mm_field_{}", i, span = Span::mixed_site())).collect();
     let members: Vec<&Member> = fields.iter().map(|field| &field.member).collect();
     let pattern = quote!(Self::#variant { #(#members: #bindings,)* .. });
-    (
-        pattern,
-        bindings.iter().map(|binding| quote!(#binding)).collect(),
-    )
+    (pattern, bindings.iter().map(|binding| quote!(#binding)).collect())
 }
 
 /// Match arms for variants with counted fields; `_` covers the others.
@@ -255,10 +228,7 @@ mod tests {
         ));
         assert!(out.starts_with("# [doc (hidden)] const _ : () ="), "{out}");
         for path in out.match_indices(":: mmobject ::") {
-            assert!(
-                out[path.0..].starts_with(":: mmobject :: __private ::"),
-                "{out}"
-            );
+            assert!(out[path.0..].starts_with(":: mmobject :: __private ::"), "{out}");
         }
     }
 
@@ -270,15 +240,9 @@ mod tests {
                 a: [T; N],
             }
         ));
-        assert!(
-            out.contains("const TYPE_NAME : & 'static str = \"Wrapper\""),
-            "{out}"
-        );
+        assert!(out.contains("const TYPE_NAME : & 'static str = \"Wrapper\""), "{out}");
         assert!(out.contains("const TAG : & 'static str = \"Tex\""), "{out}");
-        assert!(
-            out.contains("T : :: core :: marker :: Send + :: core :: marker :: Sync + 'static"),
-            "{out}"
-        );
+        assert!(out.contains("T : :: core :: marker :: Send + :: core :: marker :: Sync + 'static"), "{out}");
     }
 
     #[test]

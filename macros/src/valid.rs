@@ -61,10 +61,7 @@ fn check_attrs(attrs: &[MmAttr], place: Place, cx: &Ctxt) {
                 if place != Place::Type {
                     misplaced(cx, attr.span, "`#[mm(tag = ...)]` goes on the type", place);
                 } else if std::mem::replace(&mut seen_tag, true) {
-                    cx.error_at(
-                        attr.span,
-                        "duplicate `tag` attribute; a type has one memory tag",
-                    );
+                    cx.error_at(attr.span, "duplicate `tag` attribute; a type has one memory tag");
                 } else if lit.value().trim().is_empty() {
                     cx.error_at(lit.span(), "`tag` must not be empty");
                 }
@@ -140,23 +137,14 @@ mod tests {
     #[test]
     fn rejects_packed_structs_only() {
         let packed = "`#[derive(MMObject)]` does not support `#[repr(packed)]` types: it reads fields by reference";
-        assert_eq!(
-            errors(parse_quote! { #[repr(C, packed(2))] struct S { a: u32 } }),
-            [packed]
-        );
+        assert_eq!(errors(parse_quote! { #[repr(C, packed(2))] struct S { a: u32 } }), [packed]);
         assert_eq!(errors(parse_quote! { #[repr(packed)] struct S; }), [packed]);
         assert!(errors(parse_quote! { #[repr(C, align(8))] struct S { a: u32 } }).is_empty());
     }
 
     #[test]
     fn rejects_blank_tags_and_unions() {
-        assert_eq!(
-            errors(parse_quote! { #[mm(tag = " ")] struct S; }),
-            ["`tag` must not be empty"]
-        );
-        assert_eq!(
-            errors(parse_quote! { union U { a: u8 } }),
-            ["`#[derive(MMObject)]` does not support unions"]
-        );
+        assert_eq!(errors(parse_quote! { #[mm(tag = " ")] struct S; }), ["`tag` must not be empty"]);
+        assert_eq!(errors(parse_quote! { union U { a: u8 } }), ["`#[derive(MMObject)]` does not support unions"]);
     }
 }

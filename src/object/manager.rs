@@ -415,8 +415,11 @@ impl ObjectManager {
     fn weak_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<&super::slot::Slot<T>> {
         self.check_manager(weak.manager_id())?;
         let (store_index, local) = unpack_location(weak.location());
-        let stale =
-            || Error::StaleHandle { type_name: T::TYPE_NAME, index: weak.key().index(), generation: weak.key().generation() };
+        let stale = || Error::StaleHandle {
+            type_name: T::TYPE_NAME,
+            index: weak.key().index(),
+            generation: weak.key().generation(),
+        };
         let store = self.store_at::<T>(store_index).ok_or_else(stale)?;
         let slot = store.slot(local).ok_or_else(stale)?;
         if slot.header.is_live(weak.key().generation()) {
@@ -966,7 +969,10 @@ mod tests {
         mm.collect_garbage();
         assert!(matches!(mm.add_ref_raw(raw), Err(Error::StaleHandle { .. })));
         let other = quiet();
-        assert!(matches!(other.add_ref_raw(raw), Err(Error::WrongManager { .. }) | Err(Error::InvalidRawHandle { .. })));
+        assert!(matches!(
+            other.add_ref_raw(raw),
+            Err(Error::WrongManager { .. }) | Err(Error::InvalidRawHandle { .. })
+        ));
     }
 
     #[test]

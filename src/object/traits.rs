@@ -75,8 +75,25 @@ macro_rules! no_heap {
 }
 
 no_heap!(
-    (), bool, char, u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64,
-    &'static str, ObjectKey
+    (),
+    bool,
+    char,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    f32,
+    f64,
+    &'static str,
+    ObjectKey
 );
 
 impl HeapSize for String {
@@ -126,6 +143,50 @@ impl<K: HeapSize, V: HeapSize, S> HeapSize for std::collections::HashMap<K, V, S
         // Buckets plus roughly one control byte per bucket.
         self.capacity() * (std::mem::size_of::<(K, V)>() + 1)
             + self.iter().map(|(k, v)| k.heap_size() + v.heap_size()).sum::<usize>()
+    }
+}
+
+macro_rules! no_handles {
+    ($($t:ty),* $(,)?) => {$(
+        impl VisitHandles for $t {
+            #[inline]
+            fn visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
+        }
+    )*};
+}
+
+no_handles!(
+    (),
+    bool,
+    char,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    f32,
+    f64,
+    &'static str,
+    String,
+    str,
+    ObjectKey
+);
+
+impl<T> VisitHandles for super::WeakHandle<T> {
+    /// Weak handles keep nothing alive, so they are not visited.
+    fn visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
+}
+
+impl<T> HeapSize for super::WeakHandle<T> {
+    fn heap_size(&self) -> usize {
+        0
     }
 }
 
