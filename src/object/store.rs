@@ -292,8 +292,7 @@ impl<T: MMObject> Store<T> {
         if head == NIL {
             return 0;
         }
-        let mut requeue = Requeue { store: self, rest: head, current: NIL };
-        let mut freed = 0;
+        let mut requeue = Requeue { store: self, rest: head, current: NIL, destroyed: 0 };
         while requeue.rest != NIL && *budget > 0 {
             let local = requeue.rest;
             let store = &*requeue.store;
@@ -304,16 +303,16 @@ impl<T: MMObject> Store<T> {
             let bytes = unsafe { Self::value_unchecked(slot) }.size();
             requeue.current = NIL;
             store.free_slot(slot, local);
+            requeue.destroyed += 1;
             // SAFETY: the slot was occupied (its value initialised) and is now
             // vacant and unreachable from any handle; the value is dropped
             // exactly once, here.
             unsafe { (*slot.value.get()).assume_init_drop() };
             *budget -= 1;
-            freed += 1;
             stats.objects += 1;
             stats.bytes += bytes;
         }
-        freed
+        requeue.destroyed as usize
     }
 
     /// Marks a dead slot vacant and pushes it on the free list.
@@ -323,7 +322,6 @@ impl<T: MMObject> Store<T> {
         slot.header.generation.store(generation, Ordering::Release);
         slot.header.word.store(LINK_FLAG | self.free_head.load(Ordering::Relaxed), Ordering::Relaxed);
         self.free_head.store(local, Ordering::Release);
-        self.destroyed.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -334,10 +332,13 @@ struct Requeue<'a, T: MMObject> {
     rest: u32,
     /// A dead slot taken off the chain whose value is still in use.
     current: u32,
+    /// Slots freed so far, added to the store's count once, at the end.
+    destroyed: u64,
 }
 
 impl<T: MMObject> Drop for Requeue<'_, T> {
     fn drop(&mut self) {
+        self.store.destroyed.fetch_add(self.destroyed, Ordering::Relaxed);
         let shared = self.store.shared();
         if self.current != NIL {
             let slot = self.store.slot(self.current).expect("published");
@@ -471,7 +472,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     /// handle is being dropped on another thread right now: then the memory
     /// is leaked on purpose, so those handles stay sound.
     fn settle(&mut self) -> Settled {
-        let limit = *self.len.get_mut() as usize;
+        let limit = self.len.load(Ordering::Relaxed) as usize;
         let mut accounted = vec![false; limit];
         let mut mark = |store: &Self, mut at: u32| {
             while at != NIL {
@@ -479,7 +480,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 at = store.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
             }
         };
-        let free_head = *self.free_head.get_mut();
+        let free_head = self.free_head.load(Ordering::Relaxed);
         mark(self, free_head);
         mark(self, self.shared().take_dead());
         let outliving = accounted.iter().filter(|&&a| !a).count();
@@ -504,7 +505,7 @@ impl<T> Drop for Store<T> {
             return;
         }
         for segment in 0..MAX_SEGMENTS {
-            let base = *self.segments[segment].get_mut();
+            let base = self.segments[segment].load(Ordering::Relaxed);
             if !base.is_null() {
                 let len = segment_len(segment, self.config.base_bits) as usize;
                 // SAFETY: `base` came from `Box::<[Slot<T>]>::into_raw` with this
