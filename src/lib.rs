@@ -7,6 +7,7 @@ extern crate self as mmobject;
 
 pub mod alloc;
 mod error;
+pub mod implementation;
 pub mod object;
 mod sync;
 pub mod track;

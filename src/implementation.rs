@@ -1,0 +1,96 @@
+//! How the object layer works inside, and why it is sound. Documentation only.
+//!
+//! # Slots
+//!
+//! Each object type has one store: an array of up to 26 *segments*, where
+//! segment `k` holds `base << k` slots (`base` defaults to 64). A local slot
+//! index maps to `(segment, offset)` with one `leading_zeros`. Segments are
+//! allocated once, on demand, under a per-store lock, and are never moved or
+//! freed while the store lives, so a [`Handle`](crate::Handle) holds a plain
+//! pointer to its slot.
+//!
+//! A slot is a 16-byte header followed by `UnsafeCell<MaybeUninit<T>>`:
+//!
+//! | field | bytes | meaning |
+//! |---|---|---|
+//! | `word` | 4 | live: the strong count; dead or free: `LINK_FLAG \| next` |
+//! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention) |
+//! | `site` | 8 | `&'static Location` of the `create` call |
+//!
+//! The same word is the count while the object is referenced and the list
+//! link once it is not. That keeps the header at 16 bytes without a separate
+//! link field, and it makes "is this object dead?" the same load as "what is
+//! its count?".
+//!
+//! # Keys
+//!
+//! Every store reserves a range of *manager-wide* indices when it allocates a
+//! segment, so an [`ObjectKey`](crate::ObjectKey) is unique across types and
+//! dense enough for `slotmap::SecondaryMap`. Indices are 24 bits; a
+//! [`RawHandle`](crate::object::RawHandle) packs an 8-bit manager tag, the
+//! index and the 32-bit generation into one `u64`. New slots start at a
+//! per-manager generation, so even a raw handle whose tag collides is very
+//! unlikely to validate in another manager.
+//!
+//! # The refcount protocol
+//!
+//! - **Clone**: `fetch_add(1, Relaxed)`. A count past 2^30 panics (after
+//!   undoing the add), so the count never reaches the link flag.
+//! - **Drop**: `fetch_sub(1, Release)`. The thread that takes the count from
+//!   1 to 0 issues an `Acquire` fence (so every other handle's use of the
+//!   object happens before its destruction), then pushes the slot onto the
+//!   store's *dead list*.
+//! - **Upgrade** (and `add_ref_raw`): a CAS loop that only increments a count
+//!   that is non-zero and not a link, after checking the generation. A dead
+//!   object is never revived.
+//!
+//! Nothing that takes `&ObjectManager` can turn an occupied slot vacant: only
+//! collection and shutdown do, and they take `&mut`. So a generation check
+//! followed by a CAS on the count cannot race with the slot's reuse.
+//!
+//! # The dead list
+//!
+//! A Treiber stack of local indices per store, whose head sits alone on a
+//! cache line. Handle drops on any thread push; only `collect_garbage` (under
+//! `&mut`) takes the whole stack with one `swap`. No thread ever pops a single
+//! node, so a successful push CAS always links to the true top: there is no
+//! ABA problem, and no tag is needed.
+//!
+//! Collection walks the taken chain: it reads `size()`, marks the slot vacant
+//! (generation + 1), pushes it on the free list, then drops the value. If a
+//! `Drop` panics, a guard pushes the rest of the chain back onto the dead list
+//! before the panic propagates; the slot being dropped is already free, and
+//! its value counts as dropped, as after any panicking drop in Rust.
+//! Destroying values drops the handles they hold, which may push more slots:
+//! collection loops until a pass finds every dead list empty, so cascades end
+//! in the same call. The cost is O(dead + types).
+//!
+//! # The free list
+//!
+//! Also threaded through the header words. `create` (under `&self`, from any
+//! thread) pops it with a CAS; pushes only happen under `&mut`. Between two
+//! `&mut` phases the list only shrinks, so its head never returns to an
+//! earlier value, and a CAS that read a stale `next` simply fails: again no
+//! ABA. When the list is empty, `create` bumps a counter and, at a segment
+//! boundary, allocates the next segment.
+//!
+//! # Raw handles
+//!
+//! Each store keeps a small table of raw references per slot, behind a lock
+//! (raw calls are the slow path). `release_raw` and `handle_from_raw` only
+//! give back a reference the table says a raw handle holds. A script that
+//! releases twice gets [`Error::DoubleRelease`](crate::Error::DoubleRelease),
+//! and the count can never drop below the number of live `Handle`s, which is
+//! what keeps `Handle` access sound without a generation check.
+//!
+//! # Shutdown, and handles that outlive the manager
+//!
+//! Shutdown collects the dead, logs what is still alive, drops every value in
+//! key order (which breaks cycles), and then decides whether the segment
+//! memory can be freed. It marks every slot it can account for: those on the
+//! free list, and those it takes off the dead list now. Any other slot is
+//! still referenced from outside the manager, or its last handle is being
+//! dropped on another thread at this very moment (its count is zero but its
+//! push has not landed). In either case a handle may still touch the slot's
+//! header and the store's dead list, so that store's memory is leaked on
+//! purpose, and the report says how many bytes. Otherwise everything is freed.
