@@ -255,7 +255,8 @@ fn main() {
     );
     println!("\n{}\n", mm.report());
 
-    // Keep two objects past shutdown: a material and its texture, as raw handles.
+    // Keep two objects alive past shutdown on purpose: a material and its
+    // albedo texture, as raw handles (the way a script engine would hold them).
     println!("keeping a Texture and a Material alive on purpose to show the leak report:");
     let material = mm[&level].materials[1].clone();
     let texture = mm[&material].albedo.clone();
@@ -293,7 +294,7 @@ fn parse_args() -> u32 {
         match arg.as_str() {
             "--frames" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) => frames = n,
-                None => exit_with(usage, 2),
+                None => exit_with(&format!("--frames needs a number\n{usage}"), 2),
             },
             "-h" | "--help" => exit_with(usage, 0),
             _ => exit_with(&format!("unknown argument '{arg}'\n{usage}"), 2),
