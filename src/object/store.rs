@@ -68,6 +68,13 @@ unsafe impl<T: Send + Sync> Send for Store<T> {}
 // SAFETY: as for `Send`.
 unsafe impl<T: Send + Sync> Sync for Store<T> {}
 
+/// A newly occupied slot, holding one counted reference.
+pub(crate) struct Inserted<T> {
+    pub(crate) local: u32,
+    pub(crate) slot: NonNull<Slot<T>>,
+    pub(crate) generation: u32,
+}
+
 /// The outcome of the shutdown pass over one store.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Settled {
@@ -122,13 +129,8 @@ impl<T: MMObject> Store<T> {
         Some(unsafe { &*base.add(offset) })
     }
 
-    /// Puts `value` in a free slot and returns (local index, slot, generation)
-    /// with a count of one.
-    pub(crate) fn try_insert(
-        &self,
-        value: T,
-        site: &'static Location<'static>,
-    ) -> Result<(u32, NonNull<Slot<T>>, u32), (T, Error)> {
+    /// Puts `value` in a free slot, with a count of one.
+    pub(crate) fn try_insert(&self, value: T, site: &'static Location<'static>) -> Result<Inserted<T>, (T, Error)> {
         let local = match self.pop_free() {
             Some(local) => local,
             None => match self.bump() {
@@ -149,7 +151,7 @@ impl<T: MMObject> Store<T> {
         // Release: readers that see the odd generation see the value and count.
         slot.header.generation.store(generation, Ordering::Release);
         self.created.fetch_add(1, Ordering::Relaxed);
-        Ok((local, NonNull::from(slot), generation))
+        Ok(Inserted { local, slot: NonNull::from(slot), generation })
     }
 
     /// Pops the free list. Concurrent callers only pop, so the head never
