@@ -485,6 +485,17 @@ impl<T: MMObject> ErasedStore for Store<T> {
         let free_head = self.free_head.load(Ordering::Relaxed);
         mark(self, free_head);
         mark(self, self.shared().take_dead());
+        // A slot held only by raw references is safe to free too: a raw
+        // handle is a plain number that needs the (gone) manager to be used.
+        // A count equal to the raw count means no `Handle` is left, and none
+        // is mid-drop either, since none took the count to zero.
+        for (&local, &raw) in self.shared().raw_refs.lock().iter() {
+            if let Some(slot) = self.slot(local) {
+                if slot.header.word.load(Ordering::Acquire) == raw {
+                    accounted[local as usize] = true;
+                }
+            }
+        }
         let outliving = accounted.iter().filter(|&&a| !a).count();
         let mut settled = Settled { outliving, leaked_bytes: 0 };
         if outliving > 0 {
