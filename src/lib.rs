@@ -14,8 +14,9 @@ pub mod track;
 
 pub use error::{Error, Result};
 pub use object::{
-    CollectStats, Handle, HeapSize, LeakReport, MMObject, MemoryReport, ObjectKey, ObjectManager, RawHandle,
-    VisitHandles, WeakHandle,
+    CollectStats, Handle, HeapSize, LeakReport, MMObject, MemoryReport, MemoryTimeline, ObjectKey, ObjectManager,
+    ObjectName, RawHandle, ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, VisitHandles,
+    WeakHandle,
 };
 
 /// Implements [`MMObject`] for a struct or enum.
@@ -28,6 +29,7 @@ pub use mmobject_macros::MMObject;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::object::probe::{NoHeapSize, NoVisitHandles, Probe, ViaHeapSize, ViaVisitHandles};
+    pub use crate::object::release_probe::{NoReleaseHandles, ProbeMut, ViaReleaseHandles};
     pub use crate::object::{MMObject, ObjectKey};
     pub use core::mem::size_of;
 }

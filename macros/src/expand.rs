@@ -15,19 +15,19 @@ use crate::ast::{Data, Field, Input};
 pub fn derive(input: &Input<'_>) -> TokenStream {
     let name = input.ident.unraw().to_string();
     let tag = input.tag().map_or_else(|| name.clone(), syn::LitStr::value);
-    let (size, visit) = match &input.data {
-        Data::Struct(fields) => (Some(struct_size(fields)), struct_visit(fields)),
-        Data::Enum(variants) if variants.is_empty() => (None, None),
+    let (size, visit, release) = match &input.data {
+        Data::Struct(fields) => (Some(struct_size(fields)), struct_visit(fields), struct_release(fields)),
+        Data::Enum(variants) if variants.is_empty() => (None, None, None),
         Data::Enum(variants) => {
             let arms: Vec<(&Ident, Vec<&Field>)> = variants
                 .iter()
                 .map(|variant| (variant.ident, variant.fields.iter().filter(|f| !f.is_skipped()).collect()))
                 .collect();
-            (Some(enum_size(&arms)), enum_visit(&arms))
+            (Some(enum_size(&arms)), enum_visit(&arms), enum_release(&arms))
         }
-        Data::Union(_) => (None, None),
+        Data::Union(_) => (None, None, None),
     };
-    wrap(input.ident, input.generics, &name, &tag, size.into_iter().chain(visit).collect())
+    wrap(input.ident, input.generics, &name, &tag, size.into_iter().chain(visit).chain(release).collect())
 }
 
 /// An impl with the constants and the trait's default methods, emitted next to
@@ -88,6 +88,50 @@ fn heap_size_of(place: &TokenStream) -> TokenStream {
 /// `(&Probe(place)).mm_visit_handles(visitor)`, chosen the same way.
 fn visit_of(place: &TokenStream, visitor: &Ident) -> TokenStream {
     quote!((&::mmobject::__private::Probe(#place)).mm_visit_handles(#visitor);)
+}
+
+/// `(&mut ProbeMut(place)).mm_release_handles()`: `ViaReleaseHandles` when
+/// the field type implements `ReleaseHandles`, else the no-op `NoReleaseHandles`.
+fn release_of(place: &TokenStream) -> TokenStream {
+    quote!((&mut ::mmobject::__private::ProbeMut(#place)).mm_release_handles();)
+}
+
+fn release_fn(body: TokenStream) -> TokenStream {
+    quote! {
+        fn release_handles(&mut self) {
+            #[allow(unused_imports)]
+            use ::mmobject::__private::{NoReleaseHandles as _, ViaReleaseHandles as _};
+            #body
+        }
+    }
+}
+
+fn struct_release(fields: &[Field]) -> Option<TokenStream> {
+    let places: Vec<TokenStream> = fields
+        .iter()
+        .filter(|field| !field.is_skipped())
+        .map(|field| {
+            let member = &field.member;
+            quote!(&mut self.#member)
+        })
+        .collect();
+    if places.is_empty() {
+        return None;
+    }
+    let releases = places.iter().map(release_of);
+    Some(release_fn(quote!(#(#releases)*)))
+}
+
+fn enum_release(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
+    let matched = enum_arms(
+        arms,
+        |places| {
+            let releases = places.iter().map(release_of);
+            quote!({ #(#releases)* })
+        },
+        quote!({}),
+    )?;
+    Some(release_fn(matched))
 }
 
 fn visitor_ident() -> Ident {

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::panic::Location;
 
+use super::forensics::ReferenceCycle;
 use super::ObjectKey;
 
 /// One object still alive at shutdown.
@@ -18,6 +19,10 @@ pub struct LeakEntry {
     pub size: usize,
     /// Where it was created.
     pub site: &'static Location<'static>,
+    /// The shortest chain of handles that keeps it alive, ending at an object
+    /// held from outside the manager (or at a reference cycle); see
+    /// [`RetentionPath`](crate::RetentionPath). `None` where it was not computed.
+    pub retention: Option<String>,
 }
 
 impl fmt::Display for LeakEntry {
@@ -63,6 +68,7 @@ pub struct LeakReport {
     pub(crate) outliving_handles: usize,
     pub(crate) leaked_bytes: usize,
     pub(crate) drop_panics: usize,
+    pub(crate) cycles: Vec<ReferenceCycle>,
 }
 
 impl LeakReport {
@@ -95,6 +101,12 @@ impl LeakReport {
     pub fn drop_panics(&self) -> usize {
         self.drop_panics
     }
+
+    /// The reference cycles among the leaked objects: groups that nothing
+    /// outside the manager held, kept alive only by each other's handles.
+    pub fn cycles(&self) -> &[ReferenceCycle] {
+        &self.cycles
+    }
 }
 
 impl<'a> IntoIterator for &'a LeakReport {
@@ -114,7 +126,13 @@ impl fmt::Display for LeakReport {
             write!(f, "{} leaked object(s):", self.entries.len())?;
             for entry in &self.entries {
                 write!(f, "\n  {entry}")?;
+                if let Some(retention) = &entry.retention {
+                    write!(f, "\n      kept alive by: {retention}")?;
+                }
             }
+        }
+        for cycle in &self.cycles {
+            write!(f, "\n  cycle: {cycle}")?;
         }
         if self.outliving_handles > 0 {
             write!(

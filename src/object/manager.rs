@@ -289,7 +289,17 @@ impl ObjectManager {
         Ok(self.store_at::<T>(index as u32).expect("just registered"))
     }
 
-    fn all_stores(&self) -> impl Iterator<Item = &dyn ErasedStore> {
+    /// The store at `index`, for changes under `&mut self`.
+    pub(crate) fn store_by_index_mut(&mut self, index: u32) -> Option<&mut (dyn ErasedStore + 'static)> {
+        self.stores.get_mut(index as usize)?.get_mut().map(|s| &mut **s)
+    }
+
+    /// The (store index, local slot index) a key's manager-wide index names.
+    pub(crate) fn locate_key(&self, key: super::ObjectKey) -> Option<(u32, u32)> {
+        self.index_space.resolve(key.index())
+    }
+
+    pub(crate) fn all_stores(&self) -> impl Iterator<Item = &dyn ErasedStore> {
         let count = self.store_count.load(Ordering::Acquire);
         self.stores[..count].iter().filter_map(|s| s.get().map(|b| &**b))
     }
@@ -734,10 +744,20 @@ impl ObjectManager {
             leak_entries(store, &mut report.entries);
         }
         report.entries.sort_by_key(|e| e.key);
+        if !report.entries.is_empty() {
+            // Before any value is destroyed: retention paths and cycles read `visit_handles`.
+            super::forensics::annotate_leaks(self, &mut report);
+        }
         if self.report_leaks && !report.entries.is_empty() {
             emit(&format!("{} object(s) still alive at shutdown of object manager #{}:", report.len(), self.id));
             for entry in &report.entries {
-                emit(&format!("leaked {entry}"));
+                match &entry.retention {
+                    Some(retention) => emit(&format!("leaked {entry}; kept alive by: {retention}")),
+                    None => emit(&format!("leaked {entry}")),
+                }
+            }
+            for cycle in &report.cycles {
+                emit(&format!("cycle: {cycle}"));
             }
         }
         let count = self.store_count.load(Ordering::Relaxed);

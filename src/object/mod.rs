@@ -15,22 +15,33 @@
 //! - A [`WeakHandle`] is a key plus a location; every use checks the
 //!   generation, so a reused slot never validates an old weak or raw handle.
 
+mod forensics;
 mod handle;
+mod incremental;
 mod index_space;
 mod key;
 mod leak;
 mod manager;
+mod release;
 mod report;
 mod shared;
 mod slot;
+mod snapshot;
 mod store;
+mod timeline;
 mod traits;
 
+pub use forensics::{ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
 pub use handle::{Handle, RawHandle, WeakHandle};
 pub use key::ObjectKey;
 pub use leak::{LeakEntry, LeakReport};
 pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, TryCreateError, MAX_TYPES};
+#[doc(hidden)]
+pub use release::probe as release_probe;
+pub use release::ReleaseHandles;
 pub use report::{MemoryReport, TypeReport};
+pub use snapshot::Snapshot;
+pub use timeline::MemoryTimeline;
 #[doc(hidden)]
 pub use traits::probe;
 pub use traits::{HeapSize, MMObject, VisitHandles};

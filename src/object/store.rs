@@ -372,6 +372,7 @@ pub(crate) trait ErasedStore: Send + Sync {
     fn live_count(&self) -> usize;
     fn report(&self) -> TypeReport;
     fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject));
+    fn live_object_mut(&mut self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject>;
     fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str));
     fn settle(&mut self) -> Settled;
 }
@@ -379,11 +380,21 @@ pub(crate) trait ErasedStore: Send + Sync {
 /// A live object seen without its type.
 pub(crate) trait ErasedObject {
     fn size(&self) -> usize;
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey));
+    fn release_handles(&mut self);
 }
 
 impl<T: MMObject> ErasedObject for T {
     fn size(&self) -> usize {
         MMObject::size(self)
+    }
+
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        MMObject::visit_handles(self, visitor);
+    }
+
+    fn release_handles(&mut self) {
+        MMObject::release_handles(self);
     }
 }
 
@@ -448,6 +459,17 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 f(self.key_of(local, generation), &slot.header, value);
             }
         });
+    }
+
+    fn live_object_mut(&mut self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject> {
+        let slot = self.slot(local)?;
+        if !slot.header.is_live(generation) {
+            return None;
+        }
+        // SAFETY: `is_live` read the generation as odd with `Acquire`, so the
+        // value is initialised; `&mut self` (reached only through
+        // `&mut ObjectManager`) excludes every other reference to the value.
+        Some(unsafe { (*slot.value.get()).assume_init_mut() })
     }
 
     fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str)) {
@@ -550,6 +572,6 @@ pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
         let size = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value.size())).unwrap_or(0);
         // SAFETY: `visit_live` only yields occupied slots, whose site is valid.
         let site = unsafe { *header.site.get() };
-        out.push(LeakEntry { type_name, key, ref_count: header.ref_count(), size, site });
+        out.push(LeakEntry { type_name, key, ref_count: header.ref_count(), size, site, retention: None });
     });
 }

@@ -43,6 +43,16 @@ pub trait MMObject: Send + Sync + 'static {
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         let _ = visitor;
     }
+
+    /// Drops the strong handles the object holds that can be removed
+    /// (`Option<Handle<T>>` set to `None`, `Vec`s of handles cleared).
+    ///
+    /// [`ObjectManager::collect_cycles`](crate::ObjectManager::collect_cycles)
+    /// calls it on the members of garbage cycles, instead of dropping them, so
+    /// that a wrong `visit_handles` can never destroy a value still in use.
+    /// The derive implements it for every field whose type implements
+    /// [`ReleaseHandles`](crate::ReleaseHandles). The default does nothing.
+    fn release_handles(&mut self) {}
 }
 
 /// Heap bytes owned by a value, beyond its own `size_of`.

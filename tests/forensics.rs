@@ -1,0 +1,540 @@
+//! Leak forensics as a user meets them: holders, retention paths, reference
+//! cycles and their collection, snapshots, collection under a time budget,
+//! and the shutdown report that ties them together.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mmobject::{Handle, MMObject, ObjectKey, ObjectManager, RetentionRoot};
+use proptest::prelude::*;
+
+/// Counts its drops in a counter owned by the test, so tests can run in parallel.
+#[derive(Default)]
+struct Drops(Arc<AtomicUsize>);
+
+impl Drops {
+    fn token(&self) -> DropToken {
+        DropToken(Arc::clone(&self.0))
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+struct DropToken(Arc<AtomicUsize>);
+
+impl Drop for DropToken {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A graph node: edges through a `Vec`, one optional extra link.
+#[derive(MMObject)]
+struct Node {
+    edges: Vec<Handle<Node>>,
+    link: Option<Handle<Node>>,
+    drops: DropToken,
+}
+
+fn node(mm: &ObjectManager, drops: &Drops) -> Handle<Node> {
+    mm.create(Node { edges: Vec::new(), link: None, drops: drops.token() })
+}
+
+fn quiet() -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(4).build()
+}
+
+/// A ring of `n` nodes through `link`; returns the keys in ring order.
+fn ring(mm: &mut ObjectManager, drops: &Drops, n: usize) -> Vec<ObjectKey> {
+    let nodes: Vec<_> = (0..n).map(|_| node(mm, drops)).collect();
+    for i in 0..n {
+        let next = nodes[(i + 1) % n].clone();
+        mm[&nodes[i]].link = Some(next);
+    }
+    nodes.iter().map(Handle::key).collect()
+}
+
+// ---- cycles ---------------------------------------------------------------------
+
+#[test]
+fn self_reference_is_a_cycle_of_one() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let a = node(&mm, &drops);
+    mm[&a].link = Some(a.clone());
+    let key = a.key();
+    assert!(mm.find_cycles().is_empty(), "held from outside");
+    drop(a);
+    assert_eq!(mm.collect_garbage().objects, 0, "refcounting alone cannot free it");
+    assert_eq!(mm.find_cycles(), vec![vec![key]]);
+    assert_eq!(mm.reference_cycles()[0].to_string(), format!("Node{key} -> Node{key}"));
+    let path = mm.retention_path(key).unwrap();
+    assert!(matches!(path.root, RetentionRoot::Cycle(_)));
+    assert_eq!(mm.collect_cycles().objects, 1);
+    assert_eq!(drops.count(), 1);
+    assert!(mm.is_empty());
+}
+
+#[test]
+fn cycle_of_two() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let keys = ring(&mut mm, &drops, 2);
+    assert_eq!(mm.find_cycles(), vec![keys.clone()]);
+    let cycle = &mm.reference_cycles()[0];
+    assert_eq!(cycle.cycle_len, 2);
+    assert_eq!(cycle.to_string(), format!("Node{} -> Node{} -> Node{}", keys[0], keys[1], keys[0]));
+    assert_eq!(mm.collect_cycles().objects, 2);
+    assert_eq!(drops.count(), 2);
+}
+
+#[test]
+fn cycle_of_ten_in_handle_order() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let keys = ring(&mut mm, &drops, 10);
+    let cycles = mm.find_cycles();
+    assert_eq!(cycles, vec![keys.clone()], "the group reads as the ring, from its smallest key");
+    assert_eq!(mm.holders(keys[3]), vec![keys[2]]);
+    let text = mm.reference_cycles()[0].to_string();
+    assert!(text.contains("more"), "long cycles are shortened: {text}");
+    assert_eq!(mm.collect_cycles().objects, 10);
+    assert_eq!(drops.count(), 10);
+}
+
+#[test]
+fn cycle_held_from_outside_is_not_collected() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let a = node(&mm, &drops);
+    let b = node(&mm, &drops);
+    mm[&a].link = Some(b.clone());
+    mm[&b].link = Some(a.clone());
+    drop(b);
+    assert!(mm.find_cycles().is_empty());
+    assert_eq!(mm.collect_cycles().objects, 0);
+    assert_eq!(drops.count(), 0);
+    assert!(mm[&a].link.is_some(), "a live object's handles are left alone");
+    let path = mm.retention_path(mm[&a].link.as_ref().unwrap().key()).unwrap();
+    assert_eq!(path.keys(), vec![a.key(), path.chain[1].key]);
+    assert!(path.is_held_from_outside());
+    drop(a);
+    assert_eq!(mm.collect_cycles().objects, 2);
+    assert_eq!(drops.count(), 2);
+}
+
+#[test]
+fn objects_hanging_off_a_cycle_go_with_it() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let keys = ring(&mut mm, &drops, 3);
+    // Give the first ring member two children through its Vec.
+    let (_, first) = mm.iter::<Node>().next().unwrap();
+    assert!(first.edges.is_empty());
+    let children: Vec<_> = (0..2).map(|_| node(&mm, &drops)).collect();
+    let child_keys: Vec<_> = children.iter().map(Handle::key).collect();
+    let weak = mm.iter::<Node>().map(|(w, _)| w).find(|w| w.key() == keys[0]).unwrap();
+    mm.get_weak_mut(weak).unwrap().edges.extend(children);
+    assert_eq!(mm.find_cycles(), vec![keys.clone()], "children are not cycle members");
+    let path = mm.retention_path(child_keys[1]).unwrap();
+    assert_eq!(path.keys(), vec![keys[0], child_keys[1]]);
+    assert!(path.to_string().contains("is in a reference cycle"), "{path}");
+    assert_eq!(mm.collect_cycles().objects, 5);
+    assert_eq!(drops.count(), 5);
+}
+
+#[test]
+fn plain_handle_cycles_stay_alive_but_safe() {
+    #[derive(MMObject)]
+    struct Pair {
+        other: Option<Handle<Pinned>>,
+    }
+    #[derive(MMObject)]
+    struct Pinned {
+        back: Handle<Pair>,
+    }
+    let mut mm = quiet();
+    let pair = mm.create(Pair { other: None });
+    let pinned = mm.create(Pinned { back: pair.clone() });
+    mm[&pair].other = Some(pinned.clone());
+    drop((pair, pinned));
+    // One removable link is enough to break the cycle.
+    assert_eq!(mm.find_cycles().len(), 1);
+    assert_eq!(mm.collect_cycles().objects, 2);
+
+    #[derive(MMObject)]
+    struct Stuck {
+        next: Handle<Stuck2>,
+    }
+    #[derive(MMObject)]
+    struct Stuck2 {
+        #[mm(skip)]
+        hidden: Option<Handle<Stuck>>,
+        next: Option<Handle<Stuck>>,
+    }
+    let a = mm.create(Stuck2 { hidden: None, next: None });
+    let b = mm.create(Stuck { next: a.clone() });
+    mm[&a].hidden = Some(b.clone()); // skipped: invisible to forensics
+    drop((a, b));
+    assert!(mm.find_cycles().is_empty(), "an invisible link makes its target look held from outside");
+    assert_eq!(mm.collect_cycles().objects, 0);
+    assert_eq!(mm.len(), 2);
+}
+
+#[test]
+fn a_lying_visit_handles_never_frees_a_used_object() {
+    struct Liar {
+        real: Option<Handle<Liar>>,
+        claimed: Vec<ObjectKey>,
+        _drops: DropToken,
+    }
+    impl MMObject for Liar {
+        const TYPE_NAME: &'static str = "Liar";
+        const TAG: &'static str = "Liar";
+        fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+            self.real.iter().for_each(|h| visitor(h.key()));
+            self.claimed.iter().for_each(|&k| visitor(k));
+        }
+        fn release_handles(&mut self) {
+            self.real = None;
+        }
+    }
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let a = mm.create(Liar { real: None, claimed: Vec::new(), _drops: drops.token() });
+    let b = mm.create(Liar { real: Some(a.clone()), claimed: Vec::new(), _drops: drops.token() });
+    // `a` claims to hold `b`, so `b`'s only (outside) reference looks internal.
+    mm[&a].claimed.push(b.key());
+    let a_key = a.key();
+    drop(a);
+    assert_eq!(mm.find_cycles(), vec![vec![a_key, b.key()]], "fooled");
+    mm.collect_cycles();
+    // `b` is really held from outside: it stays alive and readable.
+    assert_eq!(drops.count(), 1, "only `a`, which nothing held any more, was destroyed");
+    assert!(mm[&b].real.is_none(), "its removable handle was released");
+    drop(b);
+    assert_eq!(mm.collect_garbage().objects, 1);
+}
+
+#[test]
+fn enum_release_handles() {
+    #[derive(MMObject)]
+    enum Shape {
+        Empty,
+        Group { children: Vec<Handle<Shape>>, parent: Option<Handle<Shape>> },
+    }
+    let mut mm = quiet();
+    let parent = mm.create(Shape::Empty);
+    let child = mm.create(Shape::Group { children: Vec::new(), parent: None });
+    mm[&parent] = Shape::Group { children: vec![child.clone()], parent: None };
+    if let Shape::Group { parent: up, .. } = &mut mm[&child] {
+        *up = Some(parent.clone());
+    }
+    drop((parent, child));
+    assert_eq!(mm.find_cycles().len(), 1);
+    assert_eq!(mm.collect_cycles().objects, 2);
+}
+
+// ---- holders and retention paths ---------------------------------------------------
+
+#[derive(MMObject)]
+#[mm(tag = "Textures")]
+struct Texture {
+    pixels: Vec<u8>,
+}
+
+#[derive(MMObject)]
+struct Material {
+    albedo: Handle<Texture>,
+    detail: Option<Handle<Texture>>,
+}
+
+#[derive(MMObject)]
+struct Level {
+    name: &'static str,
+    materials: Vec<Handle<Material>>,
+}
+
+fn load_level(mm: &ObjectManager, name: &'static str, textures: usize) -> Handle<Level> {
+    let textures: Vec<_> = (0..textures).map(|i| mm.create(Texture { pixels: vec![i as u8; 64] })).collect();
+    let materials = textures
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            mm.create(Material { albedo: t.clone(), detail: Some(textures[(i + 1) % textures.len()].clone()) })
+        })
+        .collect();
+    mm.create(Level { name, materials })
+}
+
+#[test]
+fn diamond_holders_and_paths() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let top = node(&mm, &drops);
+    let left = node(&mm, &drops);
+    let right = node(&mm, &drops);
+    let bottom = node(&mm, &drops);
+    mm[&left].link = Some(bottom.clone());
+    mm[&right].edges.push(bottom.clone());
+    mm[&top].edges = vec![left.clone(), right.clone()];
+    let keys = [top.key(), left.key(), right.key(), bottom.key()];
+    drop((left, right, bottom));
+    assert_eq!(mm.holders(keys[3]), vec![keys[1], keys[2]]);
+    assert_eq!(mm.holders(keys[0]), Vec::<ObjectKey>::new());
+    let path = mm.retention_path(keys[3]).unwrap();
+    assert_eq!(path.chain.len(), 3);
+    assert_eq!(path.chain[0].key, keys[0]);
+    assert_eq!(path.root, RetentionRoot::Outside { outside: 1, total: 1 });
+    assert!(mm.find_cycles().is_empty(), "a diamond is not a cycle");
+    drop(top);
+    assert_eq!(mm.collect_garbage().objects, 4);
+    assert_eq!(drops.count(), 4);
+    assert!(mm.retention_path(keys[0]).is_none());
+}
+
+#[test]
+fn retention_path_through_vec_and_option_fields() {
+    let mut mm = quiet();
+    let level = load_level(&mm, "Forest", 3);
+    let material = mm[&level].materials[1].clone();
+    let detail = mm[&material].detail.as_ref().unwrap().key();
+    let texture = mm[&material].albedo.clone();
+    let texture_key = texture.key();
+    drop((material, texture));
+    // Each texture is held as one material's albedo and another's detail.
+    assert_eq!(mm.holders(detail).len(), 2);
+    let path = mm.retention_path(texture_key).unwrap();
+    assert_eq!(path.chain.iter().map(|l| l.type_name).collect::<Vec<_>>(), ["Level", "Material", "Texture"]);
+    assert_eq!(path.chain[0].key, level.key());
+    let text = path.to_string();
+    assert!(text.starts_with(&format!("Level{} -> Material", level.key())), "{text}");
+    assert!(text.ends_with(&format!("(Level{} is held from outside: 1 of its 1 references)", level.key())), "{text}");
+    // A second outside reference shows in the count.
+    let extra = level.clone();
+    assert_eq!(mm.retention_path(texture_key).unwrap().root, RetentionRoot::Outside { outside: 2, total: 2 });
+    drop((extra, level));
+    assert_eq!(mm.collect_garbage().objects, 7);
+}
+
+// ---- snapshots -----------------------------------------------------------------------
+
+#[test]
+fn snapshot_across_level_load_and_unload() {
+    let mut mm = quiet();
+    let menu = mm.create(Texture { pixels: vec![1; 8] });
+    let before = mm.snapshot();
+    assert_eq!(before.len(), 1);
+    let level = load_level(&mm, "Caves", 4);
+    let fresh = mm.alive_since(&before);
+    assert_eq!(fresh.len(), 9);
+    assert!(fresh.iter().all(|e| e.key != menu.key()));
+    assert!(fresh.iter().any(|e| e.type_name == "Level"));
+
+    // Unload, but a system forgot one material.
+    let forgotten = mm[&level].materials[2].clone();
+    drop(level);
+    mm.collect_garbage();
+    let left: Vec<_> = mm.alive_since(&before).iter().map(|e| e.type_name).collect();
+    assert_eq!(left, ["Texture", "Texture", "Material"], "the material and its two textures");
+    let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.assert_released_since(&before)));
+    let message = *failure.unwrap_err().downcast::<String>().unwrap();
+    assert!(message.starts_with("3 object(s) created since the snapshot are still alive:"), "{message}");
+    assert!(message.contains(&format!("kept alive by: Material{} -> Texture", forgotten.key())), "{message}");
+    assert!(message.contains("tests/forensics.rs"), "creation sites: {message}");
+
+    drop(forgotten);
+    mm.collect_garbage();
+    mm.assert_released_since(&before);
+    // Reused slots are new objects, not the snapshot's.
+    let again = load_level(&mm, "Caves", 4);
+    assert_eq!(mm.alive_since(&before).len(), 9);
+    drop(again);
+    mm.collect_garbage();
+    mm.assert_released_since(&before);
+}
+
+#[test]
+fn assert_released_names_cycles() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let before = mm.snapshot();
+    let keys = ring(&mut mm, &drops, 2);
+    mm.collect_garbage();
+    let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.assert_released_since(&before)));
+    let message = *failure.unwrap_err().downcast::<String>().unwrap();
+    let cycle = format!("cycle: Node{} -> Node{} -> Node{}", keys[0], keys[1], keys[0]);
+    assert!(message.contains(&cycle), "{message}");
+    mm.collect_cycles();
+    mm.assert_released_since(&before);
+}
+
+// ---- incremental collection ----------------------------------------------------------
+
+/// `chains` linked lists of `len` nodes, each node holding the next through
+/// its `Vec`, all released: collecting them is one cascade per list.
+fn chains(mm: &ObjectManager, drops: &Drops, chains: usize, len: usize) {
+    for _ in 0..chains {
+        let mut head = node(mm, drops);
+        for _ in 1..len {
+            head = mm.create(Node { edges: vec![head], link: None, drops: drops.token() });
+        }
+        drop(head);
+    }
+}
+
+#[test]
+fn budget_of_one_object_per_call_loses_nothing() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let n = if cfg!(miri) { 10 } else { 300 };
+    chains(&mm, &drops, 3, n / 3);
+    let mut freed = 0;
+    let mut calls = 0;
+    loop {
+        let stats = mm.collect_garbage_budgeted(1);
+        assert!(stats.objects <= 1);
+        if stats.objects == 0 {
+            break;
+        }
+        freed += stats.objects;
+        calls += 1;
+    }
+    assert_eq!(freed, calls);
+    assert_eq!(freed, 3 * (n / 3));
+    assert_eq!(drops.count(), freed);
+    assert!(mm.is_empty());
+    assert_eq!(mm.dead_count(), 0);
+    let report = mm.report();
+    let line = report.get("Node").unwrap();
+    assert_eq!(line.created, line.destroyed);
+    assert_eq!(line.destroyed as usize, freed);
+}
+
+#[test]
+fn tiny_time_budgets_lose_nothing() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let n = if cfg!(miri) { 12 } else { 2000 };
+    chains(&mm, &drops, 4, n / 4);
+    let total = mm.report().get("Node").unwrap().created as usize;
+    let mut freed = 0;
+    for budget in [Duration::ZERO, Duration::from_nanos(1), Duration::from_micros(1)].into_iter().cycle() {
+        let stats = mm.collect_garbage_for(budget);
+        freed += stats.objects;
+        if stats.objects == 0 {
+            break;
+        }
+    }
+    assert_eq!(freed, total);
+    assert_eq!(drops.count(), total);
+    assert!(mm.is_empty());
+    assert_eq!(mm.dead_count(), 0);
+}
+
+// ---- the shutdown report ---------------------------------------------------------------
+
+#[test]
+fn shutdown_report_has_retention_paths_and_cycles() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let level = load_level(&mm, "Forest", 2);
+    let level_key = level.key();
+    let keys = ring(&mut mm, &drops, 2);
+    let _raw = level.into_raw(); // held "by a script" past shutdown
+    let report = mm.shutdown();
+    assert_eq!(report.len(), 5 + 2);
+    let texture = report.iter().find(|e| e.type_name == "Texture").unwrap();
+    let retention = texture.retention.as_deref().unwrap();
+    assert!(retention.starts_with(&format!("Level{level_key} -> Material")), "{retention}");
+    assert!(retention.ends_with("is held from outside: 1 of its 1 references)"), "{retention}");
+    assert_eq!(report.cycles().len(), 1);
+    assert_eq!(report.cycles()[0].keys(), keys);
+    let text = report.to_string();
+    assert!(text.contains("kept alive by: "), "{text}");
+    assert!(text.contains(&format!("cycle: Node{} -> Node{} -> Node{}", keys[0], keys[1], keys[0])), "{text}");
+    assert_eq!(drops.count(), 2, "shutdown still destroys the cycle");
+}
+
+// ---- random graphs --------------------------------------------------------------------
+
+/// Nodes reachable from the roots along the edges.
+fn reachable(n: usize, edges: &[(usize, usize)], roots: &[bool]) -> BTreeSet<usize> {
+    let mut seen: BTreeSet<usize> = (0..n).filter(|&i| roots[i]).collect();
+    let mut stack: Vec<usize> = seen.iter().copied().collect();
+    while let Some(v) = stack.pop() {
+        for &(a, b) in edges {
+            if a == v && seen.insert(b) {
+                stack.push(b);
+            }
+        }
+    }
+    seen
+}
+
+fn graphs() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, Vec<bool>)> {
+    let max: usize = if cfg!(miri) { 6 } else { 24 };
+    (1..=max).prop_flat_map(|n| {
+        (Just(n), prop::collection::vec((0..n, 0..n), 0..=n * 2), prop::collection::vec(any::<bool>(), n))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 2 } else { 128 },
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn collect_cycles_frees_exactly_the_unreachable((n, edges, roots) in graphs()) {
+        let mut mm = quiet();
+        let drops = Drops::default();
+        let handles: Vec<_> = (0..n).map(|_| node(&mm, &drops)).collect();
+        for &(a, b) in &edges {
+            let target = handles[b].clone();
+            mm[&handles[a]].edges.push(target);
+        }
+        let keys: Vec<_> = handles.iter().map(Handle::key).collect();
+        let weak: Vec<_> = handles.iter().map(Handle::downgrade).collect();
+        let kept: Vec<_> = handles.into_iter().enumerate().filter(|(i, _)| roots[*i]).map(|(_, h)| h).collect();
+        let alive = reachable(n, &edges, &roots);
+
+        mm.collect_garbage();
+        // Every cycle found is garbage, and reads as a cycle along real edges.
+        for group in mm.reference_cycles() {
+            let at = |k: ObjectKey| keys.iter().position(|&x| x == k).unwrap();
+            let cycle: Vec<usize> = group.cycle().iter().map(|m| at(m.key)).collect();
+            for (i, &v) in cycle.iter().enumerate() {
+                prop_assert!(!alive.contains(&v));
+                let next = cycle[(i + 1) % cycle.len()];
+                prop_assert!(edges.contains(&(v, next)), "{v} -> {next} is not an edge");
+            }
+        }
+        // Retention paths of live objects start at a root and follow edges.
+        for &v in &alive {
+            let path = mm.retention_path(keys[v]).unwrap();
+            prop_assert!(path.is_held_from_outside());
+            let chain: Vec<usize> = path.keys().iter().map(|&k| keys.iter().position(|&x| x == k).unwrap()).collect();
+            prop_assert!(roots[chain[0]]);
+            for pair in chain.windows(2) {
+                prop_assert!(edges.contains(&(pair[0], pair[1])));
+            }
+        }
+
+        mm.collect_cycles();
+        for (i, w) in weak.iter().enumerate() {
+            prop_assert_eq!(mm.is_alive(*w), alive.contains(&i), "node {}", i);
+        }
+        prop_assert_eq!(drops.count(), n - alive.len());
+        prop_assert!(mm.find_cycles().is_empty());
+        prop_assert_eq!(mm.len(), alive.len());
+        drop(kept);
+        mm.collect_cycles();
+        prop_assert_eq!(drops.count(), n);
+    }
+}
