@@ -282,15 +282,9 @@ impl Analysis {
     fn new(mm: &ObjectManager) -> Analysis {
         let graph = Graph::build(mm);
         let n = graph.len();
-        let mut rooted = vec![false; n];
+        let mut rooted: Vec<bool> = (0..n).map(|node| graph.outside(node) > 0).collect();
         let mut parent = vec![NONE; n];
-        let mut queue = VecDeque::new();
-        for node in 0..n {
-            if graph.outside(node) > 0 {
-                rooted[node] = true;
-                queue.push_back(node as u32);
-            }
-        }
+        let mut queue: VecDeque<u32> = (0..n as u32).filter(|&node| rooted[node as usize]).collect();
         // Breadth-first from every root at once: shortest chains from any root.
         while let Some(v) = queue.pop_front() {
             for &w in graph.out_edges(v as usize) {
