@@ -1,6 +1,7 @@
 //! A simulated game loop: the tour of `mmobject`'s object manager.
 //!
-//! Run it with `cargo run --release --example game_loop [-- --frames N]`.
+//! Run it with `cargo run --release --example game_loop [-- --frames N] [--plot memory.svg]`
+//! (`--plot` draws live objects and bytes per type, frame by frame, as an SVG chart).
 //!
 //! - A level loads textures, meshes and materials (which hold texture handles).
 //! - Every frame, entities spawn and despawn, a targeting system follows them
@@ -14,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use mmobject::{CollectStats, Handle, MMObject, ObjectManager, WeakHandle};
+use mmobject::{CollectStats, Handle, MMObject, MemoryTimeline, ObjectManager, WeakHandle};
 
 // ---- Game data ----------------------------------------------------------------
 
@@ -181,7 +182,8 @@ fn targeting(
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).format_timestamp(None).init();
-    let frames = parse_args();
+    let (frames, plot) = parse_args();
+    let mut timeline = MemoryTimeline::new();
 
     let mut mm = ObjectManager::new();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -246,6 +248,15 @@ fn main() {
         if frame % 60 == 0 || swap || frame == frames {
             print_frame(&mm, frame, &freed, took);
         }
+        if plot.is_some() {
+            timeline.sample(u64::from(frame), &mm.report());
+        }
+    }
+    if let Some(path) = &plot {
+        match timeline.write_svg(path) {
+            Ok(()) => println!("wrote {path}"),
+            Err(e) => exit_with(&format!("cannot write {path}: {e}"), 1),
+        }
     }
 
     println!(
@@ -284,11 +295,11 @@ fn print_frame(mm: &ObjectManager, frame: u32, freed: &CollectStats, took: Durat
     );
 }
 
-/// `--frames N` (default 600) and `--help`.
-fn parse_args() -> u32 {
-    let usage =
-        "usage: game_loop [--frames N]\n\nSimulates N frames (default 600) of a game using mmobject's object manager.";
-    let mut frames = 600;
+/// `--frames N` (default 600), `--plot PATH` and `--help`.
+fn parse_args() -> (u32, Option<String>) {
+    let usage = "usage: game_loop [--frames N] [--plot PATH]\n\n\
+                 Simulates N frames (default 600) of a game using mmobject's object manager.";
+    let (mut frames, mut plot) = (600, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -296,11 +307,15 @@ fn parse_args() -> u32 {
                 Some(n) => frames = n,
                 None => exit_with(&format!("--frames needs a number\n{usage}"), 2),
             },
+            "--plot" => match args.next() {
+                Some(path) => plot = Some(path),
+                None => exit_with(&format!("--plot needs a file name\n{usage}"), 2),
+            },
             "-h" | "--help" => exit_with(usage, 0),
             _ => exit_with(&format!("unknown argument '{arg}'\n{usage}"), 2),
         }
     }
-    frames
+    (frames, plot)
 }
 
 fn exit_with(message: &str, code: i32) -> ! {

@@ -156,7 +156,9 @@ pub enum RetentionRoot {
 /// member of a reference cycle) to the object asked about: each link holds a
 /// handle to the next. `Display` prints
 /// `Level#1 -> Material#7 -> Texture#3 (Level#1 is held from outside: 1 of its 1 references)`,
-/// shortened in the middle when the chain is long.
+/// shortened in the middle when the chain is long. A chain of one, the object
+/// itself, prints only what holds it: `references from outside the manager (2 of its 2)`
+/// or `a reference cycle: Node#4 -> Node#5 -> Node#4`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionPath {
     /// From the root to the object: each link holds a handle to the next.
@@ -179,14 +181,26 @@ impl RetentionPath {
 
 impl fmt::Display for RetentionPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_chain(f, self.chain.iter().copied())?;
         let Some(first) = self.chain.first() else { return Ok(()) };
+        if self.chain.len() == 1 {
+            // The object itself: say what holds it, without repeating its name.
+            return match &self.root {
+                RetentionRoot::Outside { outside, total } => {
+                    write!(f, "references from outside the manager ({outside} of its {total})")
+                }
+                RetentionRoot::Cycle(cycle) => write!(f, "a reference cycle: {cycle}"),
+                RetentionRoot::Unaccounted => write!(f, "nothing found (counts changed during the analysis)"),
+            };
+        }
+        write_chain(f, self.chain.iter().copied())?;
         match &self.root {
             RetentionRoot::Outside { outside, total } => {
                 write!(f, " ({first} is held from outside: {outside} of its {total} references)")
             }
             RetentionRoot::Cycle(cycle) => write!(f, " ({first} is in a reference cycle: {cycle})"),
-            RetentionRoot::Unaccounted => write!(f, " (no holder found: counts changed during the analysis)"),
+            RetentionRoot::Unaccounted => {
+                write!(f, " (no holder of {first} found: counts changed during the analysis)")
+            }
         }
     }
 }

@@ -128,20 +128,29 @@ impl MemoryTimeline {
             (LEFT + RIGHT) / 2.0,
             self.frames.len()
         );
-        self.panel(&mut svg, TOP, "Live objects", &self.live, &|v| format_count(v as f64));
-        self.panel(&mut svg, TOP + PANEL_HEIGHT + GAP, "Bytes (live + awaiting collection)", &self.bytes, &|v| {
-            format_bytes(v as f64)
-        });
+        self.panel(&mut svg, TOP, "Live objects", &self.live, false);
+        self.panel(&mut svg, TOP + PANEL_HEIGHT + GAP, "Bytes (live + awaiting collection)", &self.bytes, true);
         self.legend(&mut svg);
         svg.push_str("</svg>\n");
         svg
     }
 
-    fn panel(&self, svg: &mut String, top: f64, title: &str, series: &[Vec<usize>], label: &dyn Fn(usize) -> String) {
+    /// One chart: a title, a grid with y labels, x ticks, axes and a line per type.
+    /// Byte ticks fall on round numbers of the largest binary unit that fits.
+    fn panel(&self, svg: &mut String, top: f64, title: &str, series: &[Vec<usize>], bytes: bool) {
         let bottom = top + PANEL_HEIGHT;
-        let max = series.iter().flatten().copied().max().unwrap_or(0).max(1);
-        let step = nice_step(max as f64 / 5.0).max(1.0);
-        let y_max = (max as f64 / step).ceil() * step;
+        let max = series.iter().flatten().copied().max().unwrap_or(0).max(1) as f64;
+        let (unit, unit_name) = if bytes { binary_unit(max) } else { (1.0, "") };
+        let step = (nice_step(max / unit / 5.0) * unit).max(1.0);
+        let y_max = (max / step).ceil() * step;
+        let decimals = usize::from(step < unit);
+        let label = |value: f64| {
+            if bytes {
+                format!("{:.decimals$} {unit_name}", value / unit)
+            } else {
+                format_count(value)
+            }
+        };
         let (first, last) = (self.frames.first().copied().unwrap_or(0), self.frames.last().copied().unwrap_or(1));
         let span = (last.saturating_sub(first)).max(1) as f64;
         let x = |frame: u64| LEFT + (frame.saturating_sub(first)) as f64 / span * (RIGHT - LEFT);
@@ -159,7 +168,7 @@ impl MemoryTimeline {
                 r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
                 LEFT - 6.0,
                 at + 4.0,
-                label(tick as usize)
+                label(tick)
             );
             tick += step;
         }
@@ -239,6 +248,14 @@ fn nice_step(raw: f64) -> f64 {
     }
     let power = 10f64.powf(raw.log10().floor());
     [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * power).find(|&s| s >= raw).unwrap_or(10.0 * power)
+}
+
+/// The largest of B, KiB, MiB, GiB not above `max`, and its name.
+fn binary_unit(max: f64) -> (f64, &'static str) {
+    [(1024.0 * 1024.0 * 1024.0, "GiB"), (1024.0 * 1024.0, "MiB"), (1024.0, "KiB")]
+        .into_iter()
+        .find(|&(unit, _)| max >= unit)
+        .unwrap_or((1.0, "B"))
 }
 
 fn format_count(value: f64) -> String {
