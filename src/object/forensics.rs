@@ -424,7 +424,8 @@ impl Analysis {
         cycle.push(start);
         cycle.reverse();
         let cycle_len = cycle.len();
-        let mut rest: Vec<u32> = component.iter().copied().filter(|v| !cycle.contains(v)).collect();
+        let on_cycle: std::collections::HashSet<u32> = cycle.iter().copied().collect();
+        let mut rest: Vec<u32> = component.iter().copied().filter(|v| !on_cycle.contains(v)).collect();
         rest.sort_by_key(|&v| graph.keys[v as usize]);
         cycle.extend(rest);
         (cycle, cycle_len)
