@@ -94,3 +94,49 @@
 //! push has not landed). In either case a handle may still touch the slot's
 //! header and the store's dead list, so that store's memory is leaked on
 //! purpose, and the report says how many bytes. Otherwise everything is freed.
+//!
+//! # Leak forensics
+//!
+//! ## The handle graph
+//!
+//! Every live object is a node. Every key its
+//! [`visit_handles`](crate::MMObject::visit_handles) yields that names another
+//! live object of the same manager is an edge, counted with multiplicity. An
+//! object whose strong count is larger than its number of in-manager edges is
+//! *held from outside*: by a `Handle` in a local variable or a system, by a raw
+//! handle, or by a dead object that has not been collected yet. These objects
+//! are the roots. Every object reachable from a root is in use; the rest are
+//! kept alive only by each other, which means they hang in, or off, a
+//! reference cycle (the trial deletion of Bacon and Rajan, done in one pass).
+//!
+//! ## Cost
+//!
+//! Nothing is tracked between calls, so `Handle` clone and drop pay nothing
+//! for any of this. Each call instead builds the graph from scratch: one
+//! `visit_handles` call per live object, then a few linear passes (a
+//! breadth-first search from the roots and Tarjan's strongly connected
+//! components over what it did not reach). That is O(live + edges) time and
+//! about 70 bytes per live object plus 12 per edge of temporary memory, for
+//! `holders` as well (which needs no graph, but still visits every object).
+//! Run these at a level unload or a debug key press, not every frame.
+//! Measured once, in release, on a shared two-core VM: `find_cycles` over
+//! 100,000 live objects in a tree held from one root takes 3–9 ms; over
+//! 1,000 garbage rings of 100 objects, 18 ms, and `collect_cycles` frees them
+//! in 22–25 ms; over one ring of 100,000, 22 ms (`retention_path` 18 ms).
+//! `holders` and `snapshot` take about 0.6 ms for 100,000 objects. There is
+//! no candidate tracking (remembering objects whose count dropped without
+//! reaching zero, as Bacon and Rajan do): it would add a store to
+//! `Handle::drop`'s fast path, and a full pass is cheap enough where these
+//! calls belong.
+//!
+//! ## Trust
+//!
+//! `visit_handles` is user code. A derived one is exact for the handles it can
+//! see; fields whose type hides handles (a generic `T`, a type without a
+//! [`VisitHandles`](crate::VisitHandles) impl) are not reported, which only
+//! makes objects look held from outside: forensics then finds fewer cycles,
+//! never false ones. A hand-written one that reports handles the object does
+//! not hold can make a used object look like garbage. `collect_cycles` still
+//! never drops a value: it only asks cycle members to
+//! [release their handles](crate::MMObject::release_handles), so such an
+//! object stays alive, though with its removable handle fields emptied.

@@ -22,7 +22,7 @@ pub use object::{
 /// Implements [`MMObject`] for a struct or enum.
 ///
 /// - `#[mm(tag = "Textures")]` on the type sets its memory category (default: the type name).
-/// - `#[mm(skip)]` on a field leaves it out of `size()` and `visit_handles()`.
+/// - `#[mm(skip)]` on a field leaves it out of `size()`, `visit_handles()` and `release_handles()`.
 pub use mmobject_macros::MMObject;
 
 /// Paths the derive's generated code uses. Not public API.

@@ -304,6 +304,27 @@ mod tests {
     }
 
     #[test]
+    fn releases_through_the_mutable_probe() {
+        let out = expand(parse_quote!(
+            struct S {
+                a: Option<H>,
+                #[mm(skip)]
+                b: Option<H>,
+            }
+        ));
+        assert!(out.contains("fn release_handles (& mut self)"), "{out}");
+        assert!(out.contains(":: mmobject :: __private :: ProbeMut (& mut self . a)"), "{out}");
+        assert!(!out.contains("self . b"), "{out}");
+        let out = expand(parse_quote!(
+            enum E {
+                A(Vec<H>),
+                B,
+            }
+        ));
+        assert!(out.contains("ProbeMut (__mm_field_0)"), "{out}");
+    }
+
+    #[test]
     fn enum_arms_cover_fieldless_variants_with_a_wildcard() {
         let out = expand(parse_quote!(
             enum E {

@@ -29,6 +29,10 @@ use syn::{parse_macro_input, DeriveInput};
 /// - `visit_handles()` to visit every field whose type implements
 ///   [`VisitHandles`] (other fields hold no handles). For an enum, only the
 ///   fields of the current variant are counted and visited.
+/// - `release_handles()` to release every field whose type implements
+///   [`ReleaseHandles`] (`Option<Handle<T>>` becomes `None`, `Vec`s of
+///   handles are cleared), for cycle collection. Plain `Handle<T>` fields
+///   cannot be released.
 ///
 /// Type parameters must be `Send + Sync + 'static` for the impl to apply, and
 /// lifetimes `'static`. Inside a generic type, a field whose type involves a
@@ -37,13 +41,14 @@ use syn::{parse_macro_input, DeriveInput};
 ///
 /// [`HeapSize`]: https://docs.rs/mmobject/latest/mmobject/trait.HeapSize.html
 /// [`VisitHandles`]: https://docs.rs/mmobject/latest/mmobject/trait.VisitHandles.html
+/// [`ReleaseHandles`]: https://docs.rs/mmobject/latest/mmobject/trait.ReleaseHandles.html
 ///
 /// # Attributes
 ///
 /// - `#[mm(tag = "Textures")]` on the type: the memory category its bytes
 ///   count under. The string must not be empty.
 /// - `#[mm(skip)]` on a field (of a struct or of an enum variant): leave it out
-///   of `size()` and `visit_handles()`.
+///   of `size()`, `visit_handles()` and `release_handles()`.
 ///
 /// Unions, `#[repr(packed)]` structs, unknown keys, keys in the wrong place,
 /// repeated keys and empty tags are compile errors, each pointing at the mistake.

@@ -3,44 +3,8 @@
 //! alive ([`ObjectManager::retention_path`]), and reference cycles
 //! ([`ObjectManager::find_cycles`], [`ObjectManager::collect_cycles`]).
 //!
-//! # The handle graph
-//!
-//! Every live object is a node. Every key its
-//! [`visit_handles`](crate::MMObject::visit_handles) yields that names another
-//! live object of the same manager is an edge, counted with multiplicity. An
-//! object whose strong count is larger than its number of in-manager edges is
-//! *held from outside*: by a `Handle` in a local variable or a system, by a raw
-//! handle, or by a dead object that has not been collected yet. These objects
-//! are the roots. Every object reachable from a root is in use; the rest are
-//! kept alive only by each other, which means they hang in, or off, a
-//! reference cycle (the trial deletion of Bacon and Rajan, done in one pass).
-//!
-//! # Cost
-//!
-//! Nothing is tracked between calls, so `Handle` clone and drop pay nothing
-//! for any of this. Each call instead builds the graph from scratch: one
-//! `visit_handles` call per live object, then a few linear passes (a
-//! breadth-first search from the roots and Tarjan's strongly connected
-//! components over what it did not reach). That is O(live + edges) time and
-//! about 60 bytes per live object plus 8 per edge of temporary memory, for
-//! `holders` as well (which needs no graph, but still visits every object).
-//! Run these at a level unload or a debug key press, not every frame. There is
-//! no candidate tracking (remembering objects whose count dropped without
-//! reaching zero, as Bacon and Rajan do): it would add a store to
-//! `Handle::drop`'s fast path, and a full pass is cheap enough where these
-//! calls belong.
-//!
-//! # Trust
-//!
-//! `visit_handles` is user code. A derived one is exact for the handles it can
-//! see; fields whose type hides handles (a generic `T`, a type without a
-//! [`VisitHandles`](crate::VisitHandles) impl) are not reported, which only
-//! makes objects look held from outside: forensics then finds fewer cycles,
-//! never false ones. A hand-written one that reports handles the object does
-//! not hold can make a used object look like garbage. `collect_cycles` still
-//! never drops a value: it only asks cycle members to
-//! [release their handles](crate::MMObject::release_handles), so such an
-//! object stays alive, though with its removable handle fields emptied.
+//! How the graph is read, what it costs and how far it trusts user code:
+//! [`implementation`](crate::implementation#leak-forensics).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -551,8 +515,8 @@ impl ObjectManager {
     /// The chain starts at an object held from outside the manager (a handle
     /// in a variable, a raw handle) and each link holds a handle to the next;
     /// for an object held only by a reference cycle, it starts at a member of
-    /// the cycle and says so. See the [module docs](self) for how outside
-    /// references are counted, and the cost: O(live + edges).
+    /// the cycle and says so. See [the implementation notes](crate::implementation#leak-forensics)
+    /// for how outside references are counted, and the cost: O(live + edges).
     ///
     /// # Examples
     ///
@@ -600,7 +564,7 @@ impl ObjectManager {
     /// Objects released but not yet collected hold their handles until
     /// collected, so they count as outside references: run
     /// [`collect_garbage`](Self::collect_garbage) first for an exact answer.
-    /// Costs O(live + edges); see the [module docs](self).
+    /// Costs O(live + edges); see [the implementation notes](crate::implementation#leak-forensics).
     ///
     /// # Examples
     ///
