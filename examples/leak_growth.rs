@@ -58,6 +58,7 @@ fn main() {
     let _ = (mm[&panel].name, mm[&panel].children.len());
     drop(panel);
 
+    let session = mm.snapshot();
     let mut entities: Vec<Handle<Entity>> = Vec::new();
     for frame in 1..=frames {
         for i in 0..6 {
@@ -78,6 +79,11 @@ fn main() {
     }
 
     println!("after {frames} frames:\n{}\n", mm.report());
+    // The session ends: every entity should go.
+    drop(entities);
+    mm.collect_garbage();
+    let left = mm.alive_since(&session);
+    println!("{} object(s) created during the session are still alive", left.len());
     if let Some(oldest) = mm[&feed].shown.first() {
         let key = oldest.key();
         let path = mm.retention_path(key).expect("alive");
@@ -95,7 +101,7 @@ fn main() {
 
     // A script still holds the kill feed when the game exits.
     let _script = feed.into_raw();
-    drop((entities, meshes));
+    drop(meshes);
     let report = mm.shutdown();
     println!("\n{report}");
 }
