@@ -100,8 +100,9 @@
 //! ## The handle graph
 //!
 //! Every live object is a node. Every key its
-//! [`visit_handles`](crate::MMObject::visit_handles) yields that names another
-//! live object of the same manager is an edge, counted with multiplicity. An
+//! [`visit_handles_named`](crate::MMObject::visit_handles_named) yields (the
+//! derive's names the field; the default forwards `visit_handles`) that names
+//! another live object of the manager is an edge, counted with multiplicity. An
 //! object whose strong count is larger than its number of in-manager edges is
 //! *held from outside*: by a `Handle` in a local variable or a system, by a raw
 //! handle, or by a dead object that has not been collected yet. These objects
@@ -116,14 +117,16 @@
 //! `visit_handles` call per live object, then a few linear passes (a
 //! breadth-first search from the roots and Tarjan's strongly connected
 //! components over what it did not reach). That is O(live + edges) time and
-//! about 70 bytes per live object plus 12 per edge of temporary memory, for
-//! `holders` as well (which needs no graph, but still visits every object).
+//! about 70 bytes per live object plus 44 per edge (the edge, and the name
+//! of the field it comes from) of temporary memory. `holders` visits every
+//! object too, but builds no graph.
 //! Run these at a level unload or a debug key press, not every frame.
-//! Measured once, in release, on a shared two-core VM: `find_cycles` over
-//! 100,000 live objects in a tree held from one root takes 3–9 ms; over
-//! 1,000 garbage rings of 100 objects, 18 ms, and `collect_cycles` frees them
-//! in 22–25 ms; over one ring of 100,000, 22 ms (`retention_path` 18 ms).
-//! `holders` and `snapshot` take about 0.6 ms for 100,000 objects. There is
+//! Measured in release on a two-core VM (ranges over a few runs, the high
+//! end with a build running alongside): `find_cycles` over 100,000 live
+//! objects in a tree held from one root takes 3–9 ms; over 1,000 garbage
+//! rings of 100 objects, 13–18 ms, and `collect_cycles` frees them in
+//! 22–25 ms; over one ring of 100,000, 19–22 ms (`retention_path` 15–18 ms).
+//! `holders` and `snapshot` take 0.4–0.6 ms for 100,000 objects. There is
 //! no candidate tracking (remembering objects whose count dropped without
 //! reaching zero, as Bacon and Rajan do): it would add a store to
 //! `Handle::drop`'s fast path, and a full pass is cheap enough where these
@@ -140,3 +143,17 @@
 //! never drops a value: it only asks cycle members to
 //! [release their handles](crate::MMObject::release_handles), so such an
 //! object stays alive, though with its removable handle fields emptied.
+//! Keys carry no manager id, so a handle into *another* manager whose key
+//! happens to match a live object here would count as an edge too: keep
+//! cross-manager handles out of `visit_handles`, or expect such objects to
+//! look less referenced from outside than they are.
+//!
+//! ## Threads
+//!
+//! `holders`, `retention_path` and `find_cycles` take `&self`, so other
+//! threads may clone and drop handles while the graph is read: the answer is
+//! then a snapshot that may mix moments. `collect_cycles` takes `&mut self`.
+//! Then no thread can create a reference to an object from nothing (`upgrade`
+//! and the raw calls need the manager); one can only clone a handle it already
+//! holds, which was counted as an outside reference, so an object seen as
+//! held only by its cycle stays so while its handles are released.

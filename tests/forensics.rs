@@ -71,7 +71,7 @@ fn self_reference_is_a_cycle_of_one() {
     drop(a);
     assert_eq!(mm.collect_garbage().objects, 0, "refcounting alone cannot free it");
     assert_eq!(mm.find_cycles(), vec![vec![key]]);
-    assert_eq!(mm.reference_cycles()[0].to_string(), format!("Node{key} -> Node{key}"));
+    assert_eq!(mm.reference_cycles()[0].to_string(), format!("Node{key}.link -> Node{key}"));
     let path = mm.retention_path(key).unwrap();
     assert!(matches!(path.root, RetentionRoot::Cycle(_)));
     assert_eq!(mm.collect_cycles().objects, 1);
@@ -87,7 +87,8 @@ fn cycle_of_two() {
     assert_eq!(mm.find_cycles(), vec![keys.clone()]);
     let cycle = &mm.reference_cycles()[0];
     assert_eq!(cycle.cycle_len, 2);
-    assert_eq!(cycle.to_string(), format!("Node{} -> Node{} -> Node{}", keys[0], keys[1], keys[0]));
+    assert_eq!(cycle.to_string(), format!("Node{}.link -> Node{}.link -> Node{}", keys[0], keys[1], keys[0]));
+    assert_eq!(cycle.fields, ["link", "link"]);
     assert_eq!(mm.collect_cycles().objects, 2);
     assert_eq!(drops.count(), 2);
 }
@@ -312,13 +313,45 @@ fn retention_path_through_vec_and_option_fields() {
     assert_eq!(path.chain.iter().map(|l| l.type_name).collect::<Vec<_>>(), ["Level", "Material", "Texture"]);
     assert_eq!(path.chain[0].key, level.key());
     let text = path.to_string();
-    assert!(text.starts_with(&format!("Level{} -> Material", level.key())), "{text}");
+    assert!(text.starts_with(&format!("Level{}.materials -> Material", level.key())), "{text}");
     assert!(text.ends_with(&format!("(Level{} is held from outside: 1 of its 1 references)", level.key())), "{text}");
     // A second outside reference shows in the count.
     let extra = level.clone();
     assert_eq!(mm.retention_path(texture_key).unwrap().root, RetentionRoot::Outside { outside: 2, total: 2 });
     drop((extra, level));
     assert_eq!(mm.collect_garbage().objects, 7);
+}
+
+#[test]
+fn paths_name_the_fields_that_hold() {
+    #[derive(MMObject)]
+    struct Slot(u32, Option<Handle<Texture>>);
+    #[derive(MMObject)]
+    enum Holder {
+        Empty,
+        One { r#texture: Handle<Texture> },
+    }
+    let mut mm = quiet();
+    let texture = mm.create(Texture { pixels: Vec::new() });
+    let key = texture.key();
+    let slot = mm.create(Slot(7, Some(texture.clone())));
+    let holder = mm.create(Holder::One { texture });
+    let path = mm.retention_path(key).unwrap();
+    assert_eq!(path.fields, ["1"]);
+    assert_eq!(
+        path.to_string(),
+        format!(
+            "Slot{}.1 -> Texture{key} (Slot{} is held from outside: 1 of its 1 references)",
+            slot.key(),
+            slot.key()
+        )
+    );
+    drop(slot);
+    mm.collect_garbage();
+    assert_eq!(mm.retention_path(key).unwrap().fields, ["texture"]);
+    mm[&holder] = Holder::Empty;
+    mm.collect_garbage();
+    assert!(mm.retention_path(key).is_none());
 }
 
 // ---- snapshots -----------------------------------------------------------------------
@@ -344,7 +377,7 @@ fn snapshot_across_level_load_and_unload() {
     let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.assert_released_since(&before)));
     let message = *failure.unwrap_err().downcast::<String>().unwrap();
     assert!(message.starts_with("3 object(s) created since the snapshot are still alive:"), "{message}");
-    assert!(message.contains(&format!("kept alive by: Material{} -> Texture", forgotten.key())), "{message}");
+    assert!(message.contains(&format!("kept alive by: Material{}.detail -> Texture", forgotten.key())), "{message}");
     assert!(message.contains("tests/forensics.rs"), "creation sites: {message}");
 
     drop(forgotten);
@@ -367,7 +400,7 @@ fn assert_released_names_cycles() {
     mm.collect_garbage();
     let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.assert_released_since(&before)));
     let message = *failure.unwrap_err().downcast::<String>().unwrap();
-    let cycle = format!("cycle: Node{} -> Node{} -> Node{}", keys[0], keys[1], keys[0]);
+    let cycle = format!("cycle: Node{}.link -> Node{}.link -> Node{}", keys[0], keys[1], keys[0]);
     assert!(message.contains(&cycle), "{message}");
     mm.collect_cycles();
     mm.assert_released_since(&before);
@@ -450,13 +483,16 @@ fn shutdown_report_has_retention_paths_and_cycles() {
     assert_eq!(report.len(), 5 + 2);
     let texture = report.iter().find(|e| e.type_name == "Texture").unwrap();
     let retention = texture.retention.as_deref().unwrap();
-    assert!(retention.starts_with(&format!("Level{level_key} -> Material")), "{retention}");
+    assert!(retention.starts_with(&format!("Level{level_key}.materials -> Material")), "{retention}");
     assert!(retention.ends_with("is held from outside: 1 of its 1 references)"), "{retention}");
     assert_eq!(report.cycles().len(), 1);
     assert_eq!(report.cycles()[0].keys(), keys);
     let text = report.to_string();
     assert!(text.contains("kept alive by: "), "{text}");
-    assert!(text.contains(&format!("cycle: Node{} -> Node{} -> Node{}", keys[0], keys[1], keys[0])), "{text}");
+    assert!(
+        text.contains(&format!("cycle: Node{}.link -> Node{}.link -> Node{}", keys[0], keys[1], keys[0])),
+        "{text}"
+    );
     assert_eq!(drops.count(), 2, "shutdown still destroys the cycle");
 }
 

@@ -16,14 +16,23 @@ pub fn derive(input: &Input<'_>) -> TokenStream {
     let name = input.ident.unraw().to_string();
     let tag = input.tag().map_or_else(|| name.clone(), syn::LitStr::value);
     let (size, visit, release) = match &input.data {
-        Data::Struct(fields) => (Some(struct_size(fields)), struct_visit(fields), struct_release(fields)),
+        Data::Struct(fields) => (
+            Some(struct_size(fields)),
+            struct_visit(fields).map(|visit| {
+                let named = struct_visit_named(fields);
+                quote!(#visit #named)
+            }),
+            struct_release(fields),
+        ),
         Data::Enum(variants) if variants.is_empty() => (None, None, None),
         Data::Enum(variants) => {
             let arms: Vec<(&Ident, Vec<&Field>)> = variants
                 .iter()
                 .map(|variant| (variant.ident, variant.fields.iter().filter(|f| !f.is_skipped()).collect()))
                 .collect();
-            (Some(enum_size(&arms)), enum_visit(&arms), enum_release(&arms))
+            let named = enum_visit_named(&arms);
+            let visit = enum_visit(&arms).map(|visit| quote!(#visit #named));
+            (Some(enum_size(&arms)), visit, enum_release(&arms))
         }
         Data::Union(_) => (None, None, None),
     };
@@ -125,13 +134,68 @@ fn struct_release(fields: &[Field]) -> Option<TokenStream> {
 fn enum_release(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
     let matched = enum_arms(
         arms,
-        |places| {
+        |places, _| {
             let releases = places.iter().map(release_of);
             quote!({ #(#releases)* })
         },
         quote!({}),
     )?;
     Some(release_fn(matched))
+}
+
+/// The name a field is reported under: `albedo`, or `0` for a tuple field.
+fn field_label(field: &Field) -> String {
+    match &field.member {
+        Member::Named(ident) => ident.unraw().to_string(),
+        Member::Unnamed(index) => index.index.to_string(),
+    }
+}
+
+/// `(&Probe(place)).mm_visit_handles(&mut |key| visitor("label", key));`
+fn visit_named_of(place: &TokenStream, label: &str, visitor: &Ident) -> TokenStream {
+    let key = Ident::new("key", Span::mixed_site());
+    quote!((&::mmobject::__private::Probe(#place)).mm_visit_handles(&mut |#key| #visitor(#label, #key));)
+}
+
+fn visit_named_fn(body: TokenStream) -> TokenStream {
+    let visitor = visitor_ident();
+    quote! {
+        fn visit_handles_named(
+            &self,
+            #visitor: &mut dyn ::core::ops::FnMut(&'static str, ::mmobject::__private::ObjectKey),
+        ) {
+            #[allow(unused_imports)]
+            use ::mmobject::__private::{NoVisitHandles as _, ViaVisitHandles as _};
+            #body
+        }
+    }
+}
+
+fn struct_visit_named(fields: &[Field]) -> Option<TokenStream> {
+    let visitor = visitor_ident();
+    let visits: Vec<TokenStream> = fields
+        .iter()
+        .filter(|field| !field.is_skipped())
+        .map(|field| {
+            let member = &field.member;
+            visit_named_of(&quote!(&self.#member), &field_label(field), &visitor)
+        })
+        .collect();
+    (!visits.is_empty()).then(|| visit_named_fn(quote!(#(#visits)*)))
+}
+
+fn enum_visit_named(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
+    let visitor = visitor_ident();
+    let matched = enum_arms(
+        arms,
+        |places, fields| {
+            let visits =
+                places.iter().zip(fields).map(|(place, field)| visit_named_of(place, &field_label(field), &visitor));
+            quote!({ #(#visits)* })
+        },
+        quote!({}),
+    )?;
+    Some(visit_named_fn(matched))
 }
 
 fn visitor_ident() -> Ident {
@@ -207,13 +271,13 @@ fn variant_pattern(variant: &Ident, fields: &[&Field]) -> (TokenStream, Vec<Toke
 /// Match arms for variants with counted fields; `_` covers the others.
 fn enum_arms(
     arms: &[(&Ident, Vec<&Field>)],
-    arm_body: impl Fn(&[TokenStream]) -> TokenStream,
+    arm_body: impl Fn(&[TokenStream], &[&Field]) -> TokenStream,
     fallback: TokenStream,
 ) -> Option<TokenStream> {
     let mut out = TokenStream::new();
     for (variant, fields) in arms.iter().filter(|(_, fields)| !fields.is_empty()) {
         let (pattern, places) = variant_pattern(variant, fields);
-        let body = arm_body(&places);
+        let body = arm_body(&places, fields);
         out.extend(quote!(#pattern => #body,));
     }
     if out.is_empty() {
@@ -228,7 +292,7 @@ fn enum_arms(
 fn enum_size(arms: &[(&Ident, Vec<&Field>)]) -> TokenStream {
     let matched = enum_arms(
         arms,
-        |places| {
+        |places, _| {
             let sizes = places.iter().map(heap_size_of);
             quote!(#(#sizes)+*)
         },
@@ -241,7 +305,7 @@ fn enum_visit(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
     let visitor = visitor_ident();
     let matched = enum_arms(
         arms,
-        |places| {
+        |places, _| {
             let visits = places.iter().map(|place| visit_of(place, &visitor));
             quote!({ #(#visits)* })
         },
@@ -301,6 +365,26 @@ mod tests {
             enum Never {}
         ));
         assert!(!out.contains("fn "), "{out}");
+    }
+
+    #[test]
+    fn names_fields_when_visiting() {
+        let out = expand(parse_quote!(
+            struct S {
+                r#albedo: H,
+                #[mm(skip)]
+                hidden: H,
+            }
+        ));
+        assert!(out.contains("fn visit_handles_named"), "{out}");
+        assert!(out.contains("visitor (\"albedo\" , key)"), "{out}");
+        assert!(!out.contains("\"hidden\""), "{out}");
+        let out = expand(parse_quote!(
+            enum E {
+                A(H, #[mm(skip)] H, H),
+            }
+        ));
+        assert!(out.contains("visitor (\"0\" , key)") && out.contains("visitor (\"2\" , key)"), "{out}");
     }
 
     #[test]

@@ -35,16 +35,21 @@ impl fmt::Display for ObjectName {
     }
 }
 
-/// Writes `a -> b -> c`, shortened in the middle past [`MAX_SHOWN`] links.
-fn write_chain(f: &mut fmt::Formatter<'_>, links: impl ExactSizeIterator<Item = ObjectName>) -> fmt::Result {
+/// Writes `a.field -> b.field -> c`, shortened in the middle past
+/// [`MAX_SHOWN`] links. Each link comes with the name of its field that holds
+/// the next one (empty when unknown, and for the last link).
+fn write_chain(f: &mut fmt::Formatter<'_>, links: &[(ObjectName, &'static str)]) -> fmt::Result {
     let len = links.len();
-    for (i, link) in links.enumerate() {
+    for (i, (link, field)) in links.iter().enumerate() {
         let shown = len <= MAX_SHOWN || i < MAX_SHOWN / 2 || i >= len - (MAX_SHOWN / 2 - 1);
         if shown {
             if i > 0 {
                 f.write_str(" -> ")?;
             }
             write!(f, "{link}")?;
+            if !field.is_empty() {
+                write!(f, ".{field}")?;
+            }
         } else if i == MAX_SHOWN / 2 {
             write!(f, " -> … ({} more) …", len - MAX_SHOWN + 1)?;
         }
@@ -59,7 +64,8 @@ fn write_chain(f: &mut fmt::Formatter<'_>, links: impl ExactSizeIterator<Item = 
 /// shortest cycle through the group's smallest key: each holds a handle to the
 /// next, and the last holds one to the first. The rest follow in key order.
 ///
-/// `Display` prints the cycle: `Node#4 -> Node#5 -> Node#4`.
+/// `Display` prints the cycle with the fields that hold each next member:
+/// `Widget#4.children -> Widget#5.parent -> Widget#4`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReferenceCycle {
     /// The members: the cycle first, then the rest of the group.
@@ -67,6 +73,11 @@ pub struct ReferenceCycle {
     /// How many of the first `members` form the cycle (at least 1: an object
     /// holding a handle to itself).
     pub cycle_len: usize,
+    /// For each cycle member, the field holding the next member (the last
+    /// one's holds the first): `cycle_len` names, from
+    /// [`visit_handles_named`](crate::MMObject::visit_handles_named); empty
+    /// where the type does not name its fields.
+    pub fields: Vec<&'static str>,
 }
 
 impl ReferenceCycle {
@@ -84,7 +95,9 @@ impl ReferenceCycle {
 impl fmt::Display for ReferenceCycle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let cycle = self.cycle();
-        write_chain(f, cycle.iter().copied().chain(cycle.first().copied()).collect::<Vec<_>>().into_iter())?;
+        let closed: Vec<(ObjectName, &'static str)> =
+            cycle.iter().copied().zip(self.fields.iter().copied()).chain(cycle.first().map(|&m| (m, ""))).collect();
+        write_chain(f, &closed)?;
         let rest = self.members.len() - self.cycle_len;
         if rest > 0 {
             write!(f, " (and {rest} more object(s) in the same group)")?;
@@ -118,8 +131,8 @@ pub enum RetentionRoot {
 ///
 /// `chain` runs from an object held from outside the manager (or from a
 /// member of a reference cycle) to the object asked about: each link holds a
-/// handle to the next. `Display` prints
-/// `Level#1 -> Material#7 -> Texture#3 (Level#1 is held from outside: 1 of its 1 references)`,
+/// handle to the next, in the field named in `fields`. `Display` prints
+/// `Level#1.materials -> Material#7.albedo -> Texture#3 (Level#1 is held from outside: 1 of its 1 references)`,
 /// shortened in the middle when the chain is long. A chain of one, the object
 /// itself, prints only what holds it: `references from outside the manager (2 of its 2)`
 /// or `a reference cycle: Node#4 -> Node#5 -> Node#4`.
@@ -127,6 +140,11 @@ pub enum RetentionRoot {
 pub struct RetentionPath {
     /// From the root to the object: each link holds a handle to the next.
     pub chain: Vec<ObjectName>,
+    /// `fields[i]` is the field of `chain[i]` that holds `chain[i + 1]`
+    /// (one fewer than `chain`), from
+    /// [`visit_handles_named`](crate::MMObject::visit_handles_named); empty
+    /// where the type does not name its fields.
+    pub fields: Vec<&'static str>,
     /// What keeps `chain[0]` alive.
     pub root: RetentionRoot,
 }
@@ -156,7 +174,9 @@ impl fmt::Display for RetentionPath {
                 RetentionRoot::Unaccounted => write!(f, "nothing found (counts changed during the analysis)"),
             };
         }
-        write_chain(f, self.chain.iter().copied())?;
+        let links: Vec<(ObjectName, &'static str)> =
+            self.chain.iter().copied().zip(self.fields.iter().copied().chain([""])).collect();
+        write_chain(f, &links)?;
         match &self.root {
             RetentionRoot::Outside { outside, total } => {
                 write!(f, " ({first} is held from outside: {outside} of its {total} references)")
@@ -177,6 +197,8 @@ struct Graph {
     /// Out-edges of node `v`: `out[out_start[v]..out_start[v + 1]]`.
     out_start: Vec<u32>,
     out: Vec<u32>,
+    /// The field each edge comes from, parallel to `out`.
+    labels: Vec<&'static str>,
     /// Edges into each node, with multiplicity.
     in_degree: Vec<u32>,
     index: SecondaryMap<ObjectKey, u32>,
@@ -189,7 +211,7 @@ impl Graph {
         let mut keys = Vec::new();
         let mut type_names = Vec::new();
         let mut ref_counts = Vec::new();
-        let mut raw_edges: Vec<ObjectKey> = Vec::new();
+        let mut raw_edges: Vec<(ObjectKey, &'static str)> = Vec::new();
         let mut raw_start = vec![0u32];
         for store in mm.all_stores() {
             let type_name = store.type_name();
@@ -197,7 +219,7 @@ impl Graph {
                 keys.push(key);
                 type_names.push(type_name);
                 ref_counts.push(header.ref_count());
-                let visit = || value.visit_handles(&mut |held| raw_edges.push(held));
+                let visit = || value.visit_handles_named(&mut |field, held| raw_edges.push((held, field)));
                 let _ = catch_unwind(AssertUnwindSafe(visit));
                 raw_start.push(raw_edges.len() as u32);
             });
@@ -208,18 +230,20 @@ impl Graph {
         }
         let mut out_start = Vec::with_capacity(keys.len() + 1);
         let mut out = Vec::with_capacity(raw_edges.len());
+        let mut labels = Vec::with_capacity(raw_edges.len());
         let mut in_degree = vec![0u32; keys.len()];
         out_start.push(0);
         for node in 0..keys.len() {
-            for held in &raw_edges[raw_start[node] as usize..raw_start[node + 1] as usize] {
-                if let Some(&target) = index.get(*held) {
+            for &(held, field) in &raw_edges[raw_start[node] as usize..raw_start[node + 1] as usize] {
+                if let Some(&target) = index.get(held) {
                     out.push(target);
+                    labels.push(field);
                     in_degree[target as usize] += 1;
                 }
             }
             out_start.push(out.len() as u32);
         }
-        Graph { keys, type_names, ref_counts, out_start, out, in_degree, index }
+        Graph { keys, type_names, ref_counts, out_start, out, labels, in_degree, index }
     }
 
     fn len(&self) -> usize {
@@ -228,6 +252,12 @@ impl Graph {
 
     fn out_edges(&self, node: usize) -> &[u32] {
         &self.out[self.out_start[node] as usize..self.out_start[node + 1] as usize]
+    }
+
+    /// The field of `from` that holds `to` (the first, if several do).
+    fn label(&self, from: u32, to: u32) -> &'static str {
+        let start = self.out_start[from as usize] as usize;
+        self.out_edges(from as usize).iter().position(|&w| w == to).map_or("", |at| self.labels[start + at])
     }
 
     fn name(&self, node: u32) -> ObjectName {
@@ -413,7 +443,9 @@ impl Analysis {
 
     fn reference_cycle(&self, id: usize) -> ReferenceCycle {
         let (members, cycle_len) = &self.cycles[id];
-        ReferenceCycle { members: members.iter().map(|&v| self.graph.name(v)).collect(), cycle_len: *cycle_len }
+        let cycle = &members[..*cycle_len];
+        let fields = (0..cycle.len()).map(|i| self.graph.label(cycle[i], cycle[(i + 1) % cycle.len()])).collect();
+        ReferenceCycle { members: members.iter().map(|&v| self.graph.name(v)).collect(), cycle_len: *cycle_len, fields }
     }
 
     fn reference_cycles(&self) -> Vec<ReferenceCycle> {
@@ -421,13 +453,15 @@ impl Analysis {
     }
 
     fn path(&self, node: u32) -> RetentionPath {
-        let mut chain = vec![self.graph.name(node)];
+        let mut nodes = vec![node];
         let mut at = node;
         while self.parent[at as usize] != NONE {
             at = self.parent[at as usize];
-            chain.push(self.graph.name(at));
+            nodes.push(at);
         }
-        chain.reverse();
+        nodes.reverse();
+        let chain = nodes.iter().map(|&v| self.graph.name(v)).collect();
+        let fields = nodes.windows(2).map(|pair| self.graph.label(pair[0], pair[1])).collect();
         let root = at as usize;
         let root = if self.rooted[root] {
             RetentionRoot::Outside { outside: self.graph.outside(root), total: self.graph.ref_counts[root] }
@@ -436,7 +470,7 @@ impl Analysis {
         } else {
             RetentionRoot::Unaccounted
         };
-        RetentionPath { chain, root }
+        RetentionPath { chain, fields, root }
     }
 }
 
@@ -542,7 +576,7 @@ impl ObjectManager {
     /// assert_eq!(path.chain.len(), 3);
     /// assert_eq!(
     ///     path.to_string(),
-    ///     format!("Level{} -> Material{} -> Texture{} (Level{} is held from outside: 1 of its 1 references)",
+    ///     format!("Level{}.materials -> Material{}.albedo -> Texture{} (Level{} is held from outside: 1 of its 1 references)",
     ///         level.key(), mm[&level].materials[0].key(), key, level.key())
     /// );
     /// ```

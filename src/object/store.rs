@@ -381,6 +381,7 @@ pub(crate) trait ErasedStore: Send + Sync {
 pub(crate) trait ErasedObject {
     fn size(&self) -> usize;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey));
+    fn visit_handles_named(&self, visitor: &mut dyn FnMut(&'static str, ObjectKey));
     fn release_handles(&mut self);
 }
 
@@ -391,6 +392,10 @@ impl<T: MMObject> ErasedObject for T {
 
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         MMObject::visit_handles(self, visitor);
+    }
+
+    fn visit_handles_named(&self, visitor: &mut dyn FnMut(&'static str, ObjectKey)) {
+        MMObject::visit_handles_named(self, visitor);
     }
 
     fn release_handles(&mut self) {

@@ -44,6 +44,16 @@ pub trait MMObject: Send + Sync + 'static {
         let _ = visitor;
     }
 
+    /// Like [`visit_handles`](Self::visit_handles), with the name of the
+    /// field that holds each handle (`"albedo"`, or `"0"` for a tuple field),
+    /// for retention paths such as `Material#7.albedo -> Texture#3`.
+    ///
+    /// The derive implements both. The default calls `visit_handles` with an
+    /// empty name, so a hand-written `visit_handles` is all a type needs.
+    fn visit_handles_named(&self, visitor: &mut dyn FnMut(&'static str, ObjectKey)) {
+        self.visit_handles(&mut |key| visitor("", key));
+    }
+
     /// Drops the strong handles the object holds that can be removed
     /// (`Option<Handle<T>>` set to `None`, `Vec`s of handles cleared).
     ///
