@@ -496,6 +496,42 @@ fn shutdown_report_has_retention_paths_and_cycles() {
     assert_eq!(drops.count(), 2, "shutdown still destroys the cycle");
 }
 
+#[test]
+fn report_paths_match_retention_path_on_long_chains() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    // A chain of 20 held from outside at its head, and a tail of 12 hanging off a ring of 11.
+    let head = node(&mm, &drops);
+    let mut at = head.clone();
+    for _ in 1..20 {
+        let next = node(&mm, &drops);
+        mm[&at].edges.push(next.clone());
+        at = next;
+    }
+    drop(at);
+    let ring_keys = ring(&mut mm, &drops, 11);
+    let (ring_start, _) = mm.iter::<Node>().find(|(w, _)| w.key() == ring_keys[4]).unwrap();
+    let first = node(&mm, &drops);
+    mm.get_weak_mut(ring_start).unwrap().edges.push(first.clone());
+    let mut at = first;
+    for _ in 1..12 {
+        let next = node(&mm, &drops);
+        mm[&at].link = Some(next.clone());
+        at = next;
+    }
+    drop(at);
+    let keys: Vec<ObjectKey> = mm.iter::<Node>().map(|(w, _)| w.key()).collect();
+    assert_eq!(keys.len(), 20 + 11 + 12);
+    let expected: Vec<String> = keys.iter().map(|&k| mm.retention_path(k).unwrap().to_string()).collect();
+    assert!(expected.iter().any(|t| t.contains("(12 more)")), "the chain of 20 is shortened");
+    let _raw = head.into_raw();
+    let report = mm.shutdown();
+    for (key, expected) in keys.iter().zip(&expected) {
+        let entry = report.iter().find(|e| e.key == *key).unwrap();
+        assert_eq!(entry.retention.as_deref(), Some(expected.as_str()));
+    }
+}
+
 // ---- random graphs --------------------------------------------------------------------
 
 /// Nodes reachable from the roots along the edges.

@@ -35,26 +35,81 @@ impl fmt::Display for ObjectName {
     }
 }
 
+/// One link of a chain: an object and the name of its field that holds the
+/// next link (empty when unknown, and for the last link).
+type Link = (ObjectName, &'static str);
+
 /// Writes `a.field -> b.field -> c`, shortened in the middle past
-/// [`MAX_SHOWN`] links. Each link comes with the name of its field that holds
-/// the next one (empty when unknown, and for the last link).
-fn write_chain(f: &mut fmt::Formatter<'_>, links: &[(ObjectName, &'static str)]) -> fmt::Result {
-    let len = links.len();
-    for (i, (link, field)) in links.iter().enumerate() {
-        let shown = len <= MAX_SHOWN || i < MAX_SHOWN / 2 || i >= len - (MAX_SHOWN / 2 - 1);
-        if shown {
-            if i > 0 {
-                f.write_str(" -> ")?;
-            }
-            write!(f, "{link}")?;
-            if !field.is_empty() {
-                write!(f, ".{field}")?;
-            }
-        } else if i == MAX_SHOWN / 2 {
-            write!(f, " -> … ({} more) …", len - MAX_SHOWN + 1)?;
+/// [`MAX_SHOWN`] links.
+fn write_chain(f: &mut fmt::Formatter<'_>, links: &[Link]) -> fmt::Result {
+    if links.len() <= MAX_SHOWN {
+        return write_links(f, links, 0, &[]);
+    }
+    let (head, tail) = (MAX_SHOWN / 2, MAX_SHOWN / 2 - 1);
+    write_links(f, &links[..head], links.len() - head - tail, &links[links.len() - tail..])
+}
+
+/// Writes `head`, then `… (hidden more) …` if `hidden > 0`, then `tail`.
+fn write_links(f: &mut fmt::Formatter<'_>, head: &[Link], hidden: usize, tail: &[Link]) -> fmt::Result {
+    for (i, (link, field)) in head.iter().chain(tail).enumerate() {
+        if i > 0 {
+            f.write_str(" -> ")?;
+        }
+        if i == head.len() && hidden > 0 {
+            write!(f, "… ({hidden} more) … -> ")?;
+        }
+        write!(f, "{link}")?;
+        if !field.is_empty() {
+            write!(f, ".{field}")?;
         }
     }
     Ok(())
+}
+
+/// What [`write_path`] says about the start of a chain.
+enum RootText<'a> {
+    Outside { outside: u32, total: u32 },
+    Cycle(&'a dyn fmt::Display),
+    Unaccounted,
+}
+
+/// Writes a retention path, shared by [`RetentionPath`]'s `Display` and the
+/// shutdown report (which builds only the links it shows).
+fn write_path(
+    f: &mut fmt::Formatter<'_>,
+    head: &[Link],
+    hidden: usize,
+    tail: &[Link],
+    root: RootText<'_>,
+) -> fmt::Result {
+    let Some((first, _)) = head.first() else { return Ok(()) };
+    if head.len() + tail.len() == 1 && hidden == 0 {
+        // The object itself: say what holds it, without repeating its name.
+        return match root {
+            RootText::Outside { outside, total } => {
+                write!(f, "references from outside the manager ({outside} of its {total})")
+            }
+            RootText::Cycle(cycle) => write!(f, "a reference cycle: {cycle}"),
+            RootText::Unaccounted => write!(f, "nothing found (counts changed during the analysis)"),
+        };
+    }
+    write_links(f, head, hidden, tail)?;
+    match root {
+        RootText::Outside { outside, total } => {
+            write!(f, " ({first} is held from outside: {outside} of its {total} references)")
+        }
+        RootText::Cycle(cycle) => write!(f, " ({first} is in a reference cycle: {cycle})"),
+        RootText::Unaccounted => write!(f, " (no holder of {first} found: counts changed during the analysis)"),
+    }
+}
+
+/// Formats through a closure.
+struct WithFmt<F>(F);
+
+impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for WithFmt<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (self.0)(f)
+    }
 }
 
 /// A group of live objects kept alive only by each other's handles.
@@ -163,29 +218,17 @@ impl RetentionPath {
 
 impl fmt::Display for RetentionPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Some(first) = self.chain.first() else { return Ok(()) };
-        if self.chain.len() == 1 {
-            // The object itself: say what holds it, without repeating its name.
-            return match &self.root {
-                RetentionRoot::Outside { outside, total } => {
-                    write!(f, "references from outside the manager ({outside} of its {total})")
-                }
-                RetentionRoot::Cycle(cycle) => write!(f, "a reference cycle: {cycle}"),
-                RetentionRoot::Unaccounted => write!(f, "nothing found (counts changed during the analysis)"),
-            };
+        let links: Vec<Link> = self.chain.iter().copied().zip(self.fields.iter().copied().chain([""])).collect();
+        let root = match &self.root {
+            RetentionRoot::Outside { outside, total } => RootText::Outside { outside: *outside, total: *total },
+            RetentionRoot::Cycle(cycle) => RootText::Cycle(cycle),
+            RetentionRoot::Unaccounted => RootText::Unaccounted,
+        };
+        if links.len() <= MAX_SHOWN {
+            return write_path(f, &links, 0, &[], root);
         }
-        let links: Vec<(ObjectName, &'static str)> =
-            self.chain.iter().copied().zip(self.fields.iter().copied().chain([""])).collect();
-        write_chain(f, &links)?;
-        match &self.root {
-            RetentionRoot::Outside { outside, total } => {
-                write!(f, " ({first} is held from outside: {outside} of its {total} references)")
-            }
-            RetentionRoot::Cycle(cycle) => write!(f, " ({first} is in a reference cycle: {cycle})"),
-            RetentionRoot::Unaccounted => {
-                write!(f, " (no holder of {first} found: counts changed during the analysis)")
-            }
-        }
+        let (head, tail) = (MAX_SHOWN / 2, MAX_SHOWN / 2 - 1);
+        write_path(f, &links[..head], links.len() - head - tail, &links[links.len() - tail..], root)
     }
 }
 
@@ -281,6 +324,8 @@ struct Analysis {
     parent: Vec<u32>,
     /// For cycle members: the index of their cycle in `cycles`.
     cycle_of: Vec<u32>,
+    /// Nodes in the order the searches reached them: each after its parent.
+    reached: Vec<u32>,
     /// Garbage strongly connected components that contain a cycle, ordered
     /// as [`ReferenceCycle::members`], sorted by their first key.
     cycles: Vec<(Vec<u32>, usize)>,
@@ -293,17 +338,19 @@ impl Analysis {
         let mut rooted: Vec<bool> = (0..n).map(|node| graph.outside(node) > 0).collect();
         let mut parent = vec![NONE; n];
         let mut queue: VecDeque<u32> = (0..n as u32).filter(|&node| rooted[node as usize]).collect();
+        let mut reached: Vec<u32> = queue.iter().copied().collect();
         // Breadth-first from every root at once: shortest chains from any root.
         while let Some(v) = queue.pop_front() {
             for &w in graph.out_edges(v as usize) {
                 if !rooted[w as usize] {
                     rooted[w as usize] = true;
                     parent[w as usize] = v;
+                    reached.push(w);
                     queue.push_back(w);
                 }
             }
         }
-        let mut analysis = Analysis { graph, rooted, parent, cycle_of: vec![NONE; n], cycles: Vec::new() };
+        let mut analysis = Analysis { graph, rooted, parent, cycle_of: vec![NONE; n], reached, cycles: Vec::new() };
         analysis.find_garbage_cycles();
         analysis.link_garbage_to_cycles();
         analysis
@@ -430,11 +477,13 @@ impl Analysis {
     fn link_garbage_to_cycles(&mut self) {
         let mut seen: Vec<bool> = self.cycle_of.iter().map(|&c| c != NONE).collect();
         let mut queue: VecDeque<u32> = self.cycles.iter().flat_map(|(members, _)| members.iter().copied()).collect();
+        self.reached.extend(queue.iter().copied());
         while let Some(v) = queue.pop_front() {
             for &w in self.graph.out_edges(v as usize) {
                 if !self.rooted[w as usize] && !seen[w as usize] {
                     seen[w as usize] = true;
                     self.parent[w as usize] = v;
+                    self.reached.push(w);
                     queue.push_back(w);
                 }
             }
@@ -450,6 +499,72 @@ impl Analysis {
 
     fn reference_cycles(&self) -> Vec<ReferenceCycle> {
         (0..self.cycles.len()).map(|id| self.reference_cycle(id)).collect()
+    }
+
+    /// Sets each entry's `retention` text. It builds only the links the text
+    /// shows (the first and last few), so a report on many objects deep in one
+    /// long chain stays linear: O(live + edges) for the whole report.
+    fn annotate(&self, entries: &mut [super::LeakEntry], cycles: &[ReferenceCycle]) {
+        const HEAD: usize = MAX_SHOWN / 2;
+        const TAIL: usize = MAX_SHOWN / 2 - 1;
+        let n = self.graph.len();
+        // depth[v]: links above v; prefix[v]: the first HEAD + 1 nodes of v's chain.
+        let mut depth = vec![0u32; n];
+        let mut prefix = vec![[NONE; HEAD + 1]; n];
+        let mut done = vec![false; n];
+        for &v in &self.reached {
+            let v = v as usize;
+            let parent = self.parent[v];
+            if parent == NONE {
+                prefix[v][0] = v as u32;
+            } else {
+                depth[v] = depth[parent as usize] + 1;
+                prefix[v] = prefix[parent as usize];
+                if (depth[v] as usize) <= HEAD {
+                    prefix[v][depth[v] as usize] = v as u32;
+                }
+            }
+            done[v] = true;
+        }
+        let link =
+            |from: u32, to: u32| (self.graph.name(from), if to == NONE { "" } else { self.graph.label(from, to) });
+        for entry in entries {
+            let Some(&node) = self.graph.index.get(entry.key) else { continue };
+            let v = node as usize;
+            let len = if done[v] { depth[v] as usize + 1 } else { 1 };
+            // The last links: walk up from the node.
+            let mut tail_nodes = vec![node];
+            while tail_nodes.len() < len.min(if len <= MAX_SHOWN { MAX_SHOWN } else { TAIL }) {
+                tail_nodes.push(self.parent[*tail_nodes.last().expect("not empty") as usize]);
+            }
+            tail_nodes.reverse();
+            let (head, hidden, tail): (Vec<Link>, usize, Vec<Link>) = if len <= MAX_SHOWN {
+                let next = tail_nodes.iter().skip(1).copied().chain([NONE]);
+                (tail_nodes.iter().zip(next).map(|(&a, b)| link(a, b)).collect(), 0, Vec::new())
+            } else {
+                let p = &prefix[v];
+                let head = (0..HEAD).map(|i| link(p[i], p[i + 1])).collect();
+                let next = tail_nodes.iter().skip(1).copied().chain([NONE]);
+                (head, len - HEAD - TAIL, tail_nodes.iter().zip(next).map(|(&a, b)| link(a, b)).collect())
+            };
+            let first = if len <= MAX_SHOWN { tail_nodes[0] } else { prefix[v][0] } as usize;
+            let root = if self.rooted[first] {
+                RootText::Outside { outside: self.graph.outside(first), total: self.graph.ref_counts[first] }
+            } else if self.cycle_of[first] != NONE {
+                RootText::Cycle(&cycles[self.cycle_of[first] as usize])
+            } else {
+                RootText::Unaccounted
+            };
+            let text = WithFmt(|f: &mut fmt::Formatter<'_>| {
+                let root = match &root {
+                    RootText::Outside { outside, total } => RootText::Outside { outside: *outside, total: *total },
+                    RootText::Cycle(cycle) => RootText::Cycle(*cycle),
+                    RootText::Unaccounted => RootText::Unaccounted,
+                };
+                write_path(f, &head, hidden, &tail, root)
+            });
+            entry.retention = Some(text.to_string());
+        }
     }
 
     fn path(&self, node: u32) -> RetentionPath {
@@ -475,20 +590,18 @@ impl Analysis {
 }
 
 /// Fills in the retention paths and cycles of a shutdown report, before any
-/// value is destroyed.
+/// value is destroyed. Builds the graph once.
 pub(crate) fn annotate_leaks(mm: &ObjectManager, report: &mut LeakReport) {
-    annotate(mm, &mut report.entries);
-    report.cycles = Analysis::new(mm).reference_cycles();
+    let analysis = Analysis::new(mm);
+    report.cycles = analysis.reference_cycles();
+    analysis.annotate(&mut report.entries, &report.cycles);
 }
 
 /// Sets `retention` on each entry that names a live object. Builds the graph once.
 pub(crate) fn annotate(mm: &ObjectManager, entries: &mut [super::LeakEntry]) {
     let analysis = Analysis::new(mm);
-    for entry in entries {
-        if let Some(&node) = analysis.graph.index.get(entry.key) {
-            entry.retention = Some(analysis.path(node).to_string());
-        }
-    }
+    let cycles = analysis.reference_cycles();
+    analysis.annotate(entries, &cycles);
 }
 
 /// Cycles among the given keys only, for reports about a subset of objects.
