@@ -117,8 +117,11 @@
 //! `visit_handles` call per live object, then a few linear passes (a
 //! breadth-first search from the roots and Tarjan's strongly connected
 //! components over what it did not reach). That is O(live + edges) time and
-//! about 70 bytes per live object plus 44 per edge (the edge, and the name
-//! of the field it comes from) of temporary memory. `holders` visits every
+//! about 75 bytes per live object (some 30 more while writing a leak report)
+//! plus 44 per edge (the edge, and the name of the field it comes from) of
+//! temporary memory. Leak reports build only the links of each retention
+//! path that they print, so they stay linear too: shutdown with a leaked
+//! linked list of 100,000 objects, each with its path, takes 55 ms. `holders` visits every
 //! object too, but builds no graph.
 //! Run these at a level unload or a debug key press, not every frame.
 //! Measured in release on a two-core VM (ranges over a few runs, the high

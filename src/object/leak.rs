@@ -6,7 +6,9 @@ use std::panic::Location;
 use super::forensics::ReferenceCycle;
 use super::ObjectKey;
 
-/// One object still alive at shutdown.
+/// One object still alive at shutdown (or, from
+/// [`ObjectManager::alive_since`](crate::ObjectManager::alive_since), created
+/// since a snapshot).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeakEntry {
     /// The object's type.
