@@ -55,7 +55,7 @@ fn main() {
     let panel = mm.create(Widget { name: "pause menu", parent: None, children: Vec::new() });
     let button = mm.create(Widget { name: "resume", parent: Some(panel.clone()), children: Vec::new() });
     mm[&panel].children.push(button);
-    let _ = (mm[&panel].name, mm[&panel].children.len());
+    println!("opened and closed the '{}' panel", mm[&panel].name);
     drop(panel);
 
     let session = mm.snapshot();
