@@ -1043,7 +1043,7 @@ mod tests {
     fn shutdown_reports_leaks_and_outliving_handles() {
         let mm = quiet();
         let kept = mm.create(Texture { width: 3 });
-        let _gone = drop(mm.create(Texture { width: 4 }));
+        drop(mm.create(Texture { width: 4 }));
         let report = mm.shutdown();
         assert_eq!(report.len(), 1);
         assert_eq!(report.iter().next().unwrap().ref_count, 1);
