@@ -687,7 +687,7 @@ impl ObjectManager {
     pub fn collect_garbage_budgeted(&mut self, max_objects: usize) -> CollectStats {
         let mut stats = CollectStats::default();
         let mut budget = max_objects;
-        let count = *self.store_count.get_mut();
+        let count = self.store_count.load(Ordering::Relaxed);
         loop {
             let mut freed = 0;
             for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut()) {
@@ -740,7 +740,7 @@ impl ObjectManager {
                 emit(&format!("leaked {entry}"));
             }
         }
-        let count = *self.store_count.get_mut();
+        let count = self.store_count.load(Ordering::Relaxed);
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut()) {
             store.destroy_all(&mut |type_name| {
                 log::error!(target: "mmobject", "a {type_name} panicked in Drop during shutdown");

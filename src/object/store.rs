@@ -471,7 +471,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     /// handle is being dropped on another thread right now: then the memory
     /// is leaked on purpose, so those handles stay sound.
     fn settle(&mut self) -> Settled {
-        let limit = *self.len.get_mut() as usize;
+        let limit = self.len.load(Ordering::Relaxed) as usize;
         let mut accounted = vec![false; limit];
         let mut mark = |store: &Self, mut at: u32| {
             while at != NIL {
@@ -479,7 +479,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 at = store.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
             }
         };
-        let free_head = *self.free_head.get_mut();
+        let free_head = self.free_head.load(Ordering::Relaxed);
         mark(self, free_head);
         mark(self, self.shared().take_dead());
         let outliving = accounted.iter().filter(|&&a| !a).count();
@@ -504,7 +504,7 @@ impl<T> Drop for Store<T> {
             return;
         }
         for segment in 0..MAX_SEGMENTS {
-            let base = *self.segments[segment].get_mut();
+            let base = self.segments[segment].load(Ordering::Relaxed);
             if !base.is_null() {
                 let len = segment_len(segment, self.config.base_bits) as usize;
                 // SAFETY: `base` came from `Box::<[Slot<T>]>::into_raw` with this
