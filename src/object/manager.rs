@@ -329,9 +329,9 @@ impl ObjectManager {
             Err(error) => return Err(TryCreateError { value, error }),
         };
         match store.try_insert(value, site) {
-            // SAFETY: `try_insert` returns an occupied slot of this store with
-            // a count of one, which the new handle takes over.
             Ok((local, slot, generation)) => {
+                // SAFETY: `try_insert` returns an occupied slot of this store with
+                // a count of one, which the new handle takes over.
                 Ok(unsafe { Handle::from_counted(slot, store.shared_ptr(), generation, local) })
             }
             Err((value, error)) => Err(TryCreateError { value, error }),
@@ -647,7 +647,7 @@ impl ObjectManager {
 
     /// Live objects of type `T` (dead ones not counted).
     pub fn count<T: MMObject>(&self) -> usize {
-        self.store::<T>().map_or(0, |s| ErasedStore::live_count(s))
+        self.store::<T>().map_or(0, ErasedStore::live_count)
     }
 
     /// Live objects of all types.

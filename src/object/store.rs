@@ -124,6 +124,7 @@ impl<T: MMObject> Store<T> {
 
     /// Puts `value` in a free slot and returns (local index, slot, generation)
     /// with a count of one.
+    #[allow(clippy::type_complexity)]
     pub(crate) fn try_insert(
         &self,
         value: T,
