@@ -76,11 +76,33 @@ fn entity(name: u32, parent: Option<Handle<Entity>>, drops: &Drops) -> Entity {
     Entity { name, mesh: None, material: None, parent, token: drops.token() }
 }
 
-/// Panics in `Drop` when armed; still holds a handle and a drop token.
+/// Panics in `Drop` when armed; still holds handles and a drop token.
 #[derive(MMObject)]
 struct Bomb {
     armed: bool,
     held: Option<Handle<Texture>>,
+    other: Option<Handle<Bomb>>,
+    token: DropToken,
+}
+
+fn bomb(armed: bool, held: Option<Handle<Texture>>, drops: &Drops) -> Bomb {
+    Bomb { armed, held, other: None, token: drops.token() }
+}
+
+/// A field whose heap size cannot be computed: `HeapSize` panics when it is set.
+struct Fragile(bool);
+
+impl mmobject::HeapSize for Fragile {
+    fn heap_size(&self) -> usize {
+        assert!(!self.0, "fragile size");
+        0
+    }
+}
+
+/// An object whose `size()` panics (through its field's `HeapSize`).
+#[derive(MMObject)]
+struct Gauge {
+    fragile: Fragile,
     token: DropToken,
 }
 
@@ -769,7 +791,7 @@ fn panicking_drop_during_collect_leaves_the_manager_consistent() {
     let bombs: Vec<_> = (0..6)
         .map(|i| {
             let held = (i == 3).then(|| tex.clone());
-            mm.create(Bomb { armed: i == 3, held, token: drops.token() })
+            mm.create(bomb(i == 3, held, &drops))
         })
         .collect();
     let old_indices: HashSet<u32> = bombs.iter().map(|b| b.key().index()).collect();
@@ -791,11 +813,11 @@ fn panicking_drop_during_collect_leaves_the_manager_consistent() {
     assert_eq!(tex_drops.count(), 1);
     assert_eq!(mm.dead_count(), 0);
     let report = mm.report();
-    let bomb = report.get("Bomb").unwrap();
-    assert_eq!((bomb.created, bomb.destroyed, bomb.live, bomb.dead_pending), (6, 6, 0, 0));
+    let stats = report.get("Bomb").unwrap();
+    assert_eq!((stats.created, stats.destroyed, stats.live, stats.dead_pending), (6, 6, 0, 0));
 
     // Every slot came back exactly once: six new objects reuse the six old slots.
-    let again: Vec<_> = (0..6).map(|_| mm.create(Bomb { armed: false, held: None, token: drops.token() })).collect();
+    let again: Vec<_> = (0..6).map(|_| mm.create(bomb(false, None, &drops))).collect();
     let new_indices: HashSet<u32> = again.iter().map(|b| b.key().index()).collect();
     assert_eq!(new_indices, old_indices);
     drop(again);
@@ -809,7 +831,7 @@ fn panicking_drop_in_every_object_still_destroys_each_once() {
     let drops = Drops::new();
     let mut mm = quiet();
     for _ in 0..4 {
-        drop(mm.create(Bomb { armed: true, held: None, token: drops.token() }));
+        drop(mm.create(bomb(true, None, &drops)));
     }
     let mut panics = 0;
     while mm.dead_count() > 0 {
@@ -827,10 +849,56 @@ fn panicking_drop_in_every_object_still_destroys_each_once() {
 fn panicking_drop_during_shutdown_is_caught_and_counted() {
     let drops = Drops::new();
     let mm = quiet();
-    let dead = mm.create(Bomb { armed: true, held: None, token: drops.token() });
+    let dead = mm.create(bomb(true, None, &drops));
     drop(dead);
     let report = mm.shutdown();
     assert_eq!(report.drop_panics(), 1);
     assert!(report.is_empty());
     assert_eq!(drops.count(), 1);
+}
+
+/// Regression: a live object whose `Drop` panicked during shutdown was not
+/// counted in `LeakReport::drop_panics`.
+#[test]
+fn panicking_drop_of_a_live_object_at_shutdown_is_counted() {
+    let drops = Drops::new();
+    let mut mm = quiet();
+    let kept = mm.create(bomb(true, None, &drops));
+    mm[&kept].other = Some(kept.clone()); // a cycle: still alive at shutdown
+    drop(kept);
+    drop(mm.create(bomb(true, None, &drops))); // dead: destroyed by the collection at shutdown
+    let report = mm.shutdown();
+    assert_eq!(report.len(), 1);
+    assert_eq!(report.drop_panics(), 2, "one dead and one live object panicked");
+    assert_eq!(report.outliving_handles(), 0);
+    assert_eq!(drops.count(), 2);
+}
+
+/// Regression: a `size()` that panicked during collection left its object on
+/// the dead list, so every later collection stopped at it and shutdown looped
+/// forever.
+#[test]
+fn panicking_size_during_collect_destroys_the_object_and_propagates() {
+    let drops = Drops::new();
+    let mut mm = quiet();
+    for i in 0..4 {
+        drop(mm.create(Gauge { fragile: Fragile(i == 2), token: drops.token() }));
+    }
+    let payload = catch_unwind(AssertUnwindSafe(|| mm.collect_garbage())).expect_err("the panic propagates");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"fragile size"));
+    let destroyed = mm.report().get("Gauge").unwrap().destroyed as usize;
+    assert!(destroyed >= 1);
+    assert_eq!(drops.count(), destroyed, "the fragile object was destroyed too");
+    assert_eq!(mm.dead_count(), 4 - destroyed);
+    let rest = mm.collect_garbage();
+    assert_eq!(rest.objects, 4 - destroyed, "the next collect carries on");
+    assert_eq!(rest.bytes, (4 - destroyed) * std::mem::size_of::<Gauge>());
+    assert_eq!((drops.count(), mm.dead_count()), (4, 0));
+
+    // Shutdown finishes too, with the panic counted.
+    drop(mm.create(Gauge { fragile: Fragile(true), token: drops.token() }));
+    let report = mm.shutdown();
+    assert_eq!(report.drop_panics(), 1);
+    assert!(report.is_empty());
+    assert_eq!(drops.count(), 5);
 }

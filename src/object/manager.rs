@@ -743,6 +743,7 @@ impl ObjectManager {
         let count = self.store_count.load(Ordering::Relaxed);
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut()) {
             store.destroy_all(&mut |type_name| {
+                report.drop_panics += 1;
                 log::error!(target: "mmobject", "a {type_name} panicked in Drop during shutdown");
             });
         }
