@@ -902,3 +902,110 @@ fn panicking_size_during_collect_destroys_the_object_and_propagates() {
     assert!(report.is_empty());
     assert_eq!(drops.count(), 5);
 }
+
+// --- Odd shapes and limits ------------------------------------------------------------------
+
+#[derive(MMObject)]
+struct Marker;
+
+#[derive(MMObject)]
+#[repr(align(64))]
+struct Aligned {
+    lanes: [u64; 3],
+}
+
+#[test]
+fn zero_sized_and_over_aligned_objects() {
+    let mut mm = quiet();
+    let markers: Vec<_> = (0..10).map(|_| mm.create(Marker)).collect();
+    let keys: HashSet<ObjectKey> = markers.iter().map(|h| h.key()).collect();
+    assert_eq!(keys.len(), 10, "zero-sized objects still get their own slots");
+    let aligned: Vec<_> = (0..10).map(|i| mm.create(Aligned { lanes: [i; 3] })).collect();
+    for (i, h) in aligned.iter().enumerate() {
+        let value = &mm[h];
+        assert_eq!(value as *const Aligned as usize % 64, 0);
+        assert_eq!(value.lanes, [i as u64; 3]);
+    }
+    drop((markers, aligned));
+    let stats = mm.collect_garbage();
+    assert_eq!(stats.objects, 20);
+    assert_eq!(stats.bytes, 10 * std::mem::size_of::<Aligned>());
+}
+
+#[derive(MMObject)]
+struct Kind<A: 'static, B: 'static> {
+    _types: std::marker::PhantomData<fn() -> (A, B)>,
+}
+
+fn kind<A, B>() -> Kind<A, B> {
+    Kind { _types: std::marker::PhantomData }
+}
+
+macro_rules! markers {
+    ($($m:ident)*) => { $(struct $m;)* };
+}
+markers!(K0 K1 K2 K3 K4 K5 K6 K7 K8 K9 K10 K11 K12 K13 K14 K15 K16);
+
+macro_rules! create_each {
+    ($mm:ident, $out:ident, $a:ident, [$($b:ident)*]) => {
+        $( $out.push(Box::new($mm.create(kind::<$a, $b>())) as Box<dyn std::any::Any>); )*
+    };
+}
+
+macro_rules! create_grid {
+    ($mm:ident, $out:ident, [$($a:ident)*], $bs:tt) => {
+        $( create_each!($mm, $out, $a, $bs); )*
+    };
+}
+
+#[test]
+fn the_type_table_holds_exactly_max_types() {
+    let mm = quiet();
+    let mut handles: Vec<Box<dyn std::any::Any>> = Vec::new();
+    create_grid!(
+        mm,
+        handles,
+        [K0 K1 K2 K3 K4 K5 K6 K7 K8 K9 K10 K11 K12 K13 K14 K15],
+        [K0 K1 K2 K3 K4 K5 K6 K7 K8 K9 K10 K11 K12 K13 K14 K15]
+    );
+    assert_eq!(handles.len(), mmobject::object::MAX_TYPES);
+    assert_eq!(mm.len(), 256);
+    let err = mm.try_create(kind::<K16, K0>()).unwrap_err();
+    assert_eq!(err.error, Error::CapacityExceeded { what: "object types in one manager", limit: 256 });
+    let _value: Kind<K16, K0> = err.into_value();
+    // Every registered type is still found (the lookup probes past collisions).
+    assert_eq!(mm.count::<Kind<K0, K0>>(), 1);
+    assert_eq!(mm.count::<Kind<K15, K15>>(), 1);
+    assert_eq!(mm.count::<Kind<K16, K0>>(), 0);
+    let again = mm.create(kind::<K7, K9>());
+    assert_eq!(mm.count::<Kind<K7, K9>>(), 2);
+    assert_eq!(mm.report().types.len(), 256);
+    drop(again);
+    drop(handles);
+    assert_eq!(mm.dead_count(), 257);
+    assert!(mm.shutdown().is_empty());
+}
+
+#[test]
+fn raw_handle_from_a_manager_with_the_same_tag_is_refused() {
+    let drops = Drops::new();
+    let a = quiet();
+    let tex = a.create(texture(1, &drops));
+    let raw = raw_of(&tex);
+    // Raw handles carry only the low 8 bits of the manager id: find a manager that shares them.
+    let b = loop {
+        let b = quiet();
+        if b.id() & 0xff == a.id() & 0xff {
+            break b;
+        }
+    };
+    let theirs: Vec<_> = (0..8).map(|w| b.create(texture(w, &drops))).collect();
+    assert!(b.add_ref_raw(raw).is_err());
+    assert!(b.release_raw(raw).is_err());
+    assert!(b.handle_from_raw::<Texture>(raw).is_err());
+    assert!(theirs.iter().all(|h| h.ref_count() == 1), "no object of the other manager was touched");
+    assert_eq!(tex.ref_count(), 2);
+    a.release_raw(raw).unwrap();
+    drop(theirs);
+    drop(b);
+}
