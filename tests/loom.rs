@@ -28,12 +28,10 @@ fn quiet() -> ObjectManager {
     ObjectManager::builder().report_leaks(false).segment_base(1).build()
 }
 
+/// Runs `f` under every interleaving (no preemption bound unless
+/// `LOOM_MAX_PREEMPTIONS` sets one): these models are small enough.
 fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(f);
+    loom::model::Builder::new().check(f);
 }
 
 /// Two threads each drop a clone while a third clones and drops: exactly one
