@@ -158,3 +158,26 @@ fn concurrent_create_pop_and_bump() {
         assert_eq!(drops.load(Ordering::SeqCst), 3);
     });
 }
+
+/// A raw release racing a strong handle's drop: exactly one of them pushes the
+/// object onto the dead list, and a read of the dead list meanwhile sees at most it.
+#[test]
+fn raw_release_races_handle_drop() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = Arc::new(quiet());
+        let h = mm.create(Texture { id: 3, token: DropToken(Arc::clone(&drops)) });
+        let raw = h.clone().into_raw();
+        let mm2 = Arc::clone(&mm);
+        let releaser = thread::spawn(move || mm2.release_raw(raw));
+        let dropper = thread::spawn(move || drop(h));
+        assert!(mm.dead_count() <= 1);
+        releaser.join().unwrap().expect("the raw handle held a reference");
+        dropper.join().unwrap();
+        assert_eq!(mm.dead_count(), 1);
+        assert!(mm.release_raw(raw).is_err(), "nothing left to release");
+        let mut mm = Arc::try_unwrap(mm).expect("the threads are done");
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
