@@ -181,3 +181,26 @@ fn raw_release_races_handle_drop() {
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     });
 }
+
+/// Handles don't borrow the manager, so a thread can drop the last handle while
+/// the owner collects. A budgeted collection puts the rest of its chain back
+/// (a chain push) while that thread pushes: nothing is lost or freed twice.
+#[test]
+fn drop_races_budgeted_collect() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        let token = || DropToken(Arc::clone(&drops));
+        drop(mm.create(Texture { id: 1, token: token() }));
+        drop(mm.create(Texture { id: 2, token: token() }));
+        let h = mm.create(Texture { id: 3, token: token() });
+        let dropper = thread::spawn(move || drop(h));
+        let stats = mm.collect_garbage_budgeted(1);
+        assert_eq!(stats.objects, 1);
+        dropper.join().unwrap();
+        assert_eq!(mm.dead_count(), 2);
+        assert_eq!(mm.collect_garbage().objects, 2);
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+        assert!(mm.shutdown().is_empty());
+    });
+}
