@@ -244,3 +244,48 @@ fn upgrades_race_with_the_last_drop() {
         assert_eq!(drops.count(), round + 1);
     }
 }
+
+#[test]
+fn main_collects_while_workers_drop_their_last_handles() {
+    // Handles do not borrow the manager: the owner may collect while workers drop.
+    let per_worker = if cfg!(miri) { 6 } else { 3000 };
+    let drops = Drops::default();
+    let mut mm = quiet();
+    let batches: Vec<Vec<Handle<Mesh>>> = (0..WORKERS)
+        .map(|w| {
+            (0..per_worker)
+                .map(|i| {
+                    let texture = Some(mm.create(Texture { id: i, token: drops.token() }));
+                    mm.create(Mesh { id: w * per_worker + i, texture, token: drops.token() })
+                })
+                .collect()
+        })
+        .collect();
+    let total = 2 * WORKERS * per_worker;
+    let mut collected = 0;
+    std::thread::scope(|s| {
+        let workers: Vec<_> = batches
+            .into_iter()
+            .map(|mut batch| {
+                s.spawn(move || {
+                    while let Some(h) = batch.pop() {
+                        let extra = h.clone();
+                        drop(h);
+                        drop(extra);
+                    }
+                })
+            })
+            .collect();
+        while !workers.iter().all(|w| w.is_finished()) {
+            collected += mm.collect_garbage_budgeted(3).objects;
+            collected += mm.collect_garbage().objects;
+        }
+    });
+    collected += mm.collect_garbage().objects;
+    assert_eq!(collected, total, "every object collected exactly once");
+    assert_eq!(drops.count(), total);
+    assert_eq!((mm.len(), mm.dead_count()), (0, 0));
+    let report = mm.report();
+    assert_eq!(report.get("Mesh").unwrap().destroyed as usize, WORKERS * per_worker);
+    assert_eq!(report.get("Texture").unwrap().destroyed as usize, WORKERS * per_worker);
+}
