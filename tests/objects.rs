@@ -987,6 +987,7 @@ fn the_type_table_holds_exactly_max_types() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "makes up to 256 managers: slow under Miri, and it checks logic, not memory")]
 fn raw_handle_from_a_manager_with_the_same_tag_is_refused() {
     let drops = Drops::new();
     let a = quiet();
