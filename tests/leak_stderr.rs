@@ -108,6 +108,7 @@ fn assert_on_stderr(out: &ChildOutput) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "Miri cannot spawn processes")]
 fn without_a_logger_the_report_goes_to_stderr() {
     let out = run_child("no_logger");
     assert_on_stderr(&out);
@@ -115,6 +116,7 @@ fn without_a_logger_the_report_goes_to_stderr() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "Miri cannot spawn processes")]
 fn with_a_logger_below_warn_the_report_goes_to_stderr() {
     let out = run_child("logger_below_warn");
     assert_on_stderr(&out);
@@ -122,6 +124,7 @@ fn with_a_logger_below_warn_the_report_goes_to_stderr() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "Miri cannot spawn processes")]
 fn with_a_logger_the_report_goes_to_the_logger_only() {
     let out = run_child("logger");
     for expected in &out.expected {
