@@ -591,7 +591,9 @@ fn report_fields_and_display() {
     assert_eq!((t.live, t.dead_pending, t.peak_live), (3, 1, 4));
     assert_eq!((t.created, t.destroyed), (4, 0));
     assert_eq!(t.bytes, tex_size(10) + tex_size(20) + tex_size(30) + tex_size(40));
-    assert!(t.slot_bytes >= std::mem::size_of::<Texture>());
+    if cfg!(target_pointer_width = "64") {
+        assert_eq!(t.slot_bytes, 16 + std::mem::size_of::<Texture>(), "a 16-byte header, then the value");
+    }
     let m = report.get("Mesh").unwrap();
     assert_eq!((m.tag, m.live, m.bytes), ("Mesh", 1, std::mem::size_of::<Mesh>() + 5 * 4));
     assert!(report.get("Material").is_none());
@@ -925,6 +927,11 @@ fn zero_sized_and_over_aligned_objects() {
         let value = &mm[h];
         assert_eq!(value as *const Aligned as usize % 64, 0);
         assert_eq!(value.lanes, [i as u64; 3]);
+    }
+    if cfg!(target_pointer_width = "64") {
+        let report = mm.report();
+        assert_eq!(report.get("Marker").unwrap().slot_bytes, 16);
+        assert_eq!(report.get("Aligned").unwrap().slot_bytes, 128, "the value starts on its own alignment");
     }
     drop((markers, aligned));
     let stats = mm.collect_garbage();
