@@ -566,6 +566,9 @@ fn iter_count_len_and_dead_count() {
         assert_eq!(mm.upgrade(weak).unwrap().ref_count(), 2);
     }
     assert_eq!(mm.iter::<Mesh>().count(), 3);
+    let from_iter: Vec<_> = mm.iter::<Mesh>().map(|(w, _)| w).collect();
+    let from_handles: Vec<_> = meshes.iter().map(Handle::downgrade).collect();
+    assert_eq!(from_iter, from_handles, "iter's weak handles equal the downgraded ones");
 
     assert_eq!(mm.collect_garbage().objects, 2);
     assert_eq!((mm.count::<Texture>(), mm.len(), mm.dead_count()), (4, 7, 0));
