@@ -1020,3 +1020,16 @@ fn raw_handle_from_a_manager_with_the_same_tag_is_refused() {
     drop(theirs);
     drop(b);
 }
+
+#[test]
+#[should_panic(expected = "the game loop failed")]
+fn manager_dropped_during_unwinding_survives_panicking_drops() {
+    let drops = Drops::new();
+    let mut mm = quiet();
+    drop(mm.create(bomb(true, None, &drops))); // dead
+    let kept = mm.create(bomb(true, None, &drops));
+    mm[&kept].other = Some(kept.clone()); // alive at shutdown
+    drop(kept);
+    // The manager is dropped while this panic unwinds; both Drop panics are caught.
+    panic!("the game loop failed");
+}
