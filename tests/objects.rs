@@ -969,6 +969,7 @@ macro_rules! create_grid {
 }
 
 #[test]
+#[allow(clippy::vec_init_then_push)] // the pushes come from a macro, one per type
 fn the_type_table_holds_exactly_max_types() {
     let mm = quiet();
     let mut handles: Vec<Box<dyn std::any::Any>> = Vec::new();
