@@ -289,3 +289,30 @@ fn main_collects_while_workers_drop_their_last_handles() {
     assert_eq!(report.get("Mesh").unwrap().destroyed as usize, WORKERS * per_worker);
     assert_eq!(report.get("Texture").unwrap().destroyed as usize, WORKERS * per_worker);
 }
+
+#[test]
+fn the_manager_moves_to_another_thread_for_collection() {
+    let drops = Drops::default();
+    let mut mm = quiet();
+    let kept = mm.create(Texture { id: 1, token: drops.token() });
+    drop(mm.create(Texture { id: 2, token: drops.token() }));
+    let mesh = mm.create(Mesh { id: 3, texture: Some(kept.clone()), token: drops.token() });
+    let (mm, stats) = std::thread::spawn(move || {
+        let stats = mm.collect_garbage();
+        (mm, stats)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(stats.objects, 1);
+    assert_eq!(drops.count(), 1);
+    drop((kept, mesh));
+    let report = std::thread::spawn(move || {
+        let mut mm = mm;
+        assert_eq!(mm.collect_garbage().objects, 2);
+        mm.shutdown()
+    })
+    .join()
+    .unwrap();
+    assert!(report.is_empty());
+    assert_eq!(drops.count(), 3);
+}
