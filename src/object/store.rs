@@ -281,10 +281,10 @@ impl<T: MMObject> Store<T> {
 
     /// Destroys dead objects until the dead list is empty or `budget` runs out.
     ///
-    /// If a `Drop` panics, the slot being destroyed is already on the free
-    /// list (its value counts as dropped, as after any panicking drop), and
-    /// the rest of the chain goes back onto the dead list before the panic
-    /// propagates.
+    /// If a `Drop` (or `size()`) panics, the slot being destroyed is already
+    /// on the free list (its value counts as dropped, as after any panicking
+    /// drop), and the rest of the chain goes back onto the dead list before
+    /// the panic propagates.
     pub(crate) fn collect(&mut self, budget: &mut usize, stats: &mut CollectStats) -> usize {
         self.note_peak();
         if *budget == 0 {
@@ -301,8 +301,13 @@ impl<T: MMObject> Store<T> {
             let slot = store.slot(local).expect("dead slots live in published segments");
             requeue.rest = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
             requeue.current = local;
-            // SAFETY: a dead slot is still occupied; we hold `&mut self`.
-            let bytes = unsafe { Self::value_unchecked(slot) }.size();
+            // A panicking `size()` must not keep the object queued forever (every
+            // later collection, and shutdown, would stop at it): destroy the
+            // object first, then let the panic propagate.
+            let bytes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: a dead slot is still occupied; we hold `&mut self`.
+                unsafe { Self::value_unchecked(slot) }.size()
+            }));
             requeue.current = NIL;
             store.free_slot(slot, local);
             requeue.destroyed += 1;
@@ -312,7 +317,10 @@ impl<T: MMObject> Store<T> {
             unsafe { (*slot.value.get()).assume_init_drop() };
             *budget -= 1;
             stats.objects += 1;
-            stats.bytes += bytes;
+            match bytes {
+                Ok(bytes) => stats.bytes += bytes,
+                Err(payload) => std::panic::resume_unwind(payload),
+            }
         }
         requeue.destroyed as usize
     }

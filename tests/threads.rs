@@ -1,0 +1,318 @@
+//! Handles cloned and dropped on worker threads while the main thread creates,
+//! reads and (between phases) collects; objects created by several asset
+//! loaders at once.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use mmobject::{Handle, MMObject, ObjectManager, WeakHandle};
+
+const WORKERS: usize = 4;
+
+#[derive(Clone, Default)]
+struct Drops(Arc<AtomicUsize>);
+
+impl Drops {
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn token(&self) -> DropToken {
+        DropToken(Arc::clone(&self.0))
+    }
+}
+
+struct DropToken(Arc<AtomicUsize>);
+
+impl Drop for DropToken {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(MMObject)]
+#[mm(tag = "Textures")]
+struct Texture {
+    id: usize,
+    token: DropToken,
+}
+
+#[derive(MMObject)]
+struct Mesh {
+    id: usize,
+    texture: Option<Handle<Texture>>,
+    token: DropToken,
+}
+
+fn quiet() -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(2).build()
+}
+
+#[test]
+fn workers_clone_and_drop_while_main_creates_reads_and_collects() {
+    let (phases, per_worker, iterations, meshes) = if cfg!(miri) { (2, 2, 10, 4) } else { (6, 50, 2000, 200) };
+    let tex_drops = Drops::default();
+    let mesh_drops = Drops::default();
+    let mut mm = quiet();
+    let shared: Vec<Handle<Texture>> = (0..8).map(|id| mm.create(Texture { id, token: tex_drops.token() })).collect();
+    let mut kept_meshes = Vec::new();
+    let mut next_id = 1000;
+    let mut textures_created = shared.len();
+    let mut meshes_created = 0;
+
+    for phase in 0..phases {
+        // Each worker owns a batch of fresh textures and drops every one of them during the phase.
+        let batches: Vec<Vec<Handle<Texture>>> = (0..WORKERS)
+            .map(|_| {
+                (0..per_worker)
+                    .map(|_| {
+                        next_id += 1;
+                        mm.create(Texture { id: next_id, token: tex_drops.token() })
+                    })
+                    .collect()
+            })
+            .collect();
+        textures_created += WORKERS * per_worker;
+        let watched: Vec<(usize, WeakHandle<Texture>)> =
+            batches.iter().flatten().map(|h| (mm[h].id, h.downgrade())).collect();
+        let dropped_meshes = {
+            let mm = &mm;
+            let shared = &shared;
+            std::thread::scope(|s| {
+                for (w, batch) in batches.into_iter().enumerate() {
+                    s.spawn(move || {
+                        let mut local = Vec::new();
+                        for i in 0..iterations {
+                            local.push(shared[(i * 7 + w) % shared.len()].clone());
+                            if let Some(h) = batch.get(i % batch.len().max(1)) {
+                                local.push(h.clone());
+                            }
+                            if local.len() > 6 {
+                                local.drain(..3);
+                            }
+                        }
+                        drop(local);
+                        drop(batch);
+                    });
+                }
+                // Main thread: create, read, iterate while the workers run.
+                let mut dropped = 0;
+                for i in 0..meshes {
+                    let texture = Some(shared[i % shared.len()].clone());
+                    let mesh = mm.create(Mesh { id: i, texture, token: mesh_drops.token() });
+                    assert_eq!(mm.get(&mesh).id, i);
+                    assert_eq!(mm[mm[&mesh].texture.as_ref().unwrap()].id, i % shared.len());
+                    let (id, weak) = watched[i % watched.len()];
+                    if let Some(t) = mm.get_weak(weak) {
+                        assert_eq!(t.id, id);
+                    }
+                    if let Some(h) = mm.upgrade(weak) {
+                        assert_eq!(mm[&h].id, id, "an upgraded handle reads its own object");
+                    }
+                    if i % 2 == 0 {
+                        kept_meshes.push(mesh);
+                    } else {
+                        dropped += 1;
+                    }
+                    let mut live = 0;
+                    for (w, t) in mm.iter::<Texture>() {
+                        live += 1;
+                        if let Some(again) = mm.get_weak(w) {
+                            assert_eq!(again.id, t.id, "a weak handle from iter names the same object");
+                        }
+                    }
+                    assert!(live >= shared.len() && live <= shared.len() + WORKERS * per_worker);
+                }
+                dropped
+            })
+        };
+        meshes_created += meshes;
+
+        // The sync point: every batch texture and every dropped mesh is dead now.
+        assert_eq!(mm.dead_count(), WORKERS * per_worker + dropped_meshes, "phase {phase}");
+        let stats = mm.collect_garbage();
+        assert_eq!(stats.objects, WORKERS * per_worker + dropped_meshes);
+        assert_eq!(mm.dead_count(), 0);
+        assert!(watched.iter().all(|&(_, w)| mm.upgrade(w).is_none()));
+        assert_eq!(mm.count::<Texture>(), shared.len());
+        assert_eq!(mm.count::<Mesh>(), kept_meshes.len());
+        assert_eq!(tex_drops.count(), textures_created - shared.len());
+        assert_eq!(mesh_drops.count(), meshes_created - kept_meshes.len());
+        for (i, h) in shared.iter().enumerate() {
+            let held_by_meshes = kept_meshes.iter().filter(|m| mm[*m].texture.as_ref() == Some(h)).count();
+            assert_eq!(h.ref_count() as usize, 1 + held_by_meshes, "texture {i}");
+        }
+    }
+
+    drop(kept_meshes);
+    drop(shared);
+    let stats = mm.collect_garbage();
+    assert_eq!(stats.rounds, 2, "meshes, then the textures they held");
+    assert_eq!(tex_drops.count(), textures_created);
+    assert_eq!(mesh_drops.count(), meshes_created);
+    let report = mm.report();
+    assert_eq!(report.get("Texture").unwrap().destroyed as usize, textures_created);
+    assert_eq!(report.get("Mesh").unwrap().destroyed as usize, meshes_created);
+    assert!(mm.shutdown().is_empty());
+}
+
+#[test]
+fn asset_loaders_create_from_four_threads_at_once() {
+    let per_thread = if cfg!(miri) { 12 } else { 2000 };
+    let drops = Drops::default();
+    let mut mm = quiet();
+    for round in 0..2 {
+        // Round 0 grows fresh segments concurrently; round 1 also pops the free list.
+        let handles: Vec<Vec<Handle<Texture>>> = {
+            let mm = &mm;
+            let drops = &drops;
+            std::thread::scope(|s| {
+                let loaders: Vec<_> = (0..WORKERS)
+                    .map(|t| {
+                        s.spawn(move || {
+                            (0..per_thread)
+                                .map(|i| {
+                                    let id = t * per_thread + i;
+                                    let h = mm.create(Texture { id, token: drops.token() });
+                                    assert_eq!(mm[&h].id, id);
+                                    h
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                loaders.into_iter().map(|l| l.join().unwrap()).collect()
+            })
+        };
+        let all: Vec<&Handle<Texture>> = handles.iter().flatten().collect();
+        let total = WORKERS * per_thread;
+        assert_eq!(all.len(), total);
+        let indices: HashSet<u32> = all.iter().map(|h| h.key().index()).collect();
+        assert_eq!(indices.len(), total, "round {round}: every object got its own slot");
+        for (t, batch) in handles.iter().enumerate() {
+            for (i, h) in batch.iter().enumerate() {
+                assert_eq!(mm[h].id, t * per_thread + i, "no two objects share a slot");
+                assert_eq!(h.ref_count(), 1);
+            }
+        }
+        assert_eq!(mm.count::<Texture>(), total);
+        assert_eq!(mm.iter::<Texture>().count(), total);
+        drop(all);
+        drop(handles);
+        assert_eq!(mm.collect_garbage().objects, total);
+        assert_eq!(drops.count(), total * (round + 1));
+    }
+    let report = mm.report();
+    let t = report.get("Texture").unwrap();
+    assert_eq!((t.created, t.destroyed, t.live), (2 * (WORKERS * per_thread) as u64, t.created, 0));
+}
+
+#[test]
+fn upgrades_race_with_the_last_drop() {
+    let rounds = if cfg!(miri) { 3 } else { 500 };
+    let drops = Drops::default();
+    let mut mm = quiet();
+    for round in 0..rounds {
+        let h = mm.create(Texture { id: round, token: drops.token() });
+        let weak = h.downgrade();
+        let upgraded = {
+            let mm = &mm;
+            std::thread::scope(|s| {
+                let upgraders: Vec<_> = (0..WORKERS - 1)
+                    .map(|_| {
+                        s.spawn(move || {
+                            let mut got = 0;
+                            for _ in 0..4 {
+                                if let Some(up) = mm.upgrade(weak) {
+                                    assert_eq!(mm[&up].id, round);
+                                    got += 1;
+                                }
+                            }
+                            got
+                        })
+                    })
+                    .collect();
+                s.spawn(move || drop(h));
+                upgraders.into_iter().map(|u| u.join().unwrap()).sum::<usize>()
+            })
+        };
+        assert!(upgraded <= 4 * (WORKERS - 1));
+        assert!(mm.upgrade(weak).is_none(), "dead once every handle is gone");
+        assert_eq!(mm.dead_count(), 1, "exactly one push onto the dead list");
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.count(), round + 1);
+    }
+}
+
+#[test]
+fn main_collects_while_workers_drop_their_last_handles() {
+    // Handles do not borrow the manager: the owner may collect while workers drop.
+    let per_worker = if cfg!(miri) { 6 } else { 3000 };
+    let drops = Drops::default();
+    let mut mm = quiet();
+    let batches: Vec<Vec<Handle<Mesh>>> = (0..WORKERS)
+        .map(|w| {
+            (0..per_worker)
+                .map(|i| {
+                    let texture = Some(mm.create(Texture { id: i, token: drops.token() }));
+                    mm.create(Mesh { id: w * per_worker + i, texture, token: drops.token() })
+                })
+                .collect()
+        })
+        .collect();
+    let total = 2 * WORKERS * per_worker;
+    let mut collected = 0;
+    std::thread::scope(|s| {
+        let workers: Vec<_> = batches
+            .into_iter()
+            .map(|mut batch| {
+                s.spawn(move || {
+                    while let Some(h) = batch.pop() {
+                        let extra = h.clone();
+                        drop(h);
+                        drop(extra);
+                    }
+                })
+            })
+            .collect();
+        while !workers.iter().all(|w| w.is_finished()) {
+            collected += mm.collect_garbage_budgeted(3).objects;
+            collected += mm.collect_garbage().objects;
+        }
+    });
+    collected += mm.collect_garbage().objects;
+    assert_eq!(collected, total, "every object collected exactly once");
+    assert_eq!(drops.count(), total);
+    assert_eq!((mm.len(), mm.dead_count()), (0, 0));
+    let report = mm.report();
+    assert_eq!(report.get("Mesh").unwrap().destroyed as usize, WORKERS * per_worker);
+    assert_eq!(report.get("Texture").unwrap().destroyed as usize, WORKERS * per_worker);
+}
+
+#[test]
+fn the_manager_moves_to_another_thread_for_collection() {
+    let drops = Drops::default();
+    let mut mm = quiet();
+    let kept = mm.create(Texture { id: 1, token: drops.token() });
+    drop(mm.create(Texture { id: 2, token: drops.token() }));
+    let mesh = mm.create(Mesh { id: 3, texture: Some(kept.clone()), token: drops.token() });
+    let (mm, stats) = std::thread::spawn(move || {
+        let stats = mm.collect_garbage();
+        (mm, stats)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(stats.objects, 1);
+    assert_eq!(drops.count(), 1);
+    drop((kept, mesh));
+    let report = std::thread::spawn(move || {
+        let mut mm = mm;
+        assert_eq!(mm.collect_garbage().objects, 2);
+        mm.shutdown()
+    })
+    .join()
+    .unwrap();
+    assert!(report.is_empty());
+    assert_eq!(drops.count(), 3);
+}
