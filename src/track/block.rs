@@ -77,6 +77,20 @@ pub(crate) struct BlockLayout {
 /// The outer layout for a user `layout`, or `None` on overflow.
 #[inline]
 pub(crate) fn block_layout(layout: Layout, guarded: bool) -> Option<BlockLayout> {
+    if !guarded && layout.align() <= HEADER {
+        // The common case: the header alone, 16-aligned.
+        let total = layout.size().checked_add(HEADER)?;
+        if total > isize::MAX as usize - (HEADER - 1) {
+            return None;
+        }
+        // SAFETY: `HEADER` is a power of two, and `total` rounded up to it does not
+        // overflow `isize` (checked above).
+        let outer = unsafe { Layout::from_size_align_unchecked(total, HEADER) };
+        return Some(BlockLayout {
+            outer,
+            prefix: HEADER,
+        });
+    }
     let align = layout.align().max(HEADER);
     let front = HEADER + if guarded { GUARD } else { 0 };
     // Round `front` up to the alignment so the user pointer stays aligned.
@@ -127,8 +141,8 @@ pub(crate) unsafe fn init(
 #[inline]
 pub(crate) unsafe fn read_header(user: *const u8) -> Header {
     // SAFETY: the caller guarantees the header slot is readable; it is aligned (see `init`).
-    // A volatile read because the user may have corrupted it (we are diagnosing that).
-    unsafe { ptr::read_volatile(user.sub(HEADER).cast::<Header>()) }
+    // Every bit pattern is a valid `Header` (plain integers), so a corrupted one still reads.
+    unsafe { ptr::read(user.sub(HEADER).cast::<Header>()) }
 }
 
 /// Marks the header freed (best-effort double-free detection).

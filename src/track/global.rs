@@ -105,8 +105,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         let (hflags, guarded, depth, record) = match tag {
             None => (0, false, 0, false),
             Some(_) => {
-                let mode = t.mode();
-                let diag = t.diagnostics();
+                let (mode, diag) = t.config();
                 let record = mode.keeps_records() || diag;
                 let mut f = H_COUNTED;
                 if record {
@@ -121,9 +120,11 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         let Some(block) = block::block_layout(layout, guarded) else {
             return ptr::null_mut();
         };
+        let mut watched = false;
         if let Some(tag) = tag {
-            if t.charge_counters(tag, layout.size(), true).is_err() {
-                return ptr::null_mut();
+            match t.count_alloc(tag, layout.size()) {
+                Ok(w) => watched = w,
+                Err(_) => return ptr::null_mut(),
             }
         }
         let base = if zeroed {
@@ -164,7 +165,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 depth,
             );
         }
-        if tag.is_some() && t.is_watched(tag_id) {
+        if watched {
             t.watch_event("alloc", tag_id, layout.size(), Some(user as usize), None);
         }
         user
@@ -211,7 +212,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
         let addr = ptr as usize;
-        let diag = t.diagnostics();
+        let diag = t.config().1;
         let mut record = None;
         if diag {
             // Look the pointer up before touching its memory.

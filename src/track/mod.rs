@@ -77,6 +77,7 @@ mod stack_trace;
 mod stats;
 mod table;
 mod tag;
+mod thread_stats;
 mod timeline;
 mod tracker;
 

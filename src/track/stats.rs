@@ -28,6 +28,8 @@ pub(crate) struct TagCounters {
     pub(crate) warned: AtomicBool,
     /// Log every allocation and free of this tag.
     pub(crate) watch: AtomicBool,
+    /// `budget` is set or `watch` is on: the allocator must take the exact (shared) path.
+    pub(crate) slow: AtomicBool,
 }
 
 impl TagCounters {
@@ -41,6 +43,7 @@ impl TagCounters {
             budget: AtomicUsize::new(NO_BUDGET),
             warned: AtomicBool::new(false),
             watch: AtomicBool::new(false),
+            slow: AtomicBool::new(false),
         }
     }
 
@@ -64,36 +67,75 @@ impl TagCounters {
     /// Counts one free of `size` bytes.
     #[inline]
     pub(crate) fn sub(&self, size: usize) {
+        // May wrap below zero for a while: the matching allocation can still be pending in
+        // another thread's slot.
         let before = self.bytes.fetch_sub(size, Ordering::Relaxed);
-        debug_assert!(before >= size, "tag bytes underflow: {before} - {size}");
         self.count.fetch_sub(1, Ordering::Relaxed);
         if self.warned.load(Ordering::Relaxed)
-            && before.wrapping_sub(size) <= self.budget.load(Ordering::Relaxed)
+            && (before.wrapping_sub(size) as isize) <= self.budget.load(Ordering::Relaxed) as isize
         {
             self.warned.store(false, Ordering::Relaxed);
         }
     }
 
-    pub(crate) fn snapshot(&self, tag: TagId, name: &'static str) -> TagStats {
+    /// Folds deltas from a thread slot into the shared counters.
+    pub(crate) fn fold(&self, bytes: isize, count: isize, allocs: isize) {
+        let b = self
+            .bytes
+            .fetch_add(bytes as usize, Ordering::Relaxed)
+            .wrapping_add(bytes as usize);
+        if bytes > 0 && (b as isize) > 0 && b > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(b, Ordering::Relaxed);
+        }
+        let n = self
+            .count
+            .fetch_add(count as usize, Ordering::Relaxed)
+            .wrapping_add(count as usize);
+        if count > 0 && (n as isize) > 0 && n > self.peak_count.load(Ordering::Relaxed) {
+            self.peak_count.fetch_max(n, Ordering::Relaxed);
+        }
+        self.total_count.fetch_add(allocs as u64, Ordering::Relaxed);
+    }
+
+    /// Current `(bytes, count)` including deltas still pending in thread slots; also raises
+    /// the peaks to them.
+    pub(crate) fn current(&self, pending: (isize, isize, isize)) -> (usize, usize) {
+        let b = (self.bytes.load(Ordering::Relaxed) as isize)
+            .wrapping_add(pending.0)
+            .max(0) as usize;
+        let n = (self.count.load(Ordering::Relaxed) as isize)
+            .wrapping_add(pending.1)
+            .max(0) as usize;
+        self.peak_bytes.fetch_max(b, Ordering::Relaxed);
+        self.peak_count.fetch_max(n, Ordering::Relaxed);
+        (b, n)
+    }
+
+    pub(crate) fn snapshot(
+        &self,
+        tag: TagId,
+        name: &'static str,
+        pending: (isize, isize, isize),
+    ) -> TagStats {
         let budget = self.budget.load(Ordering::Relaxed);
+        let (bytes, count) = self.current(pending);
         TagStats {
             id: tag.0,
             name,
-            bytes: self.bytes.load(Ordering::Relaxed),
+            bytes,
             peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
-            count: self.count.load(Ordering::Relaxed),
+            count,
             peak_count: self.peak_count.load(Ordering::Relaxed),
-            total_count: self.total_count.load(Ordering::Relaxed),
+            total_count: self.total_count.load(Ordering::Relaxed) + pending.2 as u64,
             budget: (budget != NO_BUDGET).then_some(budget),
             watched: self.watch.load(Ordering::Relaxed),
         }
     }
 
-    pub(crate) fn reset_peaks(&self) {
-        self.peak_bytes
-            .store(self.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.peak_count
-            .store(self.count.load(Ordering::Relaxed), Ordering::Relaxed);
+    pub(crate) fn reset_peaks(&self, pending: (isize, isize, isize)) {
+        self.peak_bytes.store(0, Ordering::Relaxed);
+        self.peak_count.store(0, Ordering::Relaxed);
+        self.current(pending);
     }
 }
 
@@ -170,13 +212,26 @@ mod tests {
         c.add(10);
         c.add(30);
         c.sub(10);
-        let s = c.snapshot(TagId(0), "x");
+        let s = c.snapshot(TagId(0), "x", (0, 0, 0));
         assert_eq!(
             (s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count),
             (30, 40, 1, 2, 2)
         );
-        c.reset_peaks();
-        let s = c.snapshot(TagId(0), "x");
-        assert_eq!((s.peak_bytes, s.peak_count), (30, 1));
+        c.reset_peaks((0, 0, 0));
+        let s = c.snapshot(TagId(0), "x", (5, 1, 1));
+        assert_eq!((s.bytes, s.count, s.total_count), (35, 2, 3));
+        assert_eq!((s.peak_bytes, s.peak_count), (35, 2));
+    }
+
+    #[test]
+    fn fold_applies_slot_deltas() {
+        let c = TagCounters::new();
+        c.fold(100, 2, 2);
+        c.fold(-60, -1, 0);
+        let s = c.snapshot(TagId(0), "x", (0, 0, 0));
+        assert_eq!(
+            (s.bytes, s.peak_bytes, s.count, s.total_count),
+            (40, 100, 1, 2)
+        );
     }
 }

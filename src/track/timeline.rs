@@ -2,7 +2,6 @@
 //! [`Tracker::write_csv`] writes one row per frame and one column per tag, ready to plot.
 
 use std::io::{self, Write};
-use std::sync::atomic::Ordering;
 
 use super::table::{SpinLock, SysVec};
 use super::tag::{self, MAX_TAGS};
@@ -53,7 +52,8 @@ impl Tracker {
         let n = tag::registered_count();
         let mut sample = [0usize; MAX_TAGS];
         for (i, s) in sample[..n].iter_mut().enumerate() {
-            *s = self.counters[i].bytes.load(Ordering::Relaxed);
+            let tag = super::TagId(i as u32);
+            *s = self.counters[i].current(self.pending(tag)).0;
         }
         let mut g = self.timeline.inner.lock();
         let (rows, frames) = &mut *g;

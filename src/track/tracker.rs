@@ -4,19 +4,20 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt;
 use std::panic::Location;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 use super::budget::{BudgetOverrun, BudgetPolicy, PolicyTable};
 use super::record::{
-    Freed, FreedRing, Record, RecordTable, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GUARDED,
-    FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC,
+    Freed, FreedRing, Record, RecordTable, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC,
+    FLAG_GUARDED, FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC,
 };
 use super::scope::Reentry;
 use super::stack_trace::{StackStore, StackTrace, NO_STACK};
 use super::stats::{TagCounters, TagStats, NO_BUDGET};
 use super::table::SpinLock;
 use super::tag::{self, TagId, MAX_TAGS};
+use super::thread_stats::ThreadSlots;
 use super::timeline::Timeline;
 use crate::Error;
 
@@ -133,9 +134,10 @@ pub struct ErrorCounts {
 /// ```
 pub struct Tracker {
     pub(crate) counters: [TagCounters; MAX_TAGS],
-    /// `Mode::encode` of the current mode.
-    mode: AtomicUsize,
-    diagnostics: AtomicBool,
+    /// `Mode::encode` of the current mode, plus `DIAGNOSTICS` when diagnostic mode is on.
+    config: AtomicUsize,
+    /// Per-thread deltas: the allocator's lock-free, RMW-free counting path.
+    pub(crate) threads: ThreadSlots,
     pub(crate) records: RecordTable,
     pub(crate) stacks: StackStore,
     freed: FreedRing,
@@ -147,6 +149,9 @@ pub struct Tracker {
 }
 
 static GLOBAL: Tracker = Tracker::new();
+
+/// The diagnostic-mode bit of `Tracker::config`.
+const DIAGNOSTICS: usize = 1 << 16;
 
 impl Default for Tracker {
     fn default() -> Self {
@@ -175,8 +180,8 @@ impl Tracker {
     pub const fn with_mode(mode: Mode) -> Tracker {
         Tracker {
             counters: [const { TagCounters::new() }; MAX_TAGS],
-            mode: AtomicUsize::new(mode.encode()),
-            diagnostics: AtomicBool::new(false),
+            config: AtomicUsize::new(mode.encode()),
+            threads: ThreadSlots::new(),
             records: RecordTable::new(),
             stacks: StackStore::new(),
             freed: FreedRing::new(),
@@ -207,18 +212,29 @@ impl Tracker {
 
     /// The current mode.
     pub fn mode(&self) -> Mode {
-        Mode::decode(self.mode.load(Ordering::Relaxed))
+        self.config().0
+    }
+
+    /// The mode and the diagnostics flag, in one load.
+    #[inline]
+    pub(crate) fn config(&self) -> (Mode, bool) {
+        let c = self.config.load(Ordering::Relaxed);
+        (Mode::decode(c & (DIAGNOSTICS - 1)), c & DIAGNOSTICS != 0)
     }
 
     /// Changes the mode. Allocations made before keep the tracking they had (each block
     /// remembers how it was tracked), so switching is safe at any time.
     pub fn set_mode(&self, mode: Mode) {
-        self.mode.store(mode.encode(), Ordering::Relaxed);
+        let _ = self
+            .config
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some(c & DIAGNOSTICS | mode.encode())
+            });
     }
 
     /// Whether diagnostic mode is on.
     pub fn diagnostics(&self) -> bool {
-        self.diagnostics.load(Ordering::Relaxed)
+        self.config().1
     }
 
     /// Turns diagnostic mode on or off.
@@ -244,7 +260,11 @@ impl Tracker {
     /// assert!(matches!(tracker.try_dealloc(p), Err(Error::BufferOverrun { size: 8, .. })));
     /// ```
     pub fn set_diagnostics(&self, on: bool) {
-        self.diagnostics.store(on, Ordering::Relaxed);
+        if on {
+            self.config.fetch_or(DIAGNOSTICS, Ordering::Relaxed);
+        } else {
+            self.config.fetch_and(!DIAGNOSTICS, Ordering::Relaxed);
+        }
     }
 
     /// The id of the tag named `name`, registering it if missing.
@@ -296,13 +316,23 @@ impl Tracker {
         let c = &self.counters[tag.index()];
         c.budget.store(bytes.min(NO_BUDGET - 1), Ordering::Relaxed);
         c.warned.store(false, Ordering::Relaxed);
+        self.update_slow(tag);
+    }
+
+    /// Budgeted or watched tags take the exact (shared-counter) path in the allocator.
+    fn update_slow(&self, tag: TagId) {
+        let c = &self.counters[tag.index()];
+        let slow = c.budget.load(Ordering::Relaxed) != NO_BUDGET || c.watch.load(Ordering::Relaxed);
+        c.slow.store(slow, Ordering::Relaxed);
     }
 
     /// Removes a tag's budget.
     pub fn clear_budget(&self, tag: impl Into<TagId>) {
-        self.counters[tag.into().index()]
+        let tag = tag.into();
+        self.counters[tag.index()]
             .budget
             .store(NO_BUDGET, Ordering::Relaxed);
+        self.update_slow(tag);
     }
 
     /// A tag's budget, if set.
@@ -341,9 +371,11 @@ impl Tracker {
     /// assert!(tracker.tag_stats(&NET).watched);
     /// ```
     pub fn watch(&self, tag: impl Into<TagId>, on: bool) {
-        self.counters[tag.into().index()]
+        let tag = tag.into();
+        self.counters[tag.index()]
             .watch
             .store(on, Ordering::Relaxed);
+        self.update_slow(tag);
     }
 
     // ---- counting ----------------------------------------------------------------------
@@ -419,7 +451,10 @@ impl Tracker {
         let c = &self.counters[tag.index()];
         let budget = c.budget.load(Ordering::Relaxed);
         if budget != NO_BUDGET {
-            let current = c.bytes.load(Ordering::Relaxed);
+            let pending = self.threads.pending(tag.index()).0;
+            let current = (c.bytes.load(Ordering::Relaxed) as isize)
+                .wrapping_add(pending)
+                .max(0) as usize;
             if current.saturating_add(bytes) > budget {
                 self.over_budget(tag, budget, current, bytes, in_allocator)?;
             }
@@ -472,6 +507,53 @@ impl Tracker {
         }
     }
 
+    /// Counts an allocation made by a `TrackingAllocator`: in this thread's slot when the
+    /// tag has no budget and no watch, else through [`Tracker::charge_counters`]. Returns
+    /// whether the tag is watched.
+    #[inline]
+    pub(crate) fn count_alloc(&self, tag: TagId, bytes: usize) -> Result<bool, Error> {
+        let c = &self.counters[tag.index()];
+        if !c.slow.load(Ordering::Relaxed) {
+            if let Some(slot) = self.threads.slot() {
+                if slot.alloc(tag.index(), bytes as isize) {
+                    self.flush(slot, tag);
+                }
+                return Ok(false);
+            }
+        }
+        self.charge_counters(tag, bytes, true)?;
+        Ok(c.watch.load(Ordering::Relaxed))
+    }
+
+    /// Counts a free (of a block counted by `count_alloc` or `charge_counters`), in this
+    /// thread's slot when possible. Returns `true` if the tag is watched.
+    #[inline]
+    pub(crate) fn count_free(&self, tag: TagId, bytes: usize) -> bool {
+        let c = &self.counters[tag.index()];
+        if !c.slow.load(Ordering::Relaxed) {
+            if let Some(slot) = self.threads.slot() {
+                if slot.free(tag.index(), bytes as isize) {
+                    self.flush(slot, tag);
+                }
+                return false;
+            }
+        }
+        c.sub(bytes);
+        c.watch.load(Ordering::Relaxed)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flush(&self, slot: &super::thread_stats::ThreadSlot, tag: TagId) {
+        let (b, n, a) = slot.take(tag.index());
+        self.counters[tag.index()].fold(b, n, a);
+    }
+
+    /// `(bytes, count, allocs)` still pending in thread slots for `tag`.
+    pub(crate) fn pending(&self, tag: TagId) -> (isize, isize, isize) {
+        self.threads.pending(tag.index())
+    }
+
     #[cold]
     #[inline(never)]
     pub(crate) fn watch_event(
@@ -510,14 +592,17 @@ impl Tracker {
     #[inline]
     pub(crate) fn take_record(&self, addr: usize, keep_freed: bool) -> Option<Record> {
         let record = self.records.remove(addr)?;
-        self.counters[record.tag.index()].sub(record.size);
+        let watched = if record.flags & FLAG_GLOBAL_ALLOC != 0 {
+            self.count_free(record.tag, record.size)
+        } else {
+            let c = &self.counters[record.tag.index()];
+            c.sub(record.size);
+            c.watch.load(Ordering::Relaxed)
+        };
         if keep_freed {
             self.remember_freed(addr, record);
         }
-        if self.counters[record.tag.index()]
-            .watch
-            .load(Ordering::Relaxed)
-        {
+        if watched {
             self.watch_event(
                 "free",
                 record.tag,
@@ -556,17 +641,9 @@ impl Tracker {
     /// Counts the free of a block that has no record (counted by its header).
     #[inline]
     pub(crate) fn uncount(&self, tag: TagId, size: usize, addr: usize) {
-        let c = &self.counters[tag.index()];
-        c.sub(size);
-        if c.watch.load(Ordering::Relaxed) {
+        if self.count_free(tag, size) {
             self.watch_event("free", tag, size, Some(addr), None);
         }
-    }
-
-    /// Whether `tag` is watched.
-    #[inline]
-    pub(crate) fn is_watched(&self, tag: TagId) -> bool {
-        self.counters[tag.index()].watch.load(Ordering::Relaxed)
     }
 
     /// Whether the freed ring remembers `addr`.
@@ -869,14 +946,17 @@ impl Tracker {
     /// One tag's numbers now.
     pub fn tag_stats(&self, tag: impl Into<TagId>) -> TagStats {
         let tag = tag.into();
-        self.counters[tag.index()].snapshot(tag, tag.name())
+        self.counters[tag.index()].snapshot(tag, tag.name(), self.pending(tag))
     }
 
     /// Each registered tag's numbers, in id order.
     pub fn all_tag_stats(&self) -> Vec<TagStats> {
         let (names, n) = tag::registered_names();
         (0..n)
-            .map(|i| self.counters[i].snapshot(TagId(i as u32), names[i]))
+            .map(|i| {
+                let tag = TagId(i as u32);
+                self.counters[i].snapshot(tag, names[i], self.pending(tag))
+            })
             .collect()
     }
 
@@ -886,6 +966,7 @@ impl Tracker {
             + self.stacks.heap_bytes()
             + self.freed.heap_bytes()
             + self.timeline.heap_bytes()
+            + self.threads.heap_bytes()
     }
 
     /// Bad frees and overruns seen so far.
@@ -904,8 +985,8 @@ impl Tracker {
 
     /// Sets every tag's peaks to its current values (say, at a level load).
     pub fn reset_peaks(&self) {
-        for c in &self.counters {
-            c.reset_peaks();
+        for (i, c) in self.counters.iter().enumerate() {
+            c.reset_peaks(self.pending(TagId(i as u32)));
         }
     }
 
@@ -1071,7 +1152,7 @@ mod tests {
                 addr: p.as_ptr() as usize
             })
         );
-        let bogus = NonNull::new(0x1234_5670 as *mut u8).unwrap();
+        let bogus = NonNull::new(std::ptr::without_provenance_mut(0x1234_5670)).unwrap();
         assert_eq!(
             t.try_dealloc(bogus),
             Err(Error::UntrackedFree { addr: 0x1234_5670 })
