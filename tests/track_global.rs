@@ -190,6 +190,7 @@ fn watch_logs_from_inside_the_allocator() {
 }
 
 #[inline(never)]
+#[allow(clippy::vec_box)] // three separate heap blocks are the point
 fn allocate_for_the_leak_report() -> Vec<Box<[u8; 300]>> {
     scope(&MESHES, || (0..3).map(|_| Box::new([0u8; 300])).collect())
 }
