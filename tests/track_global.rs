@@ -202,13 +202,20 @@ fn records_mode_leak_report() {
     t.set_mode(Mode::Stacks { depth: 8 });
     let kept = allocate_for_the_leak_report();
     let report = t.leak_report();
-    let group = report
+    let meshes: Vec<_> = report
         .groups
         .iter()
-        .find(|g| g.tag_name == "global-Meshes" && g.count == 3)
-        .expect("the three boxes form one group");
-    assert_eq!(group.bytes, 900);
-    if !cfg!(miri) {
+        .filter(|g| g.tag_name == "global-Meshes")
+        .collect();
+    if cfg!(miri) {
+        // No stacks under Miri: every Meshes block shares the allocator's site.
+        assert!(meshes.iter().any(|g| g.count >= 3 && g.bytes >= 900));
+    } else {
+        let group = meshes
+            .iter()
+            .find(|g| g.count == 3)
+            .expect("the three boxes form one group");
+        assert_eq!(group.bytes, 900);
         let text = report.to_string();
         assert!(text.contains("allocate_for_the_leak_report"), "{text}");
     }
