@@ -3,6 +3,7 @@
 use std::fmt;
 use std::panic::Location;
 
+use super::record::FLAG_GLOBAL_ALLOC;
 use super::scope::Reentry;
 use super::stack_trace::StackTrace;
 use super::stats::TagStats;
@@ -167,9 +168,10 @@ pub struct LeakGroup {
     pub tag: TagId,
     /// The tag's name.
     pub tag_name: &'static str,
-    /// Where the allocations were made (for [`TrackingAllocator`](super::TrackingAllocator)
-    /// blocks: the allocator; see `stack`).
-    pub site: &'static Location<'static>,
+    /// Where the allocations were made (`#[track_caller]` site of [`Tracker::alloc`] or
+    /// [`Tracker::track`]); `None` for [`TrackingAllocator`](super::TrackingAllocator)
+    /// blocks, whose callers only the `stack` shows.
+    pub site: Option<&'static Location<'static>>,
     /// The allocation stack, in [`Mode::Stacks`].
     pub stack: Option<StackTrace>,
     /// How many allocations.
@@ -215,6 +217,29 @@ impl LeakReport {
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }
+
+    /// Keeps only the groups `keep` accepts, and recomputes the totals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{Mode, TagId, Tracker};
+    ///
+    /// let tracker = Tracker::with_mode(Mode::Records);
+    /// let mine = tracker.tag_named("Mine");
+    /// let (a, b) = ([0u8; 1], [0u8; 1]);
+    /// tracker.track(a.as_ptr(), 10, mine);
+    /// tracker.track(b.as_ptr(), 20, TagId::UNTAGGED);
+    /// let mut report = tracker.leak_report();
+    /// report.retain(|g| g.tag == mine);
+    /// assert_eq!((report.total_count, report.total_bytes), (1, 10));
+    /// # tracker.untrack(a.as_ptr()); tracker.untrack(b.as_ptr());
+    /// ```
+    pub fn retain(&mut self, keep: impl FnMut(&LeakGroup) -> bool) {
+        self.groups.retain(keep);
+        self.total_count = self.groups.iter().map(|g| g.count).sum();
+        self.total_bytes = self.groups.iter().map(|g| g.bytes).sum();
+    }
 }
 
 impl fmt::Display for LeakReport {
@@ -228,15 +253,18 @@ impl fmt::Display for LeakReport {
             self.groups.len()
         )?;
         for (i, g) in self.groups.iter().enumerate() {
-            writeln!(
+            write!(
                 f,
-                "#{} {} in {} allocation(s), tag {}, site {}",
+                "#{} {} in {} allocation(s), tag {}",
                 i + 1,
                 Bytes(g.bytes),
                 g.count,
-                g.tag_name,
-                g.site
+                g.tag_name
             )?;
+            match g.site {
+                Some(site) => writeln!(f, ", site {site}")?,
+                None => writeln!(f, ", via the global allocator")?,
+            }
             if let Some(stack) = &g.stack {
                 write!(f, "{stack}")?;
             }
@@ -299,7 +327,7 @@ impl Tracker {
                 groups.push(LeakGroup {
                     tag: r.tag,
                     tag_name: r.tag.name(),
-                    site: r.site,
+                    site: (r.flags & FLAG_GLOBAL_ALLOC == 0).then_some(r.site),
                     stack: self.stacks.get(r.stack),
                     count: 1,
                     bytes: r.size,

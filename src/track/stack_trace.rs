@@ -9,15 +9,17 @@ use super::table::{SpinLock, SysMap, SysVec};
 /// The most frames a [`StackTrace`] holds.
 pub const MAX_STACK_DEPTH: usize = 32;
 
-/// Extra frames captured beyond the requested depth, so that the tracker's own frames
-/// (skipped when displayed) do not eat into the caller's.
-const OWN_FRAMES_SLACK: usize = 4;
+/// Extra frames captured beyond the requested depth, so that the tracker's own frames and
+/// the allocation plumbing (skipped when displayed) do not eat into the caller's. Unoptimised
+/// builds do not inline the plumbing, so they need more.
+const OWN_FRAMES_SLACK: usize = if cfg!(debug_assertions) { 12 } else { 4 };
 
 /// A call stack as raw instruction pointers; `Copy`, fixed size, never allocates.
 ///
 /// [`StackTrace::capture`] only walks the stack; symbols are looked up by `Display`, which
 /// prints one `function at file:line` per line and skips the tracker's own leading frames
-/// (and the allocator plumbing: `__rust_alloc`, `alloc::alloc`, `backtrace`).
+/// and the allocation plumbing above the caller (`__rust_alloc`, the `alloc` crate's
+/// `Vec`/`Box`/`RawVec` internals, `backtrace`).
 ///
 /// Under Miri, capture returns an empty stack.
 ///
@@ -27,7 +29,7 @@ const OWN_FRAMES_SLACK: usize = 4;
 /// use mmobject::track::StackTrace;
 ///
 /// let stack = StackTrace::capture(5);
-/// assert!(stack.len() <= 5 + 4);
+/// assert!(stack.len() <= 5 + 12);
 /// let text = stack.to_string(); // resolves symbols now
 /// # let _ = text;
 /// ```
@@ -140,19 +142,20 @@ impl StackTrace {
     }
 }
 
+/// The tracker's own frames and the allocation plumbing above the caller: skipped while
+/// they lead a stack.
 fn is_own_frame(function: &str) -> bool {
-    const OWN: [&str; 9] = [
+    const OWN: [&str; 8] = [
         "backtrace::",
         "mmobject::track::",
         "<mmobject::track::",
-        "__rust_alloc",
-        "__rust_dealloc",
-        "__rust_realloc",
+        "__rust",
         "__rg_",
-        "alloc::alloc::",
-        "<alloc::alloc::",
+        "__rdl_",
+        "alloc::",
+        "<alloc::",
     ];
-    OWN.iter().any(|p| function.starts_with(p))
+    OWN.iter().any(|p| function.starts_with(p)) || function.contains(" as alloc::")
 }
 
 /// One resolved stack frame.
