@@ -61,6 +61,12 @@ impl Header {
         self.magic_flags & MAGIC_MASK == FREED_MAGIC
     }
 
+    /// A live block that is counted, with no record and no guards.
+    #[inline]
+    pub(crate) fn is_counted_only(&self) -> bool {
+        self.magic_flags == MAGIC | H_COUNTED
+    }
+
     pub(crate) fn flags(&self) -> u32 {
         self.magic_flags & !MAGIC_MASK
     }

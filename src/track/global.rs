@@ -6,7 +6,7 @@ use std::fmt;
 use std::panic::Location;
 use std::ptr;
 
-use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
+use super::block::{self, Header, HEADER, H_COUNTED, H_GUARDED, H_RECORD};
 use super::record::{Record, FLAG_GLOBAL_ALLOC, FLAG_GUARDED};
 use super::scope::{current_tag, in_tracker};
 use super::stack_trace::NO_STACK;
@@ -188,13 +188,45 @@ impl<A: GlobalAlloc> fmt::Debug for TrackingAllocator<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let tag = if in_tracker() {
-            None
-        } else {
-            Some(current_tag())
+        if in_tracker() {
+            // SAFETY: the caller guarantees a non-zero size.
+            return unsafe { self.alloc_tagged(layout, None, false) };
+        }
+        let tag = current_tag();
+        let (mode, diag) = self.tracker.config();
+        if diag || mode.keeps_records() || layout.align() > HEADER {
+            // SAFETY: the caller guarantees a non-zero size.
+            return unsafe { self.alloc_tagged(layout, Some(tag), false) };
+        }
+        // The counting fast path: header only, no record, no guards.
+        let watched = match self.tracker.count_alloc(tag, layout.size()) {
+            Ok(watched) => watched,
+            Err(_) => return ptr::null_mut(), // refused by the budget
         };
-        // SAFETY: the caller guarantees a non-zero size.
-        unsafe { self.alloc_tagged(layout, tag, false) }
+        let Some(block) = block::block_layout(layout, false) else {
+            self.tracker.count_free(tag, layout.size());
+            return ptr::null_mut();
+        };
+        // SAFETY: `block.outer` has a non-zero size (it includes the header).
+        let base = unsafe { self.inner.alloc(block.outer) };
+        if base.is_null() {
+            self.tracker.count_free(tag, layout.size());
+            return base;
+        }
+        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
+        let user = unsafe {
+            block::init(
+                base,
+                block,
+                layout.size(),
+                Header::new(tag.0, H_COUNTED, layout.size()),
+            )
+        };
+        if watched {
+            self.tracker
+                .watch_event("alloc", tag, layout.size(), Some(user as usize), None);
+        }
+        user
     }
 
     #[inline]
@@ -210,6 +242,76 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if !self.tracker.config().1 && layout.align() <= HEADER {
+            // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
+            // has a header.
+            let header = unsafe { block::read_header(ptr) };
+            if header.is_counted_only() {
+                // The counting fast path: no record, no guards.
+                if self.tracker.count_free(TagId(header.tag), header.size) {
+                    self.tracker.watch_event(
+                        "free",
+                        TagId(header.tag),
+                        header.size,
+                        Some(ptr as usize),
+                        None,
+                    );
+                }
+                // SAFETY: as in the general path below: the block is live and ours, and
+                // `ptr - HEADER` is the base `inner` returned for this (unguarded, align <= 16)
+                // layout.
+                unsafe {
+                    block::mark_freed(ptr);
+                    let block =
+                        block::block_layout(layout, false).expect("layout was valid at allocation");
+                    self.inner.dealloc(ptr.sub(block.prefix), block.outer);
+                }
+                return;
+            }
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.dealloc_slow(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
+        // `layout.align()` (the caller's contract for `realloc`).
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        let tag = if in_tracker() {
+            None
+        } else {
+            // SAFETY: `ptr` is live and came from this allocator (caller's contract).
+            let header = unsafe { block::read_header(ptr) };
+            // Keep the block's tag; a block allocated untracked stays Untagged from now on.
+            Some(if header.is_valid() && header.flags() & H_COUNTED != 0 {
+                TagId(header.tag)
+            } else {
+                current_tag()
+            })
+        };
+        // SAFETY: `new_layout` has a non-zero size.
+        let new = unsafe { self.alloc_tagged(new_layout, tag, false) };
+        if !new.is_null() {
+            // SAFETY: both blocks are live, distinct, and at least `min(old, new)` long.
+            unsafe {
+                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+        }
+        new
+    }
+}
+
+impl<A: GlobalAlloc> TrackingAllocator<A> {
+    /// The general free path: records, guards, diagnostics, bad frees.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn dealloc_slow(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
         let addr = ptr as usize;
         let diag = t.config().1;
@@ -269,35 +371,6 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             block::mark_freed(ptr);
             self.inner.dealloc(ptr.sub(block.prefix), block.outer);
         }
-    }
-
-    #[inline]
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
-        // `layout.align()` (the caller's contract for `realloc`).
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        let tag = if in_tracker() {
-            None
-        } else {
-            // SAFETY: `ptr` is live and came from this allocator (caller's contract).
-            let header = unsafe { block::read_header(ptr) };
-            // Keep the block's tag; a block allocated untracked stays Untagged from now on.
-            Some(if header.is_valid() && header.flags() & H_COUNTED != 0 {
-                TagId(header.tag)
-            } else {
-                current_tag()
-            })
-        };
-        // SAFETY: `new_layout` has a non-zero size.
-        let new = unsafe { self.alloc_tagged(new_layout, tag, false) };
-        if !new.is_null() {
-            // SAFETY: both blocks are live, distinct, and at least `min(old, new)` long.
-            unsafe {
-                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                self.dealloc(ptr, layout);
-            }
-        }
-        new
     }
 }
 
