@@ -51,10 +51,16 @@
 //!
 //! # Performance characteristics
 //!
-//! - Counting: one header per block and four relaxed atomic updates per allocation, two per
-//!   free, on the tag's own cache line. No lock.
+//! - Counting: a 16-byte header per block (its tag), and the allocating thread's own counter
+//!   slot (a relaxed load and store, no atomic read-modify-write), folded into the tag's
+//!   shared counters every 64 KiB / 64 allocations. No lock. Budgeted or watched tags, and
+//!   the explicit API, update the shared counters directly (exact peaks and budgets).
 //! - Records: plus one insert/remove in a 64-way sharded open-addressing table (spin lock
 //!   per shard).
+//!
+//! Measured overheads are in `TRACK_BENCH.md`. Peaks of tags counted through the per-thread
+//! slots are sampled (at flushes, snapshots and frame marks), so they can miss a short spike
+//! of under 64 KiB per thread.
 //! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern.
 //! - Diagnostics: plus 32 guard bytes per block, a free stack and a ring entry per free.
 //!

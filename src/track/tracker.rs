@@ -743,22 +743,24 @@ impl Tracker {
     pub fn try_track(&self, ptr: *const u8, size: usize, tag: TagId) -> Result<(), Error> {
         let site = Location::caller();
         self.charge_counters(tag, size, false)?;
+        let depth = self.mode().stack_depth();
+        let stack = if depth == 0 {
+            NO_STACK
+        } else {
+            let _reentry = Reentry::enter();
+            self.stacks.intern(&StackTrace::capture(depth))
+        };
         let record = Record {
             size,
             tag,
             flags: FLAG_EXTERNAL,
             site,
-            stack: NO_STACK,
+            stack,
         };
         let addr = (ptr as usize).max(2);
         if let Ok(Some(old)) = self.records.insert(addr, record) {
-            // A block tracked twice: count the old one as freed.
+            // A block tracked twice without `untrack`: count the old one as freed.
             self.counters[old.tag.index()].sub(old.size);
-        }
-        let depth = self.mode().stack_depth();
-        if depth != 0 {
-            let stack = self.stacks.intern(&StackTrace::capture(depth));
-            let _ = self.records.insert(addr, Record { stack, ..record });
         }
         if self.counters[tag.index()].watch.load(Ordering::Relaxed) {
             self.watch_event("track", tag, size, Some(addr), Some(site));
