@@ -528,3 +528,37 @@ fn four_threads_totals_are_exact() {
     assert!(tags.iter().all(|&g| t.tag_stats(g).bytes == 0));
     assert!(freed.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn reports_run_while_other_threads_allocate() {
+    let t = Tracker::with_mode(Mode::Records);
+    t.set_diagnostics(true);
+    let tag = t.tag_named("api-concurrent-report");
+    let rounds = if cfg!(miri) { 10 } else { 2_000 };
+    let writers_left = AtomicUsize::new(2);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for i in 0..rounds {
+                    let p = t.alloc(Layout::from_size_align(8 + i % 64, 8).unwrap(), tag);
+                    t.dealloc(p);
+                }
+                writers_left.fetch_sub(1, Ordering::Release);
+            });
+        }
+        s.spawn(|| loop {
+            let finished = writers_left.load(Ordering::Acquire) == 0;
+            let snap = t.snapshot();
+            assert!(snap.tag(tag).is_some());
+            let _ = t.leak_report();
+            t.frame_mark();
+            if finished {
+                break;
+            }
+            std::thread::yield_now();
+        });
+    });
+    assert_eq!(t.tag_stats(tag).bytes, 0);
+    assert_eq!(t.live_records(), 0);
+    assert_eq!(t.error_counts(), Default::default());
+}

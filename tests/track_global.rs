@@ -55,6 +55,7 @@ fn global_allocator_attributes_and_balances() {
     realloc_keeps_the_tag_and_frees_attribute_across_threads();
     four_threads_exact_totals();
     budget_error_policy_fails_try_reserve();
+    budget_callback_may_allocate();
     watch_logs_from_inside_the_allocator();
     records_mode_leak_report();
     diagnostics_catch_overruns_and_double_frees();
@@ -167,6 +168,34 @@ fn budget_error_policy_fails_try_reserve() {
     assert_eq!(stats(&LIMITED).bytes, 0);
 }
 
+static CALLBACK_TAG: Tag = Tag::new("global-Callback");
+static CALLBACK_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Runs inside the allocator, and allocates: its allocations must bypass the tracker.
+fn note_overrun(o: &mmobject::track::BudgetOverrun) {
+    CALLBACK_NOTES.lock().unwrap().push(o.to_string());
+}
+
+fn budget_callback_may_allocate() {
+    let t = Tracker::global();
+    t.set_budget(&CALLBACK_TAG, 100);
+    t.set_budget_policy(&CALLBACK_TAG, BudgetPolicy::Callback(note_overrun));
+    let v: Vec<u8> = scope(&CALLBACK_TAG, || Vec::with_capacity(500));
+    {
+        let notes = CALLBACK_NOTES.lock().unwrap();
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("'global-Callback': budget 100 bytes, 0 in use, 500 requested"));
+    }
+    assert_eq!(
+        stats(&CALLBACK_TAG).bytes,
+        500,
+        "the callback policy lets it through"
+    );
+    drop(v);
+    t.clear_budget(&CALLBACK_TAG);
+    assert_eq!(stats(&CALLBACK_TAG).bytes, 0);
+}
+
 fn watch_logs_from_inside_the_allocator() {
     let t = Tracker::global();
     t.watch(&LOGGED, true);
@@ -247,9 +276,17 @@ fn diagnostics_catch_overruns_and_double_frees() {
 }
 
 fn totals_balance() {
-    for tag in [&TEXTURES, &MESHES, &STRINGS, &MAPS, &LIMITED, &LOGGED]
-        .into_iter()
-        .chain(&THREADS)
+    for tag in [
+        &TEXTURES,
+        &MESHES,
+        &STRINGS,
+        &MAPS,
+        &LIMITED,
+        &LOGGED,
+        &CALLBACK_TAG,
+    ]
+    .into_iter()
+    .chain(&THREADS)
     {
         let st = stats(tag);
         assert_eq!((st.bytes, st.count), (0, 0), "{st:?}");
