@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::table::SpinLock;
 use crate::Error;
 
-/// The most tags a process can register, including [`UNTAGGED`].
+/// The most tags a process can register, including [`TagId::UNTAGGED`].
 pub const MAX_TAGS: usize = 256;
 
 /// The small dense id of a registered [`Tag`]; it indexes the tracker's per-tag stats.
