@@ -278,6 +278,18 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
         // `layout.align()` (the caller's contract for `realloc`).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        if !in_tracker() {
+            let (mode, diag) = self.tracker.config();
+            if !diag && !mode.keeps_records() && layout.align() <= HEADER {
+                // SAFETY: `ptr` is live and came from this allocator (caller's contract).
+                let header = unsafe { block::read_header(ptr) };
+                if header.is_counted_only() {
+                    // SAFETY: the caller's contract, passed on; the header says the block
+                    // is counted only.
+                    return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
+                }
+            }
+        }
         let tag = if in_tracker() {
             None
         } else {
@@ -304,6 +316,67 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 }
 
 impl<A: GlobalAlloc> TrackingAllocator<A> {
+    /// `realloc` of a counted-only block (header, no record, no guards, align <= 16) in
+    /// place through the inner allocator's `realloc`, keeping the block's tag.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::realloc`], and `header` is `ptr`'s header, counted only.
+    #[inline]
+    unsafe fn realloc_counted(
+        &self,
+        ptr: *mut u8,
+        layout: Layout,
+        new_layout: Layout,
+        header: Header,
+    ) -> *mut u8 {
+        let t = self.tracker;
+        let tag = TagId(header.tag);
+        let new_size = new_layout.size();
+        let watched = match t.count_alloc(tag, new_size) {
+            Ok(watched) => watched,
+            Err(_) => return ptr::null_mut(), // refused by the budget; the old block stays
+        };
+        let (Some(old_block), Some(new_block)) = (
+            block::block_layout(layout, false),
+            block::block_layout(new_layout, false),
+        ) else {
+            t.count_free(tag, new_size);
+            return ptr::null_mut();
+        };
+        debug_assert_eq!(
+            old_block.prefix, new_block.prefix,
+            "same alignment, same prefix"
+        );
+        // SAFETY: `ptr - prefix` is the base `inner` returned for `old_block.outer` (same
+        // layout, unguarded), the block is live, and the new size is non-zero and valid
+        // (`block_layout` checked it).
+        let base = unsafe {
+            self.inner.realloc(
+                ptr.sub(old_block.prefix),
+                old_block.outer,
+                new_block.outer.size(),
+            )
+        };
+        if base.is_null() {
+            t.count_free(tag, new_size);
+            return base;
+        }
+        // SAFETY: `base` is a live block of `new_block.outer`.
+        let user = unsafe {
+            block::init(
+                base,
+                new_block,
+                new_size,
+                Header::new(tag.0, H_COUNTED, new_size),
+            )
+        };
+        if t.count_free(tag, header.size) || watched {
+            t.watch_event("realloc", tag, new_size, Some(user as usize), None);
+        }
+        user
+    }
+
     /// The general free path: records, guards, diagnostics, bad frees.
     ///
     /// # Safety

@@ -300,8 +300,12 @@ impl Tracker {
         }
     }
 
-    /// Live records grouped by (tag, site, stack), largest total first.
+    /// Live records grouped by (tag, site, stack), largest total first. In diagnostic mode
+    /// it first checks the guard bytes of live blocks, like [`Tracker::snapshot`].
     pub fn leak_report(&self) -> LeakReport {
+        if self.diagnostics() {
+            let _ = self.check_guards(); // logged and counted
+        }
         let mut records = self.records.collect();
         records.sort_by_key(|(_, r)| {
             (
