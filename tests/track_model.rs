@@ -38,11 +38,17 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+fn config() -> ProptestConfig {
+    let mut config = ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 });
+    if cfg!(miri) {
+        // No file system under Miri's isolation: keep failures in memory.
+        config.failure_persistence = None;
+    }
+    config
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: if cfg!(miri) { 4 } else { 256 },
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config())]
 
     #[test]
     fn explicit_api_matches_a_model(ops in proptest::collection::vec(op(), 1..200)) {

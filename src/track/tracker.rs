@@ -1035,10 +1035,11 @@ impl Tracker {
             let hflags = H_COUNTED | H_RECORD | H_GUARDED;
             // SAFETY: the record is live and we hold its shard's lock, so its block cannot be
             // freed meanwhile (frees remove the record under this lock first); guarded
-            // records describe guarded blocks of `r.size` bytes at `addr`.
+            // records describe guarded blocks of `r.size` bytes at `addr`. The block's
+            // provenance was exposed when its address was recorded (`as usize`).
             let bad = unsafe {
                 block::damaged_bytes(
-                    addr as *const u8,
+                    std::ptr::with_exposed_provenance::<u8>(addr),
                     r.size,
                     Header::new(r.tag.0, hflags, r.size),
                 )
