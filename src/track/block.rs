@@ -1,0 +1,242 @@
+//! The layout of blocks the tracker allocates itself (through
+//! [`TrackingAllocator`](super::TrackingAllocator) or [`Tracker::alloc`](super::Tracker::alloc)):
+//!
+//! ```text
+//! base                                           user pointer
+//! | padding | front guard (16 B, diagnostics) | header (16 B) | user bytes | back guard (16 B, diagnostics) |
+//! ```
+//!
+//! The header records the tag and how the block was tracked, so a free is attributed to
+//! the tag it was allocated under whatever mode the tracker is in by then. An underrun hits
+//! the header (magic checked on free) and then the front guard; an overrun hits the back
+//! guard.
+
+use std::alloc::Layout;
+use std::ptr;
+
+/// Bytes of header before each user pointer.
+pub(crate) const HEADER: usize = 16;
+/// Bytes of each guard zone (diagnostic mode only).
+pub(crate) const GUARD: usize = 16;
+/// The guard fill byte.
+pub(crate) const GUARD_BYTE: u8 = 0xFD;
+
+const MAGIC: u32 = 0x7AC4_0000;
+const MAGIC_MASK: u32 = 0xFFFF_0000;
+const FREED_MAGIC: u32 = 0xDEAD_0000;
+
+/// The block was counted in the per-tag counters.
+pub(crate) const H_COUNTED: u32 = 1;
+/// The block has a record in the record table.
+pub(crate) const H_RECORD: u32 = 2;
+/// The block has guard zones.
+pub(crate) const H_GUARDED: u32 = 4;
+
+/// The 16 bytes right before every user pointer.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) tag: u32,
+    /// `MAGIC | H_*` bits while live.
+    magic_flags: u32,
+    pub(crate) size: usize,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
+
+impl Header {
+    pub(crate) fn new(tag: u32, flags: u32, size: usize) -> Self {
+        Header {
+            tag,
+            magic_flags: MAGIC | flags,
+            size,
+        }
+    }
+
+    pub(crate) fn is_valid(&self) -> bool {
+        self.magic_flags & MAGIC_MASK == MAGIC
+    }
+
+    pub(crate) fn was_freed(&self) -> bool {
+        self.magic_flags & MAGIC_MASK == FREED_MAGIC
+    }
+
+    /// A live block that is counted, with no record and no guards.
+    #[inline]
+    pub(crate) fn is_counted_only(&self) -> bool {
+        self.magic_flags == MAGIC | H_COUNTED
+    }
+
+    pub(crate) fn flags(&self) -> u32 {
+        self.magic_flags & !MAGIC_MASK
+    }
+}
+
+/// Where the user block sits inside the outer block, and the outer block's layout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BlockLayout {
+    pub(crate) outer: Layout,
+    /// Bytes from the outer base to the user pointer.
+    pub(crate) prefix: usize,
+}
+
+/// The outer layout for a user `layout`, or `None` on overflow.
+#[inline]
+pub(crate) fn block_layout(layout: Layout, guarded: bool) -> Option<BlockLayout> {
+    if !guarded && layout.align() <= HEADER {
+        // The common case: the header alone, 16-aligned.
+        let total = layout.size().checked_add(HEADER)?;
+        if total > isize::MAX as usize - (HEADER - 1) {
+            return None;
+        }
+        // SAFETY: `HEADER` is a power of two, and `total` rounded up to it does not
+        // overflow `isize` (checked above).
+        let outer = unsafe { Layout::from_size_align_unchecked(total, HEADER) };
+        return Some(BlockLayout {
+            outer,
+            prefix: HEADER,
+        });
+    }
+    let align = layout.align().max(HEADER);
+    let front = HEADER + if guarded { GUARD } else { 0 };
+    // Round `front` up to the alignment so the user pointer stays aligned.
+    let prefix = front.checked_add(align - 1)? & !(align - 1);
+    let total = prefix
+        .checked_add(layout.size())?
+        .checked_add(if guarded { GUARD } else { 0 })?;
+    let outer = Layout::from_size_align(total, align).ok()?;
+    Some(BlockLayout { outer, prefix })
+}
+
+/// Writes the header (and guards) into a fresh outer block; returns the user pointer.
+///
+/// # Safety
+///
+/// `base` must be valid for writes of `block.outer.size()` bytes and aligned to
+/// `block.outer.align()`, and `block` must come from `block_layout(layout, guarded)` with
+/// `size` = `layout.size()`.
+#[inline]
+pub(crate) unsafe fn init(
+    base: *mut u8,
+    block: BlockLayout,
+    size: usize,
+    header: Header,
+) -> *mut u8 {
+    // SAFETY: `prefix <= outer.size()` (caller's contract), so `user` is inside the block.
+    let user = unsafe { base.add(block.prefix) };
+    // SAFETY: `prefix >= HEADER` and `user` is aligned to at least 16, so the header slot
+    // `user - HEADER` is inside the block and aligned for `Header` (align 8).
+    unsafe { user.sub(HEADER).cast::<Header>().write(header) };
+    if header.flags() & H_GUARDED != 0 {
+        // SAFETY: with guards, `prefix >= HEADER + GUARD`, and the block has `GUARD` bytes
+        // after the user bytes (caller's contract), so both zones are inside it.
+        unsafe {
+            ptr::write_bytes(user.sub(HEADER + GUARD), GUARD_BYTE, GUARD);
+            ptr::write_bytes(user.add(size), GUARD_BYTE, GUARD);
+        }
+    }
+    user
+}
+
+/// Reads the header before a user pointer.
+///
+/// # Safety
+///
+/// `user` must be a live user pointer returned by [`init`] (the 16 bytes before it must be
+/// readable).
+#[inline]
+pub(crate) unsafe fn read_header(user: *const u8) -> Header {
+    // SAFETY: the caller guarantees the header slot is readable; it is aligned (see `init`).
+    // Every bit pattern is a valid `Header` (plain integers), so a corrupted one still reads.
+    unsafe { ptr::read(user.sub(HEADER).cast::<Header>()) }
+}
+
+/// Marks the header freed (best-effort double-free detection).
+///
+/// # Safety
+///
+/// As for [`read_header`], and the block must not be freed yet.
+#[inline]
+pub(crate) unsafe fn mark_freed(user: *mut u8) {
+    // SAFETY: the caller guarantees the header slot is live and writable; `magic_flags` is
+    // at offset 4 of the `repr(C)` header.
+    unsafe { user.sub(HEADER).add(4).cast::<u32>().write(FREED_MAGIC) };
+}
+
+/// Counts the guard and header bytes that differ from what was written.
+///
+/// # Safety
+///
+/// `user` must be a live guarded user pointer returned by [`init`] with this `size`.
+pub(crate) unsafe fn damaged_bytes(user: *const u8, size: usize, expected: Header) -> usize {
+    let mut bad = 0;
+    for i in 0..GUARD {
+        // SAFETY: both guard zones are inside the live block (see `init`); volatile because
+        // we read bytes the user should not have written.
+        unsafe {
+            bad += usize::from(ptr::read_volatile(user.sub(HEADER + GUARD).add(i)) != GUARD_BYTE);
+            bad += usize::from(ptr::read_volatile(user.add(size + i)) != GUARD_BYTE);
+        }
+    }
+    // SAFETY: the header slot is inside the live block.
+    let header = unsafe { read_header(user) };
+    let expected_bytes = header_bytes(&expected);
+    let found_bytes = header_bytes(&header);
+    bad + expected_bytes
+        .iter()
+        .zip(found_bytes.iter())
+        .filter(|(a, b)| a != b)
+        .count()
+}
+
+fn header_bytes(h: &Header) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..4].copy_from_slice(&h.tag.to_ne_bytes());
+    out[4..8].copy_from_slice(&h.magic_flags.to_ne_bytes());
+    out[8..8 + std::mem::size_of::<usize>()].copy_from_slice(&h.size.to_ne_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::alloc::{GlobalAlloc, System};
+
+    #[test]
+    fn layouts_keep_alignment() {
+        for align in [1, 8, 16, 64, 4096] {
+            for guarded in [false, true] {
+                let l = Layout::from_size_align(24, align).unwrap();
+                let b = block_layout(l, guarded).unwrap();
+                assert_eq!(b.prefix % align, 0);
+                assert!(b.prefix >= HEADER + if guarded { GUARD } else { 0 });
+                assert!(b.outer.size() >= b.prefix + 24 + if guarded { GUARD } else { 0 });
+            }
+        }
+    }
+
+    #[test]
+    fn guards_detect_damage() {
+        let l = Layout::from_size_align(10, 8).unwrap();
+        let b = block_layout(l, true).unwrap();
+        // SAFETY: non-zero size.
+        let base = unsafe { System.alloc(b.outer) };
+        assert!(!base.is_null());
+        let h = Header::new(3, H_COUNTED | H_GUARDED, 10);
+        // SAFETY: `base` is a fresh block of `b.outer`.
+        let user = unsafe { init(base, b, 10, h) };
+        // SAFETY: `user` is live and guarded with size 10.
+        unsafe {
+            assert_eq!(read_header(user), h);
+            assert_eq!(damaged_bytes(user, 10, h), 0);
+            user.add(10).write(0);
+            user.add(11).write(0);
+            assert_eq!(damaged_bytes(user, 10, h), 2);
+            user.sub(1).write(0x55);
+            assert_eq!(damaged_bytes(user, 10, h), 3);
+            mark_freed(user);
+            assert!(read_header(user).was_freed());
+            System.dealloc(base, b.outer);
+        }
+    }
+}

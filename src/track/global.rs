@@ -1,0 +1,515 @@
+//! [`TrackingAllocator`]: a `GlobalAlloc` wrapper that attributes every heap allocation to
+//! the tag in scope.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::fmt;
+use std::panic::Location;
+use std::ptr;
+
+use super::block::{self, Header, HEADER, H_COUNTED, H_GUARDED, H_RECORD};
+use super::record::{Record, FLAG_GLOBAL_ALLOC, FLAG_GUARDED};
+use super::scope::{current_tag, in_tracker};
+use super::stack_trace::NO_STACK;
+use super::tag::TagId;
+use super::tracker::Tracker;
+
+/// A [`GlobalAlloc`] that wraps another allocator and reports every allocation to a
+/// [`Tracker`] (by default [`Tracker::global()`]), under the tag in scope on the
+/// allocating thread.
+///
+/// Each block gets a 16-byte header (the tag and how the block was tracked), so a free is
+/// attributed to the tag it was allocated under, from any thread, and `realloc` keeps the
+/// block's tag. In [`Mode::Records`](super::Mode::Records) / `Stacks` each block also gets a
+/// record (its site is the allocator; use `Stacks` to see callers); in diagnostic mode,
+/// guard bytes too.
+///
+/// Re-entry is impossible: the tracker's tables use [`System`] directly, and while the
+/// tracker runs code that may allocate (logging, budget callbacks, symbol resolution) a
+/// const-initialised thread-local flag sends those allocations straight to the inner
+/// allocator, untracked.
+///
+/// Budget policies inside the allocator: `Error` makes the allocation return null
+/// (`Vec::try_reserve` sees an error; other allocations abort via `handle_alloc_error`);
+/// `Panic` logs and aborts, since a global allocator must not unwind.
+///
+/// # Examples
+///
+/// ```
+/// use mmobject::track::{Tag, Tracker, TrackingAllocator};
+/// use std::alloc::System;
+///
+/// #[global_allocator]
+/// static ALLOC: TrackingAllocator<System> = TrackingAllocator::new(System);
+///
+/// static LEVEL: Tag = Tag::new("Level");
+/// let before = Tracker::global().tag_stats(&LEVEL).bytes;
+/// let v: Vec<u8> = mmobject::track::scope(&LEVEL, || Vec::with_capacity(1000));
+/// assert_eq!(Tracker::global().tag_stats(&LEVEL).bytes, before + 1000);
+/// drop(v);
+/// assert_eq!(Tracker::global().tag_stats(&LEVEL).bytes, before);
+/// ```
+pub struct TrackingAllocator<A: GlobalAlloc = System> {
+    inner: A,
+    tracker: &'static Tracker,
+}
+
+impl<A: GlobalAlloc> TrackingAllocator<A> {
+    /// Wraps `inner`, reporting into [`Tracker::global()`].
+    pub const fn new(inner: A) -> Self {
+        Self {
+            inner,
+            tracker: Tracker::global(),
+        }
+    }
+
+    /// Wraps `inner`, reporting into `tracker`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{Tracker, TrackingAllocator};
+    /// use std::alloc::{GlobalAlloc, Layout, System};
+    ///
+    /// static TRACKER: Tracker = Tracker::new();
+    /// let alloc = TrackingAllocator::with_tracker(System, &TRACKER);
+    /// let layout = Layout::new::<[u8; 32]>();
+    /// // SAFETY (of the example): non-zero layout; freed once with the same layout.
+    /// unsafe {
+    ///     let p = alloc.alloc(layout);
+    ///     assert!(!p.is_null());
+    ///     alloc.dealloc(p, layout);
+    /// }
+    /// ```
+    pub const fn with_tracker(inner: A, tracker: &'static Tracker) -> Self {
+        Self { inner, tracker }
+    }
+
+    /// The wrapped allocator.
+    pub fn inner(&self) -> &A {
+        &self.inner
+    }
+
+    /// The tracker this allocator reports into.
+    pub fn tracker(&self) -> &'static Tracker {
+        self.tracker
+    }
+
+    /// Allocates under `tag` (`None`: untracked, for re-entrant calls).
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline]
+    unsafe fn alloc_tagged(&self, layout: Layout, tag: Option<TagId>, zeroed: bool) -> *mut u8 {
+        let t = self.tracker;
+        let (hflags, guarded, depth, record) = match tag {
+            None => (0, false, 0, false),
+            Some(_) => {
+                let (mode, diag) = t.config();
+                let record = mode.keeps_records() || diag;
+                let mut f = H_COUNTED;
+                if record {
+                    f |= H_RECORD;
+                }
+                if diag {
+                    f |= H_GUARDED;
+                }
+                (f, diag, mode.stack_depth(), record)
+            }
+        };
+        let Some(block) = block::block_layout(layout, guarded) else {
+            return ptr::null_mut();
+        };
+        let mut watched = false;
+        if let Some(tag) = tag {
+            match t.count_alloc(tag, layout.size()) {
+                Ok(w) => watched = w,
+                Err(_) => return ptr::null_mut(),
+            }
+        }
+        let base = if zeroed {
+            // SAFETY: `block.outer` has a non-zero size (it includes the header).
+            unsafe { self.inner.alloc_zeroed(block.outer) }
+        } else {
+            // SAFETY: as above.
+            unsafe { self.inner.alloc(block.outer) }
+        };
+        if base.is_null() {
+            if let Some(tag) = tag {
+                t.uncount(tag, layout.size(), 0);
+            }
+            return ptr::null_mut();
+        }
+        let tag_id = tag.unwrap_or(TagId::UNTAGGED);
+        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, guarded)`.
+        let user = unsafe {
+            block::init(
+                base,
+                block,
+                layout.size(),
+                Header::new(tag_id.0, hflags, layout.size()),
+            )
+        };
+        if record {
+            let site = Location::caller();
+            let flags = FLAG_GLOBAL_ALLOC | if guarded { FLAG_GUARDED } else { 0 };
+            t.add_record(
+                user as usize,
+                Record {
+                    size: layout.size(),
+                    tag: tag_id,
+                    flags,
+                    site,
+                    stack: NO_STACK,
+                },
+                depth,
+            );
+        }
+        if watched {
+            t.watch_event("alloc", tag_id, layout.size(), Some(user as usize), None);
+        }
+        user
+    }
+}
+
+impl<A: GlobalAlloc> fmt::Debug for TrackingAllocator<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TrackingAllocator")
+            .field("tracker", self.tracker)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: every block comes from `inner` with an outer layout that contains the user block
+// at `prefix` (aligned to the user alignment, see `block::block_layout`), and is returned to
+// `inner` with that same outer layout, recomputed from the user layout and the header's
+// guard flag; blocks whose header or record says they are not live are leaked, never freed
+// twice.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if in_tracker() {
+            // SAFETY: the caller guarantees a non-zero size.
+            return unsafe { self.alloc_tagged(layout, None, false) };
+        }
+        let tag = current_tag();
+        let (mode, diag) = self.tracker.config();
+        if diag || mode.keeps_records() || layout.align() > HEADER {
+            // SAFETY: the caller guarantees a non-zero size.
+            return unsafe { self.alloc_tagged(layout, Some(tag), false) };
+        }
+        // The counting fast path: header only, no record, no guards.
+        let watched = match self.tracker.count_alloc(tag, layout.size()) {
+            Ok(watched) => watched,
+            Err(_) => return ptr::null_mut(), // refused by the budget
+        };
+        let Some(block) = block::block_layout(layout, false) else {
+            self.tracker.count_free(tag, layout.size());
+            return ptr::null_mut();
+        };
+        // SAFETY: `block.outer` has a non-zero size (it includes the header).
+        let base = unsafe { self.inner.alloc(block.outer) };
+        if base.is_null() {
+            self.tracker.count_free(tag, layout.size());
+            return base;
+        }
+        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
+        let user = unsafe {
+            block::init(
+                base,
+                block,
+                layout.size(),
+                Header::new(tag.0, H_COUNTED, layout.size()),
+            )
+        };
+        if watched {
+            self.tracker
+                .watch_event("alloc", tag, layout.size(), Some(user as usize), None);
+        }
+        user
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let tag = if in_tracker() {
+            None
+        } else {
+            Some(current_tag())
+        };
+        // SAFETY: the caller guarantees a non-zero size.
+        unsafe { self.alloc_tagged(layout, tag, true) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if !self.tracker.config().1 && layout.align() <= HEADER {
+            // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
+            // has a header.
+            let header = unsafe { block::read_header(ptr) };
+            if header.is_counted_only() {
+                // The counting fast path: no record, no guards.
+                if self.tracker.count_free(TagId(header.tag), header.size) {
+                    self.tracker.watch_event(
+                        "free",
+                        TagId(header.tag),
+                        header.size,
+                        Some(ptr as usize),
+                        None,
+                    );
+                }
+                // SAFETY: as in the general path below: the block is live and ours, and
+                // `ptr - HEADER` is the base `inner` returned for this (unguarded, align <= 16)
+                // layout.
+                unsafe {
+                    block::mark_freed(ptr);
+                    let block =
+                        block::block_layout(layout, false).expect("layout was valid at allocation");
+                    self.inner.dealloc(ptr.sub(block.prefix), block.outer);
+                }
+                return;
+            }
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.dealloc_slow(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
+        // `layout.align()` (the caller's contract for `realloc`).
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        if !in_tracker() {
+            let (mode, diag) = self.tracker.config();
+            if !diag && !mode.keeps_records() && layout.align() <= HEADER {
+                // SAFETY: `ptr` is live and came from this allocator (caller's contract).
+                let header = unsafe { block::read_header(ptr) };
+                if header.is_counted_only() {
+                    // SAFETY: the caller's contract, passed on; the header says the block
+                    // is counted only.
+                    return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
+                }
+            }
+        }
+        let tag = if in_tracker() {
+            None
+        } else {
+            // SAFETY: `ptr` is live and came from this allocator (caller's contract).
+            let header = unsafe { block::read_header(ptr) };
+            // Keep the block's tag; a block allocated untracked stays Untagged from now on.
+            Some(if header.is_valid() && header.flags() & H_COUNTED != 0 {
+                TagId(header.tag)
+            } else {
+                current_tag()
+            })
+        };
+        // SAFETY: `new_layout` has a non-zero size.
+        let new = unsafe { self.alloc_tagged(new_layout, tag, false) };
+        if !new.is_null() {
+            // SAFETY: both blocks are live, distinct, and at least `min(old, new)` long.
+            unsafe {
+                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+        }
+        new
+    }
+}
+
+impl<A: GlobalAlloc> TrackingAllocator<A> {
+    /// `realloc` of a counted-only block (header, no record, no guards, align <= 16) in
+    /// place through the inner allocator's `realloc`, keeping the block's tag.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::realloc`], and `header` is `ptr`'s header, counted only.
+    #[inline]
+    unsafe fn realloc_counted(
+        &self,
+        ptr: *mut u8,
+        layout: Layout,
+        new_layout: Layout,
+        header: Header,
+    ) -> *mut u8 {
+        let t = self.tracker;
+        let tag = TagId(header.tag);
+        let new_size = new_layout.size();
+        let watched = match t.count_alloc(tag, new_size) {
+            Ok(watched) => watched,
+            Err(_) => return ptr::null_mut(), // refused by the budget; the old block stays
+        };
+        let (Some(old_block), Some(new_block)) = (
+            block::block_layout(layout, false),
+            block::block_layout(new_layout, false),
+        ) else {
+            t.count_free(tag, new_size);
+            return ptr::null_mut();
+        };
+        debug_assert_eq!(
+            old_block.prefix, new_block.prefix,
+            "same alignment, same prefix"
+        );
+        // SAFETY: `ptr - prefix` is the base `inner` returned for `old_block.outer` (same
+        // layout, unguarded), the block is live, and the new size is non-zero and valid
+        // (`block_layout` checked it).
+        let base = unsafe {
+            self.inner.realloc(
+                ptr.sub(old_block.prefix),
+                old_block.outer,
+                new_block.outer.size(),
+            )
+        };
+        if base.is_null() {
+            t.count_free(tag, new_size);
+            return base;
+        }
+        // SAFETY: `base` is a live block of `new_block.outer`.
+        let user = unsafe {
+            block::init(
+                base,
+                new_block,
+                new_size,
+                Header::new(tag.0, H_COUNTED, new_size),
+            )
+        };
+        if t.count_free(tag, header.size) || watched {
+            t.watch_event("realloc", tag, new_size, Some(user as usize), None);
+        }
+        user
+    }
+
+    /// The general free path: records, guards, diagnostics, bad frees.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn dealloc_slow(&self, ptr: *mut u8, layout: Layout) {
+        let t = self.tracker;
+        let addr = ptr as usize;
+        let diag = t.config().1;
+        let mut record = None;
+        if diag {
+            // Look the pointer up before touching its memory.
+            record = t.take_record(addr, true);
+            if record.is_none() && t.recently_freed(addr) {
+                let _ = t.bad_free(addr);
+                return; // leak rather than free twice
+            }
+        }
+        // SAFETY: the caller guarantees `ptr` came from this allocator (so it has a header)
+        // and is live; a block freed before is caught above in diagnostic mode.
+        let header = unsafe { block::read_header(ptr) };
+        if !header.is_valid() {
+            if header.was_freed() {
+                let _ = t.double_free_by_header(addr);
+            } else {
+                let _ = t.untracked_free(addr);
+            }
+            return; // leak: we cannot know the block's real layout
+        }
+        let flags = header.flags();
+        if flags & H_RECORD != 0 {
+            if record.is_none() {
+                record = t.take_record(addr, false);
+                if record.is_none() {
+                    let _ = t.double_free_by_header(addr);
+                    return;
+                }
+            }
+        } else if flags & H_COUNTED != 0 {
+            t.uncount(TagId(header.tag), header.size, addr);
+        }
+        let guarded = flags & H_GUARDED != 0;
+        if guarded {
+            // SAFETY: the header says the block is guarded and of `header.size` bytes, and it
+            // is live (the caller's contract).
+            let bad = unsafe {
+                block::damaged_bytes(
+                    ptr,
+                    header.size,
+                    Header::new(header.tag, flags, header.size),
+                )
+            };
+            if bad != 0 {
+                let site = record.map(|r| r.site).unwrap_or_else(Location::caller);
+                let _ = t.overrun(addr, header.size, bad, site);
+            }
+        }
+        let block = block::block_layout(layout, guarded).expect("layout was valid at allocation");
+        // SAFETY: the block is live and ours to free: we hold the only claim to it (its
+        // record, if any, was removed above), and `ptr - prefix` is the base `inner`
+        // returned for `block.outer` (same layout and guard flag as at allocation).
+        unsafe {
+            block::mark_freed(ptr);
+            self.inner.dealloc(ptr.sub(block.prefix), block.outer);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::track::{Mode, Tag};
+
+    static T_COUNT: Tracker = Tracker::new();
+    static T_REC: Tracker = Tracker::with_mode(Mode::Records);
+    static T_DIAG: Tracker = Tracker::with_mode(Mode::Records);
+
+    fn roundtrip(t: &'static Tracker, tag: &Tag) {
+        let a = TrackingAllocator::with_tracker(System, t);
+        let _g = tag.enter();
+        for align in [1usize, 8, 32, 256] {
+            let l = Layout::from_size_align(24, align).unwrap();
+            // SAFETY: non-zero layouts, each freed once with its layout.
+            unsafe {
+                let p = a.alloc(l);
+                assert!(!p.is_null());
+                assert_eq!(p as usize % align, 0);
+                p.write_bytes(7, 24);
+                assert_eq!(t.tag_stats(tag).bytes, 24);
+                let q = a.realloc(p, l, 100);
+                assert_eq!(q.read(), 7);
+                assert_eq!(t.tag_stats(tag).bytes, 100);
+                a.dealloc(q, Layout::from_size_align(100, align).unwrap());
+                let z = a.alloc_zeroed(l);
+                assert_eq!(z.add(23).read(), 0);
+                a.dealloc(z, l);
+            }
+        }
+        assert_eq!(t.tag_stats(tag).bytes, 0);
+        assert_eq!(t.tag_stats(tag).count, 0);
+    }
+
+    #[test]
+    fn counting_roundtrip() {
+        static TAG: Tag = Tag::new("global-unit-counting");
+        roundtrip(&T_COUNT, &TAG);
+    }
+
+    #[test]
+    fn records_roundtrip() {
+        static TAG: Tag = Tag::new("global-unit-records");
+        roundtrip(&T_REC, &TAG);
+        assert_eq!(T_REC.live_records(), 0);
+    }
+
+    #[test]
+    fn diagnostics_roundtrip_and_overrun() {
+        static TAG: Tag = Tag::new("global-unit-diag");
+        T_DIAG.set_diagnostics(true);
+        roundtrip(&T_DIAG, &TAG);
+        let a = TrackingAllocator::with_tracker(System, &T_DIAG);
+        let l = Layout::new::<[u8; 8]>();
+        // SAFETY: an 8-byte block, overrun by one byte into its guard on purpose, then
+        // freed once; the second free is caught before the memory is touched.
+        unsafe {
+            let p = a.alloc(l);
+            p.add(8).write(0);
+            a.dealloc(p, l);
+            assert_eq!(T_DIAG.error_counts().buffer_overruns, 1);
+            a.dealloc(p, l);
+            assert_eq!(T_DIAG.error_counts().double_frees, 1);
+        }
+    }
+}

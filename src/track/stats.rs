@@ -1,0 +1,237 @@
+//! Per-tag counters (atomics, updated on every allocation) and their snapshot.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use super::tag::TagId;
+
+/// No budget set.
+pub(crate) const NO_BUDGET: usize = usize::MAX;
+
+/// One tag's live counters. Padded to a cache line so tags used by different threads do
+/// not share lines.
+///
+/// Invariants: `peak_bytes >= bytes` and `peak_count >= count` at every quiescent point
+/// (updated with relaxed `fetch_max` right after the add, so a concurrent reader can see
+/// the add before the peak catches up).
+#[repr(align(64))]
+#[derive(Debug)]
+pub(crate) struct TagCounters {
+    pub(crate) bytes: AtomicUsize,
+    pub(crate) peak_bytes: AtomicUsize,
+    pub(crate) count: AtomicUsize,
+    pub(crate) peak_count: AtomicUsize,
+    /// Allocations ever counted (never decreases).
+    pub(crate) total_count: AtomicU64,
+    /// The budget in bytes, or `NO_BUDGET`.
+    pub(crate) budget: AtomicUsize,
+    /// `true` once a Log-policy warning went out, until use drops back under the budget.
+    pub(crate) warned: AtomicBool,
+    /// Log every allocation and free of this tag.
+    pub(crate) watch: AtomicBool,
+    /// `budget` is set or `watch` is on: the allocator must take the exact (shared) path.
+    pub(crate) slow: AtomicBool,
+}
+
+impl TagCounters {
+    pub(crate) const fn new() -> Self {
+        Self {
+            bytes: AtomicUsize::new(0),
+            peak_bytes: AtomicUsize::new(0),
+            count: AtomicUsize::new(0),
+            peak_count: AtomicUsize::new(0),
+            total_count: AtomicU64::new(0),
+            budget: AtomicUsize::new(NO_BUDGET),
+            warned: AtomicBool::new(false),
+            watch: AtomicBool::new(false),
+            slow: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts one allocation of `size` bytes (no budget check).
+    #[inline]
+    pub(crate) fn add(&self, size: usize) {
+        let bytes = self
+            .bytes
+            .fetch_add(size, Ordering::Relaxed)
+            .wrapping_add(size);
+        if bytes > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(bytes, Ordering::Relaxed);
+        }
+        let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        if count > self.peak_count.load(Ordering::Relaxed) {
+            self.peak_count.fetch_max(count, Ordering::Relaxed);
+        }
+        self.total_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one free of `size` bytes.
+    #[inline]
+    pub(crate) fn sub(&self, size: usize) {
+        // May wrap below zero for a while: the matching allocation can still be pending in
+        // another thread's slot.
+        let before = self.bytes.fetch_sub(size, Ordering::Relaxed);
+        self.count.fetch_sub(1, Ordering::Relaxed);
+        if self.warned.load(Ordering::Relaxed)
+            && (before.wrapping_sub(size) as isize) <= self.budget.load(Ordering::Relaxed) as isize
+        {
+            self.warned.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Folds deltas from a thread slot into the shared counters.
+    pub(crate) fn fold(&self, bytes: isize, count: isize, allocs: isize) {
+        let b = self
+            .bytes
+            .fetch_add(bytes as usize, Ordering::Relaxed)
+            .wrapping_add(bytes as usize);
+        if bytes > 0 && (b as isize) > 0 && b > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(b, Ordering::Relaxed);
+        }
+        let n = self
+            .count
+            .fetch_add(count as usize, Ordering::Relaxed)
+            .wrapping_add(count as usize);
+        if count > 0 && (n as isize) > 0 && n > self.peak_count.load(Ordering::Relaxed) {
+            self.peak_count.fetch_max(n, Ordering::Relaxed);
+        }
+        self.total_count.fetch_add(allocs as u64, Ordering::Relaxed);
+    }
+
+    /// Current `(bytes, count)` including deltas still pending in thread slots; also raises
+    /// the peaks to them.
+    pub(crate) fn current(&self, pending: (isize, isize, isize)) -> (usize, usize) {
+        let b = (self.bytes.load(Ordering::Relaxed) as isize)
+            .wrapping_add(pending.0)
+            .max(0) as usize;
+        let n = (self.count.load(Ordering::Relaxed) as isize)
+            .wrapping_add(pending.1)
+            .max(0) as usize;
+        self.peak_bytes.fetch_max(b, Ordering::Relaxed);
+        self.peak_count.fetch_max(n, Ordering::Relaxed);
+        (b, n)
+    }
+
+    pub(crate) fn snapshot(
+        &self,
+        tag: TagId,
+        name: &'static str,
+        pending: (isize, isize, isize),
+    ) -> TagStats {
+        let budget = self.budget.load(Ordering::Relaxed);
+        let (bytes, count) = self.current(pending);
+        TagStats {
+            id: tag.0,
+            name,
+            bytes,
+            peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
+            count,
+            peak_count: self.peak_count.load(Ordering::Relaxed),
+            total_count: self.total_count.load(Ordering::Relaxed) + pending.2 as u64,
+            budget: (budget != NO_BUDGET).then_some(budget),
+            watched: self.watch.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn reset_peaks(&self, pending: (isize, isize, isize)) {
+        self.peak_bytes.store(0, Ordering::Relaxed);
+        self.peak_count.store(0, Ordering::Relaxed);
+        self.current(pending);
+    }
+}
+
+/// One tag's numbers at the moment of a [`Tracker::snapshot`](super::Tracker::snapshot).
+///
+/// Each field is read atomically, but the fields are not read as one transaction: a
+/// snapshot taken while other threads allocate can pair a count with a slightly newer byte
+/// total.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TagStats {
+    /// The tag's dense id ([`TagId::index`]).
+    pub id: u32,
+    /// The tag's name.
+    pub name: &'static str,
+    /// Bytes in use now.
+    pub bytes: usize,
+    /// The most bytes ever in use at once (since the last peak reset).
+    pub peak_bytes: usize,
+    /// Live allocations now.
+    pub count: usize,
+    /// The most live allocations ever at once.
+    pub peak_count: usize,
+    /// Allocations ever counted.
+    pub total_count: u64,
+    /// The budget in bytes, if one is set.
+    pub budget: Option<usize>,
+    /// Whether allocations of this tag are logged.
+    pub watched: bool,
+}
+
+impl TagStats {
+    /// The tag's id.
+    pub fn tag(&self) -> TagId {
+        TagId(self.id)
+    }
+
+    /// Current use as a percentage of the budget, if one is set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{Tracker, Tag};
+    ///
+    /// static SOUNDS: Tag = Tag::new("Sounds");
+    /// let tracker = Tracker::new();
+    /// tracker.set_budget(&SOUNDS, 200);
+    /// tracker.try_charge(SOUNDS.id(), 50)?;
+    /// assert_eq!(tracker.tag_stats(&SOUNDS).budget_percent(), Some(25.0));
+    /// # Ok::<(), mmobject::Error>(())
+    /// ```
+    pub fn budget_percent(&self) -> Option<f64> {
+        self.budget.map(|b| {
+            if b == 0 {
+                if self.bytes == 0 {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            } else {
+                self.bytes as f64 * 100.0 / b as f64
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_sub_tracks_peaks() {
+        let c = TagCounters::new();
+        c.add(10);
+        c.add(30);
+        c.sub(10);
+        let s = c.snapshot(TagId(0), "x", (0, 0, 0));
+        assert_eq!(
+            (s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count),
+            (30, 40, 1, 2, 2)
+        );
+        c.reset_peaks((0, 0, 0));
+        let s = c.snapshot(TagId(0), "x", (5, 1, 1));
+        assert_eq!((s.bytes, s.count, s.total_count), (35, 2, 3));
+        assert_eq!((s.peak_bytes, s.peak_count), (35, 2));
+    }
+
+    #[test]
+    fn fold_applies_slot_deltas() {
+        let c = TagCounters::new();
+        c.fold(100, 2, 2);
+        c.fold(-60, -1, 0);
+        let s = c.snapshot(TagId(0), "x", (0, 0, 0));
+        assert_eq!(
+            (s.bytes, s.peak_bytes, s.count, s.total_count),
+            (40, 100, 1, 2)
+        );
+    }
+}

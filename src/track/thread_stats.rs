@@ -1,0 +1,252 @@
+//! Per-thread counter slots: the allocator's fast path.
+//!
+//! An atomic read-modify-write costs several times a `malloc` on the machines we measure,
+//! so the [`TrackingAllocator`](super::TrackingAllocator)'s counting goes to a slot owned
+//! by the allocating thread: a relaxed load and store (plain moves), no lock prefix. The
+//! owner folds its slot's deltas into the tag's shared counters once they exceed
+//! `FLUSH_BYTES` or `FLUSH_COUNT`; readers add the shared counters and every slot, so a
+//! quiescent total is exact.
+//!
+//! A slot is owned by the thread whose token (the address of a thread-local) it holds.
+//! Addresses of thread-locals are unique among live threads, and a new thread can only get
+//! a dead thread's address after that thread is gone, so adopting a slot with our token
+//! never races with its previous owner. Slots are allocated from `System` on first use and
+//! freed with the tracker. A thread that finds no slot (more than `MAX_SLOTS` threads)
+//! uses the shared atomics.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fmt;
+use std::ptr;
+use std::sync::atomic::{AtomicIsize, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+use super::tag::MAX_TAGS;
+
+/// The most thread slots per tracker.
+pub(crate) const MAX_SLOTS: usize = if cfg!(miri) { 4 } else { 64 };
+/// Fold a slot's byte delta for a tag into the shared counter beyond this.
+pub(crate) const FLUSH_BYTES: isize = 64 << 10;
+/// Fold a slot's count delta for a tag into the shared counter beyond this.
+pub(crate) const FLUSH_COUNT: isize = 64;
+
+/// One thread's pending deltas. Invariant: only the owning thread (`owner`) stores to
+/// `bytes` and `count`; anyone may load them.
+pub(crate) struct ThreadSlot {
+    owner: AtomicUsize,
+    pub(crate) bytes: [AtomicIsize; MAX_TAGS],
+    pub(crate) count: [AtomicIsize; MAX_TAGS],
+    /// Allocations counted here (only grows; folded into `total_count` on flush).
+    pub(crate) allocs: [AtomicIsize; MAX_TAGS],
+}
+
+static NEXT_TRACKER_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// `(tracker id, slot)` of the last tracker this thread counted into.
+    static CACHE: Cell<(u64, *const ThreadSlot)> = const { Cell::new((0, ptr::null())) };
+    /// Its address is this thread's token.
+    static TOKEN: u8 = const { 0 };
+}
+
+/// A tracker's thread slots.
+///
+/// Invariants: `slots[i]` is null or points to a zero-initialised `ThreadSlot` allocated by
+/// `System`, set once and freed only in `Drop`; `id` is 0 or a process-unique id, so a
+/// thread's cached slot pointer can never be matched to another tracker.
+pub(crate) struct ThreadSlots {
+    id: AtomicU64,
+    slots: [AtomicPtr<ThreadSlot>; MAX_SLOTS],
+}
+
+impl ThreadSlots {
+    pub(crate) const fn new() -> Self {
+        Self {
+            id: AtomicU64::new(0),
+            slots: [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SLOTS],
+        }
+    }
+
+    /// This thread's slot, if it has or can get one.
+    #[inline]
+    pub(crate) fn slot(&self) -> Option<&ThreadSlot> {
+        let id = self.id.load(Ordering::Relaxed);
+        if id != 0 {
+            if let Ok((cached_id, p)) = CACHE.try_with(Cell::get) {
+                if cached_id == id && !p.is_null() {
+                    // SAFETY: the cache holds a slot of the tracker with this unique id, which
+                    // is alive (we borrow it); its slots live as long as it does.
+                    return Some(unsafe { &*p });
+                }
+            }
+        }
+        self.slot_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn slot_slow(&self) -> Option<&ThreadSlot> {
+        let mut id = self.id.load(Ordering::Relaxed);
+        if id == 0 {
+            let fresh = NEXT_TRACKER_ID.fetch_add(1, Ordering::Relaxed);
+            id = match self
+                .id
+                .compare_exchange(0, fresh, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => fresh,
+                Err(existing) => existing,
+            };
+        }
+        let token = TOKEN.try_with(|t| t as *const u8 as usize).ok()?;
+        let layout = Layout::new::<ThreadSlot>();
+        for cell in &self.slots {
+            let mut p = cell.load(Ordering::Acquire);
+            if p.is_null() {
+                // SAFETY: `ThreadSlot` has a non-zero size; all-zero bytes are a valid
+                // `ThreadSlot` (atomics of zero).
+                let fresh = unsafe { System.alloc_zeroed(layout) }.cast::<ThreadSlot>();
+                if fresh.is_null() {
+                    return None;
+                }
+                // SAFETY: `fresh` is a valid, unshared slot.
+                unsafe { (*fresh).owner.store(token, Ordering::Relaxed) };
+                match cell.compare_exchange(
+                    ptr::null_mut(),
+                    fresh,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => p = fresh,
+                    Err(other) => {
+                        // SAFETY: `fresh` was never shared; it came from `System` with `layout`.
+                        unsafe { System.dealloc(fresh.cast(), layout) };
+                        p = other;
+                    }
+                }
+            }
+            // SAFETY: non-null slot pointers stay valid while the tracker lives.
+            let slot = unsafe { &*p };
+            if slot.owner.load(Ordering::Relaxed) == token {
+                let _ = CACHE.try_with(|c| c.set((id, p)));
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// Calls `f` on every allocated slot.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&ThreadSlot)) {
+        for cell in &self.slots {
+            let p = cell.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: non-null slot pointers stay valid while the tracker lives.
+                f(unsafe { &*p });
+            }
+        }
+    }
+
+    /// The pending `(bytes, count, allocs)` deltas of `tag` over all slots.
+    pub(crate) fn pending(&self, tag: usize) -> (isize, isize, isize) {
+        let (mut b, mut n, mut a) = (0isize, 0isize, 0isize);
+        self.for_each(|s| {
+            b = b.wrapping_add(s.bytes[tag].load(Ordering::Relaxed));
+            n = n.wrapping_add(s.count[tag].load(Ordering::Relaxed));
+            a = a.wrapping_add(s.allocs[tag].load(Ordering::Relaxed));
+        });
+        (b, n, a)
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let mut n = 0;
+        self.for_each(|_| n += 1);
+        n * std::mem::size_of::<ThreadSlot>()
+    }
+}
+
+impl Drop for ThreadSlots {
+    fn drop(&mut self) {
+        for cell in &self.slots {
+            let p = cell.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: allocated by `System` with this layout in `slot_slow`, and the
+                // tracker is being dropped, so no thread uses the slot any more.
+                unsafe { System.dealloc(p.cast(), Layout::new::<ThreadSlot>()) };
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ThreadSlots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut n = 0;
+        self.for_each(|_| n += 1);
+        f.debug_struct("ThreadSlots").field("slots", &n).finish()
+    }
+}
+
+impl ThreadSlot {
+    /// Counts one allocation of `bytes`; returns whether the deltas should be flushed.
+    #[inline]
+    pub(crate) fn alloc(&self, tag: usize, bytes: isize) -> bool {
+        // Only the owner stores (type invariant), so load + store loses nothing.
+        let b = self.bytes[tag].load(Ordering::Relaxed).wrapping_add(bytes);
+        self.bytes[tag].store(b, Ordering::Relaxed);
+        let n = self.count[tag].load(Ordering::Relaxed) + 1;
+        self.count[tag].store(n, Ordering::Relaxed);
+        let a = self.allocs[tag].load(Ordering::Relaxed) + 1;
+        self.allocs[tag].store(a, Ordering::Relaxed);
+        b > FLUSH_BYTES || n > FLUSH_COUNT
+    }
+
+    /// Counts one free of `bytes`; returns whether the deltas should be flushed.
+    #[inline]
+    pub(crate) fn free(&self, tag: usize, bytes: isize) -> bool {
+        // Only the owner stores (type invariant), so load + store loses nothing.
+        let b = self.bytes[tag].load(Ordering::Relaxed).wrapping_sub(bytes);
+        self.bytes[tag].store(b, Ordering::Relaxed);
+        let n = self.count[tag].load(Ordering::Relaxed) - 1;
+        self.count[tag].store(n, Ordering::Relaxed);
+        b < -FLUSH_BYTES || n < -FLUSH_COUNT
+    }
+
+    /// Takes this thread's `(bytes, count, allocs)` deltas for `tag`, to fold them into the
+    /// shared counters.
+    pub(crate) fn take(&self, tag: usize) -> (isize, isize, isize) {
+        let b = self.bytes[tag].swap(0, Ordering::Relaxed);
+        let n = self.count[tag].swap(0, Ordering::Relaxed);
+        let a = self.allocs[tag].swap(0, Ordering::Relaxed);
+        (b, n, a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_thread_gets_its_own_slot() {
+        let slots = ThreadSlots::new();
+        let a = slots.slot().unwrap() as *const ThreadSlot as usize;
+        assert_eq!(slots.slot().unwrap() as *const ThreadSlot as usize, a);
+        slots.slot().unwrap().alloc(3, 100);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let b = slots.slot().unwrap();
+                assert_ne!(b as *const ThreadSlot as usize, a);
+                b.free(3, 40);
+            });
+        });
+        assert_eq!(slots.pending(3), (60, 0, 1));
+        assert_eq!(slots.slot().unwrap().take(3), (100, 1, 1));
+        assert!(slots.heap_bytes() >= std::mem::size_of::<ThreadSlot>());
+    }
+
+    #[test]
+    fn a_second_tracker_does_not_reuse_the_cache() {
+        let one = ThreadSlots::new();
+        let two = ThreadSlots::new();
+        let a = one.slot().unwrap() as *const ThreadSlot;
+        let b = two.slot().unwrap() as *const ThreadSlot;
+        assert_ne!(a, b);
+        assert_eq!(one.slot().unwrap() as *const _, a);
+    }
+}

@@ -1,0 +1,564 @@
+//! The tracker used as a value: tags, scopes, counters, budgets, watch, modes, bad frees,
+//! overruns, external memory, reports and threads.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Once};
+
+use mmobject::track::{
+    current_tag, scope, scope_id, BudgetOverrun, BudgetPolicy, Mode, Tag, TagId, Tracker,
+};
+use mmobject::Error;
+
+/// Captures log lines so tests can assert on warnings, errors and watch output.
+struct Capture;
+
+static LINES: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        LINES
+            .lock()
+            .unwrap()
+            .push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+fn capture_logs() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        log::set_logger(&Capture).unwrap();
+        log::set_max_level(log::LevelFilter::Trace);
+    });
+}
+
+/// Log lines at `level` that mention `needle`.
+fn logged(level: log::Level, needle: &str) -> Vec<String> {
+    LINES
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(l, m)| *l == level && m.contains(needle))
+        .map(|(_, m)| m.clone())
+        .collect()
+}
+
+#[test]
+fn tags_map_by_name_and_scopes_nest() {
+    static TEXTURES: Tag = Tag::new("api-Textures");
+    static TEXTURES_AGAIN: Tag = Tag::new("api-Textures");
+    static MESHES: Tag = Tag::new("api-Meshes");
+    let t = Tracker::new();
+    assert_eq!(t.tag_named("api-Textures"), TEXTURES.id());
+    assert_eq!(TEXTURES_AGAIN.id(), TEXTURES.id());
+    assert_eq!(Tracker::global().tag_named("api-Textures"), TEXTURES.id());
+    assert_eq!(current_tag(), TagId::UNTAGGED);
+    {
+        let _a = TEXTURES.enter();
+        assert_eq!(current_tag(), TEXTURES.id());
+        scope(&MESHES, || {
+            assert_eq!(current_tag(), MESHES.id());
+            scope_id(TagId::UNTAGGED, || {
+                assert_eq!(current_tag(), TagId::UNTAGGED)
+            });
+        });
+        assert_eq!(current_tag(), TEXTURES.id());
+    }
+    assert_eq!(current_tag(), TagId::UNTAGGED);
+}
+
+#[test]
+fn counters_track_current_and_peak() {
+    let t = Tracker::new();
+    let tag = t.tag_named("api-counters");
+    for size in [100, 200, 300] {
+        t.try_charge(tag, size).unwrap();
+    }
+    t.credit(tag, 200);
+    t.credit(tag, 100);
+    let s = t.tag_stats(tag);
+    assert_eq!(s.bytes, 300);
+    assert_eq!(s.peak_bytes, 600);
+    assert_eq!(s.count, 1);
+    assert_eq!(s.peak_count, 3);
+    assert_eq!(s.total_count, 3);
+    t.reset_peaks();
+    assert_eq!(t.tag_stats(tag).peak_bytes, 300);
+}
+
+#[test]
+fn log_policy_warns_once_per_crossing() {
+    capture_logs();
+    let t = Tracker::new();
+    let tag = t.tag_named("api-budget-log");
+    t.set_budget(tag, 1000);
+    assert_eq!(t.budget_policy(tag), BudgetPolicy::Log);
+    t.try_charge(tag, 900).unwrap();
+    t.try_charge(tag, 200).unwrap(); // goes over: warns
+    t.try_charge(tag, 10).unwrap(); // still over: no second warning
+    let warnings = logged(log::Level::Warn, "api-budget-log");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("budget 1000 bytes, 900 in use, 200 requested"));
+    assert_eq!(
+        t.tag_stats(tag).bytes,
+        1110,
+        "the Log policy lets the allocation go ahead"
+    );
+    t.credit(tag, 210); // back under
+    t.try_charge(tag, 500).unwrap(); // over again: warns again
+    assert_eq!(logged(log::Level::Warn, "api-budget-log").len(), 2);
+}
+
+#[test]
+fn callback_policy_sees_every_overrun() {
+    static SEEN: Mutex<Vec<BudgetOverrun>> = Mutex::new(Vec::new());
+    fn on_over(o: &BudgetOverrun) {
+        SEEN.lock().unwrap().push(*o);
+    }
+    let t = Tracker::new();
+    let tag = t.tag_named("api-budget-callback");
+    t.set_budget(tag, 10);
+    t.set_budget_policy(tag, BudgetPolicy::Callback(on_over));
+    t.try_charge(tag, 8).unwrap();
+    t.try_charge(tag, 8).unwrap();
+    t.try_charge(tag, 8).unwrap();
+    let seen = SEEN.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].to_error(),
+        Error::BudgetExceeded {
+            tag: "api-budget-callback",
+            budget: 10,
+            current: 8,
+            requested: 8
+        }
+    );
+    assert_eq!(seen[1].current, 16);
+    assert_eq!(t.tag_stats(tag).bytes, 24);
+}
+
+#[test]
+fn error_policy_refuses_and_counts_nothing() {
+    let t = Tracker::new();
+    let tag = t.tag_named("api-budget-error");
+    t.set_default_budget_policy(BudgetPolicy::Error);
+    t.set_budget(tag, 64);
+    t.try_charge(tag, 64).unwrap();
+    let err = t.try_charge(tag, 1).unwrap_err();
+    assert_eq!(
+        err,
+        Error::BudgetExceeded {
+            tag: "api-budget-error",
+            budget: 64,
+            current: 64,
+            requested: 1
+        }
+    );
+    assert_eq!(t.tag_stats(tag).bytes, 64);
+    assert_eq!(t.tag_stats(tag).count, 1);
+    // Also through try_alloc and try_track.
+    assert!(matches!(
+        t.try_alloc(Layout::new::<u8>(), tag),
+        Err(Error::BudgetExceeded { .. })
+    ));
+    let x = 0u8;
+    assert!(matches!(
+        t.try_track(&x, 1, tag),
+        Err(Error::BudgetExceeded { .. })
+    ));
+    assert_eq!(t.live_records(), 0);
+    // Plain calls panic with the same message.
+    let msg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.charge(tag, 1)))
+        .unwrap_err()
+        .downcast::<String>()
+        .unwrap();
+    assert_eq!(*msg, err.to_string());
+    t.clear_budget(tag);
+    t.try_charge(tag, 1000).unwrap();
+}
+
+#[test]
+#[should_panic(
+    expected = "budget exceeded for tag 'api-budget-panic': budget 5 bytes, 0 in use, 6 requested"
+)]
+fn panic_policy_panics() {
+    let t = Tracker::new();
+    let tag = t.tag_named("api-budget-panic");
+    t.set_budget(tag, 5);
+    t.set_budget_policy(tag, BudgetPolicy::Panic);
+    let _ = t.try_charge(tag, 6);
+}
+
+#[test]
+fn watch_logs_allocations_and_frees() {
+    capture_logs();
+    let t = Tracker::with_mode(Mode::Records);
+    let tag = t.tag_named("api-watch");
+    t.watch(tag, true);
+    let p = t.alloc(Layout::new::<[u8; 33]>(), tag);
+    t.dealloc(p);
+    let lines = logged(log::Level::Debug, "[api-watch]");
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let addr = format!("{:#x}", p.as_ptr() as usize);
+    assert!(
+        lines[0].contains("alloc 33 B at") && lines[0].contains(&addr),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("track_api.rs"), "the site: {}", lines[0]);
+    assert!(lines[1].contains("free 33 B at") && lines[1].contains(&addr));
+    t.watch(tag, false);
+    t.try_charge(tag, 1).unwrap();
+    assert_eq!(logged(log::Level::Debug, "[api-watch]").len(), 2);
+}
+
+#[test]
+fn external_memory_track_untrack() {
+    let t = Tracker::new();
+    let tag = t.tag_named("api-external");
+    let buf = vec![0u8; 256];
+    t.try_track(buf.as_ptr(), 256, tag).unwrap();
+    assert_eq!(t.tag_stats(tag).bytes, 256);
+    assert_eq!(t.live_records(), 1);
+    assert_eq!(t.try_untrack(buf.as_ptr()), Ok(256));
+    assert_eq!(t.tag_stats(tag).bytes, 0);
+    assert_eq!(t.live_records(), 0);
+}
+
+#[test]
+fn bad_frees_are_reported() {
+    capture_logs();
+    let t = Tracker::new();
+    let tag = t.tag_named("api-bad-frees");
+    // Untracked: never seen.
+    let stranger = [0u8; 4];
+    let addr = stranger.as_ptr() as usize;
+    assert_eq!(
+        t.try_untrack(stranger.as_ptr()),
+        Err(Error::UntrackedFree { addr })
+    );
+    assert!(!logged(log::Level::Error, &format!("no record of {addr:#x}")).is_empty());
+    // Double untrack.
+    let ext = [0u8; 8];
+    t.track(ext.as_ptr(), 8, tag);
+    t.untrack(ext.as_ptr());
+    assert_eq!(
+        t.try_untrack(ext.as_ptr()),
+        Err(Error::DoubleFree {
+            addr: ext.as_ptr() as usize
+        })
+    );
+    // Double dealloc.
+    let p = t.alloc(Layout::new::<u32>(), tag);
+    t.try_dealloc(p).unwrap();
+    assert_eq!(
+        t.try_dealloc(p),
+        Err(Error::DoubleFree {
+            addr: p.as_ptr() as usize
+        })
+    );
+    // Dealloc of a pointer the tracker never allocated.
+    let bogus = NonNull::from(&stranger[1]);
+    assert!(matches!(
+        t.try_dealloc(bogus),
+        Err(Error::UntrackedFree { .. })
+    ));
+    // Dealloc of memory that was only tracked: not ours to free.
+    t.track(ext.as_ptr(), 8, tag);
+    assert!(matches!(
+        t.try_dealloc(NonNull::from(&ext[0])),
+        Err(Error::UntrackedFree { .. })
+    ));
+    t.untrack(ext.as_ptr());
+    let e = t.error_counts();
+    assert_eq!((e.untracked_frees, e.double_frees), (3, 2));
+    assert_eq!(t.tag_stats(tag).bytes, 0);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "stack capture is not available under Miri")]
+fn double_free_reports_the_first_free_in_diagnostic_mode() {
+    capture_logs();
+    #[inline(never)]
+    fn first_free_here(t: &Tracker, p: NonNull<u8>) {
+        t.dealloc(p);
+    }
+    let t = Tracker::with_mode(Mode::Stacks { depth: 6 });
+    t.set_diagnostics(true);
+    let tag = t.tag_named("api-double-diag");
+    let p = t.alloc(Layout::new::<[u8; 20]>(), tag);
+    first_free_here(&t, p);
+    assert!(t.try_dealloc(p).is_err());
+    let lines = logged(
+        log::Level::Error,
+        &format!("double free of {:#x}", p.as_ptr() as usize),
+    );
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].contains("first freed at"), "{}", lines[0]);
+    assert!(lines[0].contains("first_free_here"), "{}", lines[0]);
+}
+
+#[test]
+fn overruns_are_caught_on_free_and_on_report() {
+    let t = Tracker::with_mode(Mode::Records);
+    t.set_diagnostics(true);
+    let tag = t.tag_named("api-overrun");
+    let layout = Layout::from_size_align(10, 8).unwrap();
+    // Overrun caught on free.
+    let line = line!() + 1;
+    let a = t.alloc(layout, tag);
+    // SAFETY: writes 2 bytes past the 10-byte block, into the tracker's guard zone.
+    unsafe { a.as_ptr().add(10).write_bytes(0, 2) };
+    match t.try_dealloc(a) {
+        Err(Error::BufferOverrun {
+            addr,
+            size,
+            bytes,
+            site,
+        }) => {
+            assert_eq!((addr, size, bytes), (a.as_ptr() as usize, 10, 2));
+            assert!(site.file().ends_with("track_api.rs"));
+            assert_eq!(site.line(), line);
+        }
+        other => panic!("expected an overrun, got {other:?}"),
+    }
+    assert_eq!(t.tag_stats(tag).bytes, 0, "the block is still freed");
+    // Underrun caught by the report.
+    let b = t.alloc(layout, tag);
+    // SAFETY: writes 1 byte before the block, into its header.
+    unsafe { b.as_ptr().sub(1).write(0xAA) };
+    let report = t.snapshot();
+    assert_eq!(report.new_overruns.len(), 1);
+    assert!(report.to_string().contains("buffer overrun"));
+    assert_eq!(t.error_counts().buffer_overruns, 2);
+    // Reported once: the later free does not count it again.
+    assert!(t.try_dealloc(b).is_ok());
+    assert_eq!(t.error_counts().buffer_overruns, 2);
+}
+
+#[test]
+fn alloc_honours_alignment_in_every_mode() {
+    for (mode, diag) in [
+        (Mode::Counting, false),
+        (Mode::Records, false),
+        (Mode::Stacks { depth: 3 }, false),
+        (Mode::Records, true),
+    ] {
+        let t = Tracker::with_mode(mode);
+        t.set_diagnostics(diag);
+        assert_eq!(t.mode(), mode);
+        let tag = t.tag_named("api-align");
+        let mut ptrs = Vec::new();
+        for align in [1, 2, 8, 16, 64, 512, 4096] {
+            let l = Layout::from_size_align(align * 3, align).unwrap();
+            let p = t.alloc(l, tag);
+            assert_eq!(p.as_ptr() as usize % align, 0);
+            // SAFETY: the block is `align * 3` bytes long.
+            unsafe { p.as_ptr().write_bytes(0x11, align * 3) };
+            ptrs.push(p);
+        }
+        assert_eq!(t.live_records(), 7);
+        for p in ptrs {
+            t.try_dealloc(p).unwrap();
+        }
+        assert_eq!(t.tag_stats(tag).bytes, 0);
+        assert_eq!(t.error_counts().buffer_overruns, 0);
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "stack capture is not available under Miri")]
+fn leak_report_groups_by_stack_and_resolves() {
+    #[inline(never)]
+    fn leak_some(t: &Tracker, tag: TagId, n: usize, size: usize) -> Vec<NonNull<u8>> {
+        (0..n)
+            .map(|_| t.alloc(Layout::from_size_align(size, 8).unwrap(), tag))
+            .collect()
+    }
+    let t = Tracker::with_mode(Mode::Stacks { depth: 8 });
+    let tag = t.tag_named("api-leaks");
+    let small = leak_some(&t, tag, 3, 16);
+    let big = t.alloc(Layout::from_size_align(1000, 8).unwrap(), tag);
+    let report = t.leak_report();
+    assert_eq!(report.total_count, 4);
+    assert_eq!(report.total_bytes, 1048);
+    assert_eq!(report.groups.len(), 2);
+    assert_eq!(report.groups[0].bytes, 1000);
+    assert_eq!((report.groups[1].count, report.groups[1].bytes), (3, 48));
+    let text = report.to_string();
+    assert!(text.contains("leak_some"), "{text}");
+    assert!(text.contains("track_api.rs:"), "{text}");
+    assert!(
+        !text.contains("mmobject::track::tracker"),
+        "own frames skipped: {text}"
+    );
+    for p in small.into_iter().chain([big]) {
+        t.dealloc(p);
+    }
+    assert!(t.leak_report().is_empty());
+}
+
+#[test]
+fn report_table_and_csv() {
+    let t = Tracker::new();
+    let a = t.tag_named("api-report-a");
+    let b = t.tag_named("api-report-b");
+    t.set_budget(a, 2000);
+    t.try_charge(a, 1500).unwrap();
+    t.frame_mark();
+    t.try_charge(b, 10).unwrap();
+    t.credit(a, 1500);
+    t.frame_mark();
+    let text = t.snapshot().to_string();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("api-report-a"))
+        .unwrap();
+    assert!(row.contains("0.0%"), "{row}");
+    assert!(row.contains("1.5 KiB"), "peak: {row}");
+    assert!(text.contains("tracker overhead"));
+    let mut csv = Vec::new();
+    t.write_csv(&mut csv).unwrap();
+    let csv = String::from_utf8(csv).unwrap();
+    let lines: Vec<_> = csv.lines().collect();
+    let header: Vec<_> = lines[0].split(',').collect();
+    let ia = header.iter().position(|h| *h == "api-report-a").unwrap();
+    let ib = header.iter().position(|h| *h == "api-report-b").unwrap();
+    let row0: Vec<_> = lines[1].split(',').collect();
+    let row1: Vec<_> = lines[2].split(',').collect();
+    assert_eq!((row0[ia], row0[ib]), ("1500", "0"));
+    assert_eq!((row1[ia], row1[ib]), ("0", "10"));
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn report_json() {
+    let t = Tracker::new();
+    let a = t.tag_named("api-json");
+    t.set_budget(a, 100);
+    t.try_charge(a, 42).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&t.snapshot().to_json()).unwrap();
+    let row = json["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "api-json")
+        .unwrap();
+    assert_eq!(row["bytes"], 42);
+    assert_eq!(row["budget"], 100);
+    assert!(json["overhead_bytes"].is_number());
+}
+
+#[test]
+fn overhead_is_reported() {
+    let t = Tracker::with_mode(Mode::Records);
+    assert_eq!(t.overhead_bytes(), 0);
+    let tag = t.tag_named("api-overhead");
+    let p = t.alloc(Layout::new::<u64>(), tag);
+    assert!(t.overhead_bytes() > 0);
+    assert!(t.snapshot().overhead_bytes > 0);
+    t.dealloc(p);
+}
+
+/// A pointer handed back from a worker thread.
+struct SendPtr(NonNull<u8>);
+// SAFETY: the pointer is only handed to `Tracker::dealloc` on the main thread.
+unsafe impl Send for SendPtr {}
+
+#[test]
+fn four_threads_totals_are_exact() {
+    let t = Tracker::with_mode(Mode::Records);
+    let tags: Vec<TagId> = (0..4)
+        .map(|i| t.tag_named(["api-mt-0", "api-mt-1", "api-mt-2", "api-mt-3"][i]))
+        .collect();
+    let rounds = if cfg!(miri) { 20 } else { 5_000 };
+    let freed = AtomicUsize::new(0);
+    let kept: Vec<SendPtr> = std::thread::scope(|s| {
+        let handles: Vec<_> = tags
+            .iter()
+            .enumerate()
+            .map(|(i, &tag)| {
+                let t = &t;
+                let freed = &freed;
+                s.spawn(move || {
+                    let mut live = Vec::new();
+                    for r in 0..rounds {
+                        let size = 8 + (r % 7) * 8 + i;
+                        live.push(t.alloc(Layout::from_size_align(size, 8).unwrap(), tag));
+                        t.try_charge(tag, 3).unwrap();
+                        if r % 3 == 0 {
+                            t.dealloc(live.swap_remove(0));
+                            freed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        t.credit(tag, 3);
+                    }
+                    // Keep exactly 10 alive, free the rest.
+                    while live.len() > 10 {
+                        t.dealloc(live.pop().unwrap());
+                    }
+                    live.into_iter().map(SendPtr).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    for &tag in &tags {
+        let s = t.tag_stats(tag);
+        assert_eq!(s.count, 10, "{s:?}");
+        assert_eq!(s.total_count as usize, rounds * 2);
+    }
+    assert_eq!(t.live_records(), 40);
+    let leaks = t.leak_report();
+    assert_eq!(leaks.total_count, 40);
+    let per_tag: usize = tags.iter().map(|&g| t.tag_stats(g).bytes).sum();
+    assert_eq!(leaks.total_bytes, per_tag);
+    assert_eq!(t.error_counts(), Default::default());
+    for p in kept {
+        t.dealloc(p.0);
+    }
+    assert_eq!(t.live_records(), 0);
+    assert!(tags.iter().all(|&g| t.tag_stats(g).bytes == 0));
+    assert!(freed.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn reports_run_while_other_threads_allocate() {
+    let t = Tracker::with_mode(Mode::Records);
+    t.set_diagnostics(true);
+    let tag = t.tag_named("api-concurrent-report");
+    let rounds = if cfg!(miri) { 10 } else { 2_000 };
+    let writers_left = AtomicUsize::new(2);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for i in 0..rounds {
+                    let p = t.alloc(Layout::from_size_align(8 + i % 64, 8).unwrap(), tag);
+                    t.dealloc(p);
+                }
+                writers_left.fetch_sub(1, Ordering::Release);
+            });
+        }
+        s.spawn(|| loop {
+            let finished = writers_left.load(Ordering::Acquire) == 0;
+            let snap = t.snapshot();
+            assert!(snap.tag(tag).is_some());
+            let _ = t.leak_report();
+            t.frame_mark();
+            if finished {
+                break;
+            }
+            std::thread::yield_now();
+        });
+    });
+    assert_eq!(t.tag_stats(tag).bytes, 0);
+    assert_eq!(t.live_records(), 0);
+    assert_eq!(t.error_counts(), Default::default());
+}
