@@ -33,6 +33,9 @@ pub(crate) struct StoreConfig {
     pub(crate) first_generation: u32,
 }
 
+/// What [`Store::try_insert`] returns: (local index, slot, generation).
+pub(crate) type Inserted<T> = (u32, NonNull<Slot<T>>, u32);
+
 /// The objects of one type.
 ///
 /// # Invariants
@@ -124,11 +127,7 @@ impl<T: MMObject> Store<T> {
 
     /// Puts `value` in a free slot and returns (local index, slot, generation)
     /// with a count of one.
-    pub(crate) fn try_insert(
-        &self,
-        value: T,
-        site: &'static Location<'static>,
-    ) -> Result<(u32, NonNull<Slot<T>>, u32), (T, Error)> {
+    pub(crate) fn try_insert(&self, value: T, site: &'static Location<'static>) -> Result<Inserted<T>, (T, Error)> {
         let local = match self.pop_free() {
             Some(local) => local,
             None => match self.bump() {
@@ -245,6 +244,7 @@ impl<T: MMObject> Store<T> {
     ///
     /// The slot's generation must have been read as odd (with `Acquire`) by
     /// this thread, under a borrow of the store that prevents collection.
+    #[inline]
     pub(crate) unsafe fn value_unchecked(slot: &Slot<T>) -> &T {
         // SAFETY: an odd generation means the value is initialised (type
         // invariant of `Slot`), and the caller's borrow keeps it alive.
@@ -292,7 +292,7 @@ impl<T: MMObject> Store<T> {
         if head == NIL {
             return 0;
         }
-        let mut requeue = Requeue { store: self, rest: head, current: NIL };
+        let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: 0 };
         let mut freed = 0;
         while requeue.rest != NIL && *budget > 0 {
             let local = requeue.rest;
@@ -304,6 +304,7 @@ impl<T: MMObject> Store<T> {
             let bytes = unsafe { Self::value_unchecked(slot) }.size();
             requeue.current = NIL;
             store.free_slot(slot, local);
+            requeue.freed += 1;
             // SAFETY: the slot was occupied (its value initialised) and is now
             // vacant and unreachable from any handle; the value is dropped
             // exactly once, here.
@@ -317,13 +318,17 @@ impl<T: MMObject> Store<T> {
     }
 
     /// Marks a dead slot vacant and pushes it on the free list.
+    ///
+    /// The caller counts it in `destroyed` (see [`Requeue::freed`]): one plain
+    /// add per collection instead of a locked add per slot, which would wait
+    /// for the stores to this cold slot to drain.
+    #[inline]
     fn free_slot(&self, slot: &Slot<T>, local: u32) {
         let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
         debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
         slot.header.generation.store(generation, Ordering::Release);
         slot.header.word.store(LINK_FLAG | self.free_head.load(Ordering::Relaxed), Ordering::Relaxed);
         self.free_head.store(local, Ordering::Release);
-        self.destroyed.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -334,10 +339,13 @@ struct Requeue<'a, T: MMObject> {
     rest: u32,
     /// A dead slot taken off the chain whose value is still in use.
     current: u32,
+    /// Slots put on the free list so far, added to `destroyed` on drop (also when unwinding).
+    freed: u64,
 }
 
 impl<T: MMObject> Drop for Requeue<'_, T> {
     fn drop(&mut self) {
+        *self.store.destroyed.get_mut() += self.freed;
         let shared = self.store.shared();
         if self.current != NIL {
             let slot = self.store.slot(self.current).expect("published");
