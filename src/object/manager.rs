@@ -1138,4 +1138,24 @@ mod tests {
         assert_eq!(mm.collect_garbage().objects, n);
         assert!(shared.iter().all(|h| h.ref_count() == 1));
     }
+
+    /// `created` is derived from the free list's length (no counter on
+    /// `create`): it must stay exact through reuse, bumps and collection.
+    #[test]
+    fn report_counts_created_and_destroyed_exactly() {
+        let mut mm = quiet();
+        let mut kept: Vec<_> = (0..5).map(|w| mm.create(Texture { width: w })).collect();
+        kept.truncate(3);
+        let line = |mm: &ObjectManager| mm.report().get("Texture").cloned().unwrap();
+        assert_eq!((line(&mm).created, line(&mm).destroyed, line(&mm).live, line(&mm).dead_pending), (5, 0, 3, 2));
+        assert_eq!(mm.collect_garbage().objects, 2);
+        kept.extend((0..3).map(|w| mm.create(Texture { width: w }))); // two reused slots, one new
+        let after = line(&mm);
+        assert_eq!((after.created, after.destroyed, after.live, after.dead_pending), (8, 2, 6, 0));
+        assert_eq!(mm.count::<Texture>(), 6);
+        drop(kept);
+        assert_eq!(mm.collect_garbage().objects, 6);
+        let end = line(&mm);
+        assert_eq!((end.created, end.destroyed, end.live), (8, 8, 0));
+    }
 }

@@ -48,13 +48,19 @@ pub(crate) type Inserted<T> = (u32, NonNull<Slot<T>>, u32);
 ///   list, or on the free list (or is about to be, inside `create`).
 /// - While other threads may use the store (`&self`), the free list is only
 ///   popped; pushes happen under `&mut self`.
+/// - The free list's length is the high half of `free_head`, kept in the same
+///   word as its head so that a pop updates both with its one CAS. Objects
+///   created and not yet destroyed are therefore
+///   `len - free length - destroyed_in_place`, with no counter on `create`.
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
     segments: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
-    free_head: AtomicU32,
+    /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
+    free_head: AtomicU64,
     len: AtomicU32,
-    created: AtomicU64,
     destroyed: AtomicU64,
+    /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
+    destroyed_in_place: u64,
     peak_resident: AtomicU64,
     grow_lock: Mutex<()>,
     index_space: Arc<IndexSpace>,
@@ -86,10 +92,10 @@ impl<T: MMObject> Store<T> {
         Store {
             shared: NonNull::from(Box::leak(shared)),
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
-            free_head: AtomicU32::new(NIL),
+            free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
-            created: AtomicU64::new(0),
             destroyed: AtomicU64::new(0),
+            destroyed_in_place: 0,
             peak_resident: AtomicU64::new(0),
             grow_lock: Mutex::new(()),
             index_space,
@@ -147,23 +153,27 @@ impl<T: MMObject> Store<T> {
         debug_assert!(generation & 1 == 1, "a vacant slot's generation is even");
         // Release: readers that see the odd generation see the value and count.
         slot.header.generation.store(generation, Ordering::Release);
-        self.created.fetch_add(1, Ordering::Relaxed);
         Ok((local, NonNull::from(slot), generation))
     }
 
-    /// Pops the free list. Concurrent callers only pop, so the head never
-    /// returns to a value it held: a stale `next` read makes the CAS fail.
+    /// Pops the free list, decrementing its length in the same CAS.
+    /// Concurrent callers only pop, so the head never returns to a value it
+    /// held: a stale `next` read makes the CAS fail.
+    #[inline]
     fn pop_free(&self) -> Option<u32> {
-        let mut head = self.free_head.load(Ordering::Acquire);
+        let mut word = self.free_head.load(Ordering::Acquire);
         loop {
+            let (head, free) = split_free(word);
             if head == NIL {
                 return None;
             }
+            debug_assert!(free > 0, "a non-empty free list has a length");
             let slot = self.slot(head).expect("free slots live in published segments");
             let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-            match self.free_head.compare_exchange_weak(head, next, Ordering::Acquire, Ordering::Acquire) {
+            let popped = free_word(next, free - 1);
+            match self.free_head.compare_exchange_weak(word, popped, Ordering::Acquire, Ordering::Acquire) {
                 Ok(_) => return Some(head),
-                Err(actual) => head = actual,
+                Err(actual) => word = actual,
             }
         }
     }
@@ -267,11 +277,6 @@ impl<T: MMObject> Store<T> {
         count
     }
 
-    /// Objects created and not yet destroyed (live or dead).
-    pub(crate) fn resident(&self) -> u64 {
-        self.created.load(Ordering::Relaxed) - self.destroyed.load(Ordering::Relaxed)
-    }
-
     fn note_peak(&self) -> u64 {
         let resident = self.resident();
         self.peak_resident.fetch_max(resident, Ordering::Relaxed).max(resident)
@@ -327,9 +332,37 @@ impl<T: MMObject> Store<T> {
         let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
         debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
         slot.header.generation.store(generation, Ordering::Release);
-        slot.header.word.store(LINK_FLAG | self.free_head.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.free_head.store(local, Ordering::Release);
+        let (head, free) = split_free(self.free_head.load(Ordering::Relaxed));
+        slot.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
+        self.free_head.store(free_word(local, free + 1), Ordering::Release);
     }
+}
+
+impl<T> Store<T> {
+    /// Objects created and not yet destroyed (live or dead): used slots that
+    /// are neither free nor destroyed in place.
+    pub(crate) fn resident(&self) -> u64 {
+        let used = u64::from(self.len.load(Ordering::Relaxed));
+        let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
+        used.saturating_sub(free + self.destroyed_in_place)
+    }
+
+    /// Objects ever created.
+    fn created(&self) -> u64 {
+        self.destroyed.load(Ordering::Relaxed) + self.resident()
+    }
+}
+
+/// Packs the free list's head and length into one word.
+#[inline]
+fn free_word(head: u32, len: u32) -> u64 {
+    u64::from(len) << 32 | u64::from(head)
+}
+
+/// Splits a free-list word into (head, length).
+#[inline]
+fn split_free(word: u64) -> (u32, u32) {
+    (word as u32, (word >> 32) as u32)
 }
 
 /// Puts the unprocessed part of a dead chain back if collection unwinds.
@@ -438,7 +471,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
             dead_pending: dead,
             bytes,
             slot_bytes: std::mem::size_of::<Slot<T>>(),
-            created: self.created.load(Ordering::Relaxed),
+            created: self.created(),
             destroyed: self.destroyed.load(Ordering::Relaxed),
         }
     }
@@ -471,6 +504,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
             }
         });
         self.destroyed.fetch_add(destroyed, Ordering::Relaxed);
+        self.destroyed_in_place += destroyed;
     }
 
     /// Decides whether the segments can be freed: every used slot must be
@@ -487,7 +521,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 at = store.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
             }
         };
-        let free_head = *self.free_head.get_mut();
+        let (free_head, _) = split_free(*self.free_head.get_mut());
         mark(self, free_head);
         mark(self, self.shared().take_dead());
         let outliving = accounted.iter().filter(|&&a| !a).count();
@@ -531,7 +565,7 @@ impl<T> std::fmt::Debug for Store<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("len", &self.len.load(Ordering::Relaxed))
-            .field("created", &self.created.load(Ordering::Relaxed))
+            .field("created", &self.created())
             .field("destroyed", &self.destroyed.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
