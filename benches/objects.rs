@@ -8,8 +8,15 @@
 //! holding the id and a `crossbeam-channel` `Sender` that sends the id on
 //! drop, drained once a frame).
 //!
-//! Run with `cargo bench --bench objects` (about five minutes); a group alone
-//! with `cargo bench --bench objects -- O3`.
+//! Run with `cargo bench --bench objects` (two to five minutes, depending on
+//! the load); a group alone with `cargo bench --bench objects -- O3`.
+//!
+//! The single-threaded groups (O1–O4) are timed in this thread's CPU time
+//! (`CLOCK_THREAD_CPUTIME_ID` on Linux), not wall time: the machines are
+//! shared, and time spent descheduled would otherwise land on whichever
+//! bench was running. Cache and memory-bandwidth interference from other
+//! processes still shows. O5 (one short call per timing) and O6 (five
+//! threads) use wall time.
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -18,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
 use crossbeam_channel::{Receiver, Sender};
 use mmobject::{Handle, MMObject, ObjectManager, WeakHandle};
 use rand::rngs::SmallRng;
@@ -61,6 +68,46 @@ fn permutation(n: usize) -> Vec<u32> {
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.shuffle(&mut rng());
     order
+}
+
+/// A clock that advances only while this thread runs: `CLOCK_THREAD_CPUTIME_ID`.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn cpu_clock() -> Duration {
+    /// `struct timespec` on 64-bit Linux.
+    #[repr(C)]
+    struct Timespec {
+        seconds: i64,
+        nanoseconds: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, out: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut now = Timespec { seconds: 0, nanoseconds: 0 };
+    // SAFETY: `clock_gettime` (libc, always linked by std on Linux) writes
+    // one `timespec`, whose 64-bit layout `Timespec` matches, through a
+    // pointer valid for writes; clock 3 is the calling thread's CPU clock.
+    let status = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(status, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(now.seconds as u64, now.nanoseconds as u32)
+}
+
+/// Wall time elsewhere.
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn cpu_clock() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
+}
+
+/// `Bencher::iter`, timed with [`cpu_clock`].
+fn cpu_iter<O>(b: &mut Bencher, mut routine: impl FnMut() -> O) {
+    b.iter_custom(|iters| {
+        let start = cpu_clock();
+        for _ in 0..iters {
+            black_box(routine());
+        }
+        cpu_clock() - start
+    })
 }
 
 /// Walks a precomputed pick table, wrapping around.
@@ -190,7 +237,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("mmobject", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     handles[i] = mm.create(Obj(payload(n)));
@@ -205,7 +252,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut keys: Vec<DefaultKey> = (0..FRAME_LIVE).map(|i| map.insert(payload(i))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("slotmap_churn", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     black_box(map.remove(keys[i]));
@@ -218,7 +265,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut arcs: Vec<Arc<Payload>> = (0..FRAME_LIVE).map(|i| Arc::new(payload(i))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("arc_replace", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     arcs[i] = Arc::new(payload(n));
@@ -230,7 +277,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut rcs: Vec<Rc<Payload>> = (0..FRAME_LIVE).map(|i| Rc::new(payload(i))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("rc_replace", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     rcs[i] = Rc::new(payload(n));
@@ -243,7 +290,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut pointers: Vec<froggy::Pointer<Payload>> = (0..FRAME_LIVE).map(|i| storage.create(payload(i))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("froggy", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     pointers[i] = storage.create(payload(n));
@@ -268,7 +315,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut released = Vec::with_capacity(FRAME_CHURN);
         let mut cursor = Cursor::new(&picks);
         group.bench_function("refslots_secondarymap", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     let handle = refslots::Handle::insert(&registry, ());
@@ -288,7 +335,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut handles: Vec<BevyHandle> = (0..FRAME_LIVE).map(|i| assets.add(payload(i))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("bevy_style", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     handles[i] = assets.add(payload(n));
@@ -303,7 +350,7 @@ fn o1_frame(c: &mut Criterion) {
         let mut ids: Vec<u32> = (0..FRAME_LIVE).map(|i| pool.alloc(payload(i))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("free_list_pool_limit", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
                     pool.free(ids[i]);
@@ -330,14 +377,14 @@ fn o2_clone_drop(c: &mut Criterion) {
     let mm = ObjectManager::new();
     let handle = mm.create(Obj(payload(1)));
     group.bench_function("mmobject", |b| {
-        b.iter(|| {
+        cpu_iter(b, || {
             let clone = black_box(&handle).clone();
             drop(black_box(clone));
         })
     });
     let arc = Arc::new(payload(1));
     group.bench_function("arc", |b| {
-        b.iter(|| {
+        cpu_iter(b, || {
             let clone = black_box(&arc).clone();
             drop(black_box(clone));
         })
@@ -370,7 +417,7 @@ fn o3_strong_read(c: &mut Criterion) {
         mm.reserve::<Obj>(READ_LIVE);
         let handles: Vec<Handle<Obj>> = (0..READ_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
         group.bench_function("mmobject", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for &i in &order {
                     sum = sum.wrapping_add(mm[&handles[i as usize]].0[3]);
@@ -380,7 +427,7 @@ fn o3_strong_read(c: &mut Criterion) {
         });
         let shuffled: Vec<Handle<Obj>> = order.iter().map(|&i| handles[i as usize].clone()).collect();
         group.bench_function("mmobject_shuffled_walk", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for handle in &shuffled {
                     sum = sum.wrapping_add(mm[handle].0[3]);
@@ -394,7 +441,7 @@ fn o3_strong_read(c: &mut Criterion) {
     {
         let rcs: Vec<Rc<Payload>> = (0..READ_LIVE).map(|i| Rc::new(payload(i))).collect();
         group.bench_function("rc_deref", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for &i in &order {
                     sum = sum.wrapping_add(rcs[i as usize][3]);
@@ -404,7 +451,7 @@ fn o3_strong_read(c: &mut Criterion) {
         });
         let shuffled: Vec<Rc<Payload>> = order.iter().map(|&i| Rc::clone(&rcs[i as usize])).collect();
         group.bench_function("rc_deref_shuffled_walk", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for rc in &shuffled {
                     sum = sum.wrapping_add(rc[3]);
@@ -416,7 +463,7 @@ fn o3_strong_read(c: &mut Criterion) {
     {
         let items: Vec<Payload> = (0..READ_LIVE).map(payload).collect();
         group.bench_function("vec_index_limit", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for &i in &order {
                     sum = sum.wrapping_add(items[i as usize][3]);
@@ -451,7 +498,7 @@ fn o4_weak_read(c: &mut Criterion) {
         let handles: Vec<Handle<Obj>> = (0..READ_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
         let weaks: Vec<WeakHandle<Obj>> = handles.iter().map(Handle::downgrade).collect();
         group.bench_function("mmobject", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for &i in &order {
                     if let Some(obj) = mm.get_weak(weaks[i as usize]) {
@@ -463,7 +510,7 @@ fn o4_weak_read(c: &mut Criterion) {
         });
         let shuffled: Vec<WeakHandle<Obj>> = order.iter().map(|&i| weaks[i as usize]).collect();
         group.bench_function("mmobject_shuffled_walk", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for &weak in &shuffled {
                     if let Some(obj) = mm.get_weak(weak) {
@@ -479,7 +526,7 @@ fn o4_weak_read(c: &mut Criterion) {
         let mut map: SlotMap<DefaultKey, Payload> = SlotMap::with_capacity(READ_LIVE);
         let keys: Vec<DefaultKey> = (0..READ_LIVE).map(|i| map.insert(payload(i))).collect();
         group.bench_function("slotmap_get", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for &i in &order {
                     if let Some(value) = map.get(keys[i as usize]) {
@@ -491,7 +538,7 @@ fn o4_weak_read(c: &mut Criterion) {
         });
         let shuffled: Vec<DefaultKey> = order.iter().map(|&i| keys[i as usize]).collect();
         group.bench_function("slotmap_get_shuffled_walk", |b| {
-            b.iter(|| {
+            cpu_iter(b, || {
                 let mut sum = 0u64;
                 for &key in &shuffled {
                     if let Some(value) = map.get(key) {
