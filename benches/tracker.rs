@@ -65,12 +65,8 @@ fn t3_stacks(c: &mut Criterion) {
     let tracked = TrackingAllocator::with_tracker(System, &STACKS);
     let _g = BENCH_TAG.enter();
     let mut g = c.benchmark_group("T3_stacks5_alloc_free_64B");
-    g.bench_function("tracked_stacks5", |b| {
-        b.iter(|| nested(4, &|| alloc_free(&tracked)))
-    });
-    g.bench_function("system_untracked", |b| {
-        b.iter(|| nested(4, &|| alloc_free(&System)))
-    });
+    g.bench_function("tracked_stacks5", |b| b.iter(|| nested(4, &|| alloc_free(&tracked))));
+    g.bench_function("system_untracked", |b| b.iter(|| nested(4, &|| alloc_free(&System))));
     g.bench_function("capture_only_5", |b| {
         b.iter(|| {
             nested(4, &|| {

@@ -24,18 +24,13 @@ static SCRIPTS: Tag = Tag::new("Scripts");
 
 fn main() -> std::io::Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let csv_path = std::env::args()
-        .skip_while(|a| a != "--csv")
-        .nth(1)
-        .unwrap_or_else(|| "memory.csv".to_string());
+    let csv_path = std::env::args().skip_while(|a| a != "--csv").nth(1).unwrap_or_else(|| "memory.csv".to_string());
 
     let tracker = Tracker::global();
     tracker.set_mode(Mode::Stacks { depth: 8 });
     tracker.set_budget(&PARTICLES, 256 << 10);
 
-    let textures: Vec<Vec<u8>> = scope(&TEXTURES, || {
-        (0..8).map(|i| vec![i as u8; 64 << 10]).collect()
-    });
+    let textures: Vec<Vec<u8>> = scope(&TEXTURES, || (0..8).map(|i| vec![i as u8; 64 << 10]).collect());
     let mut meshes: HashMap<String, Vec<[f32; 3]>> = HashMap::new();
     let mut particles: Vec<[f32; 4]> = Vec::new();
     let mut leaked = None;
@@ -73,10 +68,7 @@ fn main() -> std::io::Result<()> {
 
     let file = std::fs::File::create(&csv_path)?;
     tracker.write_csv(std::io::BufWriter::new(file))?;
-    println!(
-        "wrote {} frames of per-tag bytes to {csv_path}",
-        tracker.timeline_frames()
-    );
+    println!("wrote {} frames of per-tag bytes to {csv_path}", tracker.timeline_frames());
     drop((textures, meshes, particles));
     let _ = leaked;
     Ok(())

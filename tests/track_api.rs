@@ -6,9 +6,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
 
-use mmobject::track::{
-    current_tag, scope, scope_id, BudgetOverrun, BudgetPolicy, Mode, Tag, TagId, Tracker,
-};
+use mmobject::track::{current_tag, scope, scope_id, BudgetOverrun, BudgetPolicy, Mode, Tag, TagId, Tracker};
 use mmobject::Error;
 
 /// Captures log lines so tests can assert on warnings, errors and watch output.
@@ -21,10 +19,7 @@ impl log::Log for Capture {
         true
     }
     fn log(&self, record: &log::Record) {
-        LINES
-            .lock()
-            .unwrap()
-            .push((record.level(), record.args().to_string()));
+        LINES.lock().unwrap().push((record.level(), record.args().to_string()));
     }
     fn flush(&self) {}
 }
@@ -39,13 +34,7 @@ fn capture_logs() {
 
 /// Log lines at `level` that mention `needle`.
 fn logged(level: log::Level, needle: &str) -> Vec<String> {
-    LINES
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(l, m)| *l == level && m.contains(needle))
-        .map(|(_, m)| m.clone())
-        .collect()
+    LINES.lock().unwrap().iter().filter(|(l, m)| *l == level && m.contains(needle)).map(|(_, m)| m.clone()).collect()
 }
 
 #[test]
@@ -63,9 +52,7 @@ fn tags_map_by_name_and_scopes_nest() {
         assert_eq!(current_tag(), TEXTURES.id());
         scope(&MESHES, || {
             assert_eq!(current_tag(), MESHES.id());
-            scope_id(TagId::UNTAGGED, || {
-                assert_eq!(current_tag(), TagId::UNTAGGED)
-            });
+            scope_id(TagId::UNTAGGED, || assert_eq!(current_tag(), TagId::UNTAGGED));
         });
         assert_eq!(current_tag(), TEXTURES.id());
     }
@@ -104,11 +91,7 @@ fn log_policy_warns_once_per_crossing() {
     let warnings = logged(log::Level::Warn, "api-budget-log");
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(warnings[0].contains("budget 1000 bytes, 900 in use, 200 requested"));
-    assert_eq!(
-        t.tag_stats(tag).bytes,
-        1110,
-        "the Log policy lets the allocation go ahead"
-    );
+    assert_eq!(t.tag_stats(tag).bytes, 1110, "the Log policy lets the allocation go ahead");
     t.credit(tag, 210); // back under
     t.try_charge(tag, 500).unwrap(); // over again: warns again
     assert_eq!(logged(log::Level::Warn, "api-budget-log").len(), 2);
@@ -131,12 +114,7 @@ fn callback_policy_sees_every_overrun() {
     assert_eq!(seen.len(), 2);
     assert_eq!(
         seen[0].to_error(),
-        Error::BudgetExceeded {
-            tag: "api-budget-callback",
-            budget: 10,
-            current: 8,
-            requested: 8
-        }
+        Error::BudgetExceeded { tag: "api-budget-callback", budget: 10, current: 8, requested: 8 }
     );
     assert_eq!(seen[1].current, 16);
     assert_eq!(t.tag_stats(tag).bytes, 24);
@@ -150,27 +128,13 @@ fn error_policy_refuses_and_counts_nothing() {
     t.set_budget(tag, 64);
     t.try_charge(tag, 64).unwrap();
     let err = t.try_charge(tag, 1).unwrap_err();
-    assert_eq!(
-        err,
-        Error::BudgetExceeded {
-            tag: "api-budget-error",
-            budget: 64,
-            current: 64,
-            requested: 1
-        }
-    );
+    assert_eq!(err, Error::BudgetExceeded { tag: "api-budget-error", budget: 64, current: 64, requested: 1 });
     assert_eq!(t.tag_stats(tag).bytes, 64);
     assert_eq!(t.tag_stats(tag).count, 1);
     // Also through try_alloc and try_track.
-    assert!(matches!(
-        t.try_alloc(Layout::new::<u8>(), tag),
-        Err(Error::BudgetExceeded { .. })
-    ));
+    assert!(matches!(t.try_alloc(Layout::new::<u8>(), tag), Err(Error::BudgetExceeded { .. })));
     let x = 0u8;
-    assert!(matches!(
-        t.try_track(&x, 1, tag),
-        Err(Error::BudgetExceeded { .. })
-    ));
+    assert!(matches!(t.try_track(&x, 1, tag), Err(Error::BudgetExceeded { .. })));
     assert_eq!(t.live_records(), 0);
     // Plain calls panic with the same message.
     let msg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.charge(tag, 1)))
@@ -183,9 +147,7 @@ fn error_policy_refuses_and_counts_nothing() {
 }
 
 #[test]
-#[should_panic(
-    expected = "budget exceeded for tag 'api-budget-panic': budget 5 bytes, 0 in use, 6 requested"
-)]
+#[should_panic(expected = "budget exceeded for tag 'api-budget-panic': budget 5 bytes, 0 in use, 6 requested")]
 fn panic_policy_panics() {
     let t = Tracker::new();
     let tag = t.tag_named("api-budget-panic");
@@ -205,11 +167,7 @@ fn watch_logs_allocations_and_frees() {
     let lines = logged(log::Level::Debug, "[api-watch]");
     assert_eq!(lines.len(), 2, "{lines:?}");
     let addr = format!("{:#x}", p.as_ptr() as usize);
-    assert!(
-        lines[0].contains("alloc 33 B at") && lines[0].contains(&addr),
-        "{}",
-        lines[0]
-    );
+    assert!(lines[0].contains("alloc 33 B at") && lines[0].contains(&addr), "{}", lines[0]);
     assert!(lines[0].contains("track_api.rs"), "the site: {}", lines[0]);
     assert!(lines[1].contains("free 33 B at") && lines[1].contains(&addr));
     t.watch(tag, false);
@@ -238,42 +196,23 @@ fn bad_frees_are_reported() {
     // Untracked: never seen.
     let stranger = [0u8; 4];
     let addr = stranger.as_ptr() as usize;
-    assert_eq!(
-        t.try_untrack(stranger.as_ptr()),
-        Err(Error::UntrackedFree { addr })
-    );
+    assert_eq!(t.try_untrack(stranger.as_ptr()), Err(Error::UntrackedFree { addr }));
     assert!(!logged(log::Level::Error, &format!("no record of {addr:#x}")).is_empty());
     // Double untrack.
     let ext = [0u8; 8];
     t.track(ext.as_ptr(), 8, tag);
     t.untrack(ext.as_ptr());
-    assert_eq!(
-        t.try_untrack(ext.as_ptr()),
-        Err(Error::DoubleFree {
-            addr: ext.as_ptr() as usize
-        })
-    );
+    assert_eq!(t.try_untrack(ext.as_ptr()), Err(Error::DoubleFree { addr: ext.as_ptr() as usize }));
     // Double dealloc.
     let p = t.alloc(Layout::new::<u32>(), tag);
     t.try_dealloc(p).unwrap();
-    assert_eq!(
-        t.try_dealloc(p),
-        Err(Error::DoubleFree {
-            addr: p.as_ptr() as usize
-        })
-    );
+    assert_eq!(t.try_dealloc(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
     // Dealloc of a pointer the tracker never allocated.
     let bogus = NonNull::from(&stranger[1]);
-    assert!(matches!(
-        t.try_dealloc(bogus),
-        Err(Error::UntrackedFree { .. })
-    ));
+    assert!(matches!(t.try_dealloc(bogus), Err(Error::UntrackedFree { .. })));
     // Dealloc of memory that was only tracked: not ours to free.
     t.track(ext.as_ptr(), 8, tag);
-    assert!(matches!(
-        t.try_dealloc(NonNull::from(&ext[0])),
-        Err(Error::UntrackedFree { .. })
-    ));
+    assert!(matches!(t.try_dealloc(NonNull::from(&ext[0])), Err(Error::UntrackedFree { .. })));
     t.untrack(ext.as_ptr());
     let e = t.error_counts();
     assert_eq!((e.untracked_frees, e.double_frees), (3, 2));
@@ -294,10 +233,7 @@ fn double_free_reports_the_first_free_in_diagnostic_mode() {
     let p = t.alloc(Layout::new::<[u8; 20]>(), tag);
     first_free_here(&t, p);
     assert!(t.try_dealloc(p).is_err());
-    let lines = logged(
-        log::Level::Error,
-        &format!("double free of {:#x}", p.as_ptr() as usize),
-    );
+    let lines = logged(log::Level::Error, &format!("double free of {:#x}", p.as_ptr() as usize));
     assert_eq!(lines.len(), 1);
     assert!(lines[0].contains("first freed at"), "{}", lines[0]);
     assert!(lines[0].contains("first_free_here"), "{}", lines[0]);
@@ -315,12 +251,7 @@ fn overruns_are_caught_on_free_and_on_report() {
     // SAFETY: writes 2 bytes past the 10-byte block, into the tracker's guard zone.
     unsafe { a.as_ptr().add(10).write_bytes(0, 2) };
     match t.try_dealloc(a) {
-        Err(Error::BufferOverrun {
-            addr,
-            size,
-            bytes,
-            site,
-        }) => {
+        Err(Error::BufferOverrun { addr, size, bytes, site }) => {
             assert_eq!((addr, size, bytes), (a.as_ptr() as usize, 10, 2));
             assert!(site.file().ends_with("track_api.rs"));
             assert_eq!(site.line(), line);
@@ -343,12 +274,9 @@ fn overruns_are_caught_on_free_and_on_report() {
 
 #[test]
 fn alloc_honours_alignment_in_every_mode() {
-    for (mode, diag) in [
-        (Mode::Counting, false),
-        (Mode::Records, false),
-        (Mode::Stacks { depth: 3 }, false),
-        (Mode::Records, true),
-    ] {
+    for (mode, diag) in
+        [(Mode::Counting, false), (Mode::Records, false), (Mode::Stacks { depth: 3 }, false), (Mode::Records, true)]
+    {
         let t = Tracker::with_mode(mode);
         t.set_diagnostics(diag);
         assert_eq!(t.mode(), mode);
@@ -376,9 +304,7 @@ fn alloc_honours_alignment_in_every_mode() {
 fn leak_report_groups_by_stack_and_resolves() {
     #[inline(never)]
     fn leak_some(t: &Tracker, tag: TagId, n: usize, size: usize) -> Vec<NonNull<u8>> {
-        (0..n)
-            .map(|_| t.alloc(Layout::from_size_align(size, 8).unwrap(), tag))
-            .collect()
+        (0..n).map(|_| t.alloc(Layout::from_size_align(size, 8).unwrap(), tag)).collect()
     }
     let t = Tracker::with_mode(Mode::Stacks { depth: 8 });
     let tag = t.tag_named("api-leaks");
@@ -393,10 +319,7 @@ fn leak_report_groups_by_stack_and_resolves() {
     let text = report.to_string();
     assert!(text.contains("leak_some"), "{text}");
     assert!(text.contains("track_api.rs:"), "{text}");
-    assert!(
-        !text.contains("mmobject::track::tracker"),
-        "own frames skipped: {text}"
-    );
+    assert!(!text.contains("mmobject::track::tracker"), "own frames skipped: {text}");
     for p in small.into_iter().chain([big]) {
         t.dealloc(p);
     }
@@ -415,10 +338,7 @@ fn report_table_and_csv() {
     t.credit(a, 1500);
     t.frame_mark();
     let text = t.snapshot().to_string();
-    let row = text
-        .lines()
-        .find(|l| l.starts_with("api-report-a"))
-        .unwrap();
+    let row = text.lines().find(|l| l.starts_with("api-report-a")).unwrap();
     assert!(row.contains("0.0%"), "{row}");
     assert!(row.contains("1.5 KiB"), "peak: {row}");
     assert!(text.contains("tracker overhead"));
@@ -443,12 +363,7 @@ fn report_json() {
     t.set_budget(a, 100);
     t.try_charge(a, 42).unwrap();
     let json: serde_json::Value = serde_json::from_str(&t.snapshot().to_json()).unwrap();
-    let row = json["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "api-json")
-        .unwrap();
+    let row = json["tags"].as_array().unwrap().iter().find(|r| r["name"] == "api-json").unwrap();
     assert_eq!(row["bytes"], 42);
     assert_eq!(row["budget"], 100);
     assert!(json["overhead_bytes"].is_number());
@@ -473,9 +388,7 @@ unsafe impl Send for SendPtr {}
 #[test]
 fn four_threads_totals_are_exact() {
     let t = Tracker::with_mode(Mode::Records);
-    let tags: Vec<TagId> = (0..4)
-        .map(|i| t.tag_named(["api-mt-0", "api-mt-1", "api-mt-2", "api-mt-3"][i]))
-        .collect();
+    let tags: Vec<TagId> = (0..4).map(|i| t.tag_named(["api-mt-0", "api-mt-1", "api-mt-2", "api-mt-3"][i])).collect();
     let rounds = if cfg!(miri) { 20 } else { 5_000 };
     let freed = AtomicUsize::new(0);
     let kept: Vec<SendPtr> = std::thread::scope(|s| {
@@ -505,10 +418,7 @@ fn four_threads_totals_are_exact() {
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     for &tag in &tags {
         let s = t.tag_stats(tag);

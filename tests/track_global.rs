@@ -20,12 +20,8 @@ static STRINGS: Tag = Tag::new("global-Strings");
 static MAPS: Tag = Tag::new("global-Maps");
 static LIMITED: Tag = Tag::new("global-Limited");
 static LOGGED: Tag = Tag::new("global-Logged");
-static THREADS: [Tag; 4] = [
-    Tag::new("global-Thread0"),
-    Tag::new("global-Thread1"),
-    Tag::new("global-Thread2"),
-    Tag::new("global-Thread3"),
-];
+static THREADS: [Tag; 4] =
+    [Tag::new("global-Thread0"), Tag::new("global-Thread1"), Tag::new("global-Thread2"), Tag::new("global-Thread3")];
 
 fn stats(tag: &Tag) -> TagStats {
     Tracker::global().tag_stats(tag)
@@ -136,8 +132,8 @@ fn four_threads_exact_totals() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (tag, live) in THREADS.iter().zip(&kept) {
-        let expected: usize = live.iter().map(|b| b.len()).sum::<usize>()
-            + live.capacity() * std::mem::size_of::<Box<[u8]>>();
+        let expected: usize =
+            live.iter().map(|b| b.len()).sum::<usize>() + live.capacity() * std::mem::size_of::<Box<[u8]>>();
         let st = stats(tag);
         assert_eq!(st.bytes, expected, "{st:?}");
         assert_eq!(st.count, 8, "7 boxes and the Vec");
@@ -156,10 +152,7 @@ fn budget_error_policy_fails_try_reserve() {
     let mut ok: Vec<u8> = Vec::new();
     assert!(ok.try_reserve_exact(4000).is_ok());
     let mut refused: Vec<u8> = Vec::new();
-    assert!(
-        refused.try_reserve_exact(1000).is_err(),
-        "over budget: the allocation fails"
-    );
+    assert!(refused.try_reserve_exact(1000).is_err(), "over budget: the allocation fails");
     assert_eq!(stats(&LIMITED).bytes, 4000);
     drop(ok);
     assert!(refused.try_reserve_exact(1000).is_ok(), "room again");
@@ -186,11 +179,7 @@ fn budget_callback_may_allocate() {
         assert_eq!(notes.len(), 1);
         assert!(notes[0].contains("'global-Callback': budget 100 bytes, 0 in use, 500 requested"));
     }
-    assert_eq!(
-        stats(&CALLBACK_TAG).bytes,
-        500,
-        "the callback policy lets it through"
-    );
+    assert_eq!(stats(&CALLBACK_TAG).bytes, 500, "the callback policy lets it through");
     drop(v);
     t.clear_budget(&CALLBACK_TAG);
     assert_eq!(stats(&CALLBACK_TAG).bytes, 0);
@@ -203,19 +192,12 @@ fn watch_logs_from_inside_the_allocator() {
     drop(b);
     t.watch(&LOGGED, false);
     let lines = LINES.lock().unwrap();
-    let watched: Vec<_> = lines
-        .iter()
-        .filter(|l| l.contains("[global-Logged]"))
-        .collect();
+    let watched: Vec<_> = lines.iter().filter(|l| l.contains("[global-Logged]")).collect();
     assert_eq!(watched.len(), 2, "{watched:?}");
     assert!(watched[0].starts_with("DEBUG [global-Logged] alloc 77 B at 0x"));
     assert!(watched[1].starts_with("DEBUG [global-Logged] free 77 B at 0x"));
     drop(lines);
-    assert_eq!(
-        stats(&LOGGED).bytes,
-        0,
-        "the logger's own allocations are not counted"
-    );
+    assert_eq!(stats(&LOGGED).bytes, 0, "the logger's own allocations are not counted");
 }
 
 #[inline(never)]
@@ -231,19 +213,12 @@ fn records_mode_leak_report() {
     t.set_mode(Mode::Stacks { depth: 8 });
     let kept = allocate_for_the_leak_report();
     let report = t.leak_report();
-    let meshes: Vec<_> = report
-        .groups
-        .iter()
-        .filter(|g| g.tag_name == "global-Meshes")
-        .collect();
+    let meshes: Vec<_> = report.groups.iter().filter(|g| g.tag_name == "global-Meshes").collect();
     if cfg!(miri) {
         // No stacks under Miri: every Meshes block shares the allocator's site.
         assert!(meshes.iter().any(|g| g.count >= 3 && g.bytes >= 900));
     } else {
-        let group = meshes
-            .iter()
-            .find(|g| g.count == 3)
-            .expect("the three boxes form one group");
+        let group = meshes.iter().find(|g| g.count == 3).expect("the three boxes form one group");
         assert_eq!(group.bytes, 900);
         let text = report.to_string();
         assert!(text.contains("allocate_for_the_leak_report"), "{text}");
@@ -276,18 +251,7 @@ fn diagnostics_catch_overruns_and_double_frees() {
 }
 
 fn totals_balance() {
-    for tag in [
-        &TEXTURES,
-        &MESHES,
-        &STRINGS,
-        &MAPS,
-        &LIMITED,
-        &LOGGED,
-        &CALLBACK_TAG,
-    ]
-    .into_iter()
-    .chain(&THREADS)
-    {
+    for tag in [&TEXTURES, &MESHES, &STRINGS, &MAPS, &LIMITED, &LOGGED, &CALLBACK_TAG].into_iter().chain(&THREADS) {
         let st = stats(tag);
         assert_eq!((st.bytes, st.count), (0, 0), "{st:?}");
         assert!(st.total_count > 0, "{} was used", st.name);

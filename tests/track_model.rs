@@ -8,30 +8,15 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Track {
-        slot: usize,
-        size: usize,
-        tag: usize,
-    },
-    Untrack {
-        slot: usize,
-    },
-    Charge {
-        tag: usize,
-        size: usize,
-    },
-    Credit {
-        tag: usize,
-    },
+    Track { slot: usize, size: usize, tag: usize },
+    Untrack { slot: usize },
+    Charge { tag: usize, size: usize },
+    Credit { tag: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0..32usize, 1..5000usize, 0..3usize).prop_map(|(slot, size, tag)| Op::Track {
-            slot,
-            size,
-            tag
-        }),
+        (0..32usize, 1..5000usize, 0..3usize).prop_map(|(slot, size, tag)| Op::Track { slot, size, tag }),
         (0..32usize).prop_map(|slot| Op::Untrack { slot }),
         (0..3usize, 1..100usize).prop_map(|(tag, size)| Op::Charge { tag, size }),
         (0..3usize).prop_map(|tag| Op::Credit { tag }),

@@ -181,7 +181,7 @@ pub struct ObjectManager {
     /// Open-addressed map from `TypeId` to store index; entries are set once.
     types: Box<[OnceLock<(TypeId, u32)>]>,
     /// Stores by index; entries are set once, in order.
-    stores: Box<[OnceLock<Box<dyn ErasedStore>>]>,
+    stores: Box<[OnceLock<StoreEntry>]>,
     store_count: AtomicUsize,
     register_lock: Mutex<()>,
     index_space: Arc<IndexSpace>,
@@ -189,6 +189,18 @@ pub struct ObjectManager {
     max_objects: u32,
     report_leaks: bool,
     shut_down: bool,
+}
+
+/// A registered store, with the `TypeId` of its object type kept inline so
+/// that a typed lookup (every weak-handle read) costs one compare instead of
+/// two virtual calls (`as_any`, then `Any::type_id`).
+///
+/// # Invariants
+///
+/// `store` is a `Store<T>` for the `T` with `TypeId::of::<T>() == type_id`.
+struct StoreEntry {
+    type_id: TypeId,
+    store: Box<dyn ErasedStore>,
 }
 
 impl Default for ObjectManager {
@@ -254,7 +266,15 @@ impl ObjectManager {
 
     #[inline]
     fn store_at<T: MMObject>(&self, index: u32) -> Option<&Store<T>> {
-        self.stores.get(index as usize)?.get()?.as_any().downcast_ref::<Store<T>>()
+        let entry = self.stores.get(index as usize)?.get()?;
+        if entry.type_id != TypeId::of::<T>() {
+            return None;
+        }
+        let store: *const dyn ErasedStore = &*entry.store;
+        // SAFETY: by `StoreEntry`'s invariant the box holds a `Store<T>` (its
+        // `type_id` is `T`'s), so the data pointer of the `dyn ErasedStore`
+        // points to a live `Store<T>`, borrowed for as long as `self`.
+        Some(unsafe { &*store.cast::<Store<T>>() })
     }
 
     fn store_or_register<T: MMObject>(&self) -> Result<&Store<T>> {
@@ -277,7 +297,7 @@ impl ObjectManager {
             first_generation: self.id.wrapping_mul(0x9E37_79B9) << 1,
         };
         let store: Box<dyn ErasedStore> = Box::new(Store::<T>::new(config, Arc::clone(&self.index_space)));
-        if self.stores[index].set(store).is_err() {
+        if self.stores[index].set(StoreEntry { type_id: TypeId::of::<T>(), store }).is_err() {
             unreachable!("store entries are set once, under the register lock");
         }
         let mut at = self.type_slot(TypeId::of::<T>());
@@ -291,7 +311,7 @@ impl ObjectManager {
 
     /// The store at `index`, for changes under `&mut self`.
     pub(crate) fn store_by_index_mut(&mut self, index: u32) -> Option<&mut (dyn ErasedStore + 'static)> {
-        self.stores.get_mut(index as usize)?.get_mut().map(|s| &mut **s)
+        self.stores.get_mut(index as usize)?.get_mut().map(|e| &mut *e.store)
     }
 
     /// The (store index, local slot index) a key's manager-wide index names.
@@ -301,7 +321,7 @@ impl ObjectManager {
 
     pub(crate) fn all_stores(&self) -> impl Iterator<Item = &dyn ErasedStore> {
         let count = self.store_count.load(Ordering::Acquire);
-        self.stores[..count].iter().filter_map(|s| s.get().map(|b| &**b))
+        self.stores[..count].iter().filter_map(|s| s.get().map(|e| &*e.store))
     }
 
     // ---- creation ------------------------------------------------------------
@@ -422,21 +442,22 @@ impl ObjectManager {
 
     // ---- weak handles ----------------------------------------------------------
 
+    /// The weak handle's slot if its object is live; the manager id is not checked.
+    #[inline]
+    fn live_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&super::slot::Slot<T>> {
+        let (store_index, local) = unpack_location(weak.location());
+        let slot = self.store_at::<T>(store_index)?.slot(local)?;
+        slot.header.is_live(weak.key().generation()).then_some(slot)
+    }
+
+    #[inline]
     fn weak_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<&super::slot::Slot<T>> {
         self.check_manager(weak.manager_id())?;
-        let (store_index, local) = unpack_location(weak.location());
-        let stale = || Error::StaleHandle {
+        self.live_slot(weak).ok_or_else(|| Error::StaleHandle {
             type_name: T::TYPE_NAME,
             index: weak.key().index(),
             generation: weak.key().generation(),
-        };
-        let store = self.store_at::<T>(store_index).ok_or_else(stale)?;
-        let slot = store.slot(local).ok_or_else(stale)?;
-        if slot.header.is_live(weak.key().generation()) {
-            Ok(slot)
-        } else {
-            Err(stale())
-        }
+        })
     }
 
     /// Reads an object through a weak handle, touching no count.
@@ -446,12 +467,15 @@ impl ObjectManager {
     /// # Panics
     ///
     /// Panics if the weak handle belongs to another manager.
+    #[inline]
     pub fn get_weak<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&T> {
-        match self.try_get_weak(weak) {
-            Ok(value) => Some(value),
-            Err(Error::StaleHandle { .. }) => None,
-            Err(e) => fail(e),
+        if let Err(e) = self.check_manager(weak.manager_id()) {
+            fail(e)
         }
+        let slot = self.live_slot(weak)?;
+        // SAFETY: `live_slot` saw the slot live with `Acquire`, so the value is
+        // initialised; `&self` keeps collection away.
+        Some(unsafe { Store::value_unchecked(slot) })
     }
 
     /// Reads an object through a weak handle.
@@ -460,6 +484,7 @@ impl ObjectManager {
     ///
     /// [`Error::StaleHandle`] if the object is dead or destroyed;
     /// [`Error::WrongManager`] if the handle belongs to another manager.
+    #[inline]
     pub fn try_get_weak<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<&T> {
         let slot = self.weak_slot(weak)?;
         // SAFETY: `weak_slot` saw the slot live with `Acquire`, so the value is
@@ -544,7 +569,8 @@ impl ObjectManager {
             return Err(invalid());
         }
         let (store_index, local) = self.index_space.resolve(raw.index()).ok_or_else(invalid)?;
-        let store = self.stores.get(store_index as usize).and_then(|s| s.get()).ok_or_else(invalid)?;
+        let store =
+            self.stores.get(store_index as usize).and_then(|s| s.get()).map(|e| &e.store).ok_or_else(invalid)?;
         let header = store.header(local).ok_or_else(invalid)?;
         Ok((&**store, local, header))
     }
@@ -700,7 +726,7 @@ impl ObjectManager {
         let count = self.store_count.load(Ordering::Relaxed);
         loop {
             let mut freed = 0;
-            for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut()) {
+            for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {
                 freed += store.collect(&mut budget, &mut stats);
             }
             if freed == 0 {
@@ -761,13 +787,13 @@ impl ObjectManager {
             }
         }
         let count = self.store_count.load(Ordering::Relaxed);
-        for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut()) {
+        for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {
             store.destroy_all(&mut |type_name| {
                 report.drop_panics += 1;
                 log::error!(target: "mmobject", "a {type_name} panicked in Drop during shutdown");
             });
         }
-        for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut()) {
+        for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {
             let settled = store.settle();
             report.outliving_handles += settled.outliving;
             report.leaked_bytes += settled.leaked_bytes;
@@ -1102,5 +1128,25 @@ mod tests {
         });
         assert_eq!(mm.collect_garbage().objects, n);
         assert!(shared.iter().all(|h| h.ref_count() == 1));
+    }
+
+    /// `created` is derived from the free list's length (no counter on
+    /// `create`): it must stay exact through reuse, bumps and collection.
+    #[test]
+    fn report_counts_created_and_destroyed_exactly() {
+        let mut mm = quiet();
+        let mut kept: Vec<_> = (0..5).map(|w| mm.create(Texture { width: w })).collect();
+        kept.truncate(3);
+        let line = |mm: &ObjectManager| mm.report().get("Texture").cloned().unwrap();
+        assert_eq!((line(&mm).created, line(&mm).destroyed, line(&mm).live, line(&mm).dead_pending), (5, 0, 3, 2));
+        assert_eq!(mm.collect_garbage().objects, 2);
+        kept.extend((0..3).map(|w| mm.create(Texture { width: w }))); // two reused slots, one new
+        let after = line(&mm);
+        assert_eq!((after.created, after.destroyed, after.live, after.dead_pending), (8, 2, 6, 0));
+        assert_eq!(mm.count::<Texture>(), 6);
+        drop(kept);
+        assert_eq!(mm.collect_garbage().objects, 6);
+        let end = line(&mm);
+        assert_eq!((end.created, end.destroyed, end.live), (8, 8, 0));
     }
 }

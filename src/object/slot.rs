@@ -75,6 +75,7 @@ impl SlotHeader {
     }
 
     /// True if the slot is occupied by the object with this generation and it is referenced.
+    #[inline]
     pub(crate) fn is_live(&self, generation: u32) -> bool {
         self.generation.load(Ordering::Acquire) == generation
             && matches!(self.word.load(Ordering::Acquire), w if w & LINK_FLAG == 0 && w != 0)

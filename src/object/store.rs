@@ -45,13 +45,19 @@ pub(crate) struct StoreConfig {
 ///   list, or on the free list (or is about to be, inside `create`).
 /// - While other threads may use the store (`&self`), the free list is only
 ///   popped; pushes happen under `&mut self`.
+/// - The free list's length is the high half of `free_head`, kept in the same
+///   word as its head so that a pop updates both with its one CAS. Objects
+///   created and not yet destroyed are therefore
+///   `len - free length - destroyed_in_place`, with no counter on `create`.
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
     segments: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
-    free_head: AtomicU32,
+    /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
+    free_head: AtomicU64,
     len: AtomicU32,
-    created: AtomicU64,
     destroyed: AtomicU64,
+    /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
+    destroyed_in_place: u64,
     peak_resident: AtomicU64,
     grow_lock: Mutex<()>,
     index_space: Arc<IndexSpace>,
@@ -90,10 +96,10 @@ impl<T: MMObject> Store<T> {
         Store {
             shared: NonNull::from(Box::leak(shared)),
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
-            free_head: AtomicU32::new(NIL),
+            free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
-            created: AtomicU64::new(0),
             destroyed: AtomicU64::new(0),
+            destroyed_in_place: 0,
             peak_resident: AtomicU64::new(0),
             grow_lock: Mutex::new(()),
             index_space,
@@ -150,23 +156,27 @@ impl<T: MMObject> Store<T> {
         debug_assert!(generation & 1 == 1, "a vacant slot's generation is even");
         // Release: readers that see the odd generation see the value and count.
         slot.header.generation.store(generation, Ordering::Release);
-        self.created.fetch_add(1, Ordering::Relaxed);
         Ok(Inserted { local, slot: NonNull::from(slot), generation })
     }
 
-    /// Pops the free list. Concurrent callers only pop, so the head never
-    /// returns to a value it held: a stale `next` read makes the CAS fail.
+    /// Pops the free list, decrementing its length in the same CAS.
+    /// Concurrent callers only pop, so the head never returns to a value it
+    /// held: a stale `next` read makes the CAS fail.
+    #[inline]
     fn pop_free(&self) -> Option<u32> {
-        let mut head = self.free_head.load(Ordering::Acquire);
+        let mut word = self.free_head.load(Ordering::Acquire);
         loop {
+            let (head, free) = split_free(word);
             if head == NIL {
                 return None;
             }
+            debug_assert!(free > 0, "a non-empty free list has a length");
             let slot = self.slot(head).expect("free slots live in published segments");
             let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-            match self.free_head.compare_exchange_weak(head, next, Ordering::Acquire, Ordering::Acquire) {
+            let popped = free_word(next, free - 1);
+            match self.free_head.compare_exchange_weak(word, popped, Ordering::Acquire, Ordering::Acquire) {
                 Ok(_) => return Some(head),
-                Err(actual) => head = actual,
+                Err(actual) => word = actual,
             }
         }
     }
@@ -247,6 +257,7 @@ impl<T: MMObject> Store<T> {
     ///
     /// The slot's generation must have been read as odd (with `Acquire`) by
     /// this thread, under a borrow of the store that prevents collection.
+    #[inline]
     pub(crate) unsafe fn value_unchecked(slot: &Slot<T>) -> &T {
         // SAFETY: an odd generation means the value is initialised (type
         // invariant of `Slot`), and the caller's borrow keeps it alive.
@@ -269,11 +280,6 @@ impl<T: MMObject> Store<T> {
         count
     }
 
-    /// Objects created and not yet destroyed (live or dead).
-    pub(crate) fn resident(&self) -> u64 {
-        self.created.load(Ordering::Relaxed) - self.destroyed.load(Ordering::Relaxed)
-    }
-
     fn note_peak(&self) -> u64 {
         let resident = self.resident();
         self.peak_resident.fetch_max(resident, Ordering::Relaxed).max(resident)
@@ -294,7 +300,7 @@ impl<T: MMObject> Store<T> {
         if head == NIL {
             return 0;
         }
-        let mut requeue = Requeue { store: self, rest: head, current: NIL, destroyed: 0 };
+        let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: 0 };
         while requeue.rest != NIL && *budget > 0 {
             let local = requeue.rest;
             let store = &*requeue.store;
@@ -310,7 +316,7 @@ impl<T: MMObject> Store<T> {
             }));
             requeue.current = NIL;
             store.free_slot(slot, local);
-            requeue.destroyed += 1;
+            requeue.freed += 1;
             // SAFETY: the slot was occupied (its value initialised) and is now
             // vacant and unreachable from any handle; the value is dropped
             // exactly once, here.
@@ -322,17 +328,50 @@ impl<T: MMObject> Store<T> {
                 Err(payload) => std::panic::resume_unwind(payload),
             }
         }
-        requeue.destroyed as usize
+        requeue.freed as usize
     }
 
     /// Marks a dead slot vacant and pushes it on the free list.
+    ///
+    /// The caller counts it in `destroyed` (see [`Requeue::freed`]): one plain
+    /// add per collection instead of a locked add per slot, which would wait
+    /// for the stores to this cold slot to drain.
+    #[inline]
     fn free_slot(&self, slot: &Slot<T>, local: u32) {
         let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
         debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
         slot.header.generation.store(generation, Ordering::Release);
-        slot.header.word.store(LINK_FLAG | self.free_head.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.free_head.store(local, Ordering::Release);
+        let (head, free) = split_free(self.free_head.load(Ordering::Relaxed));
+        slot.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
+        self.free_head.store(free_word(local, free + 1), Ordering::Release);
     }
+}
+
+impl<T> Store<T> {
+    /// Objects created and not yet destroyed (live or dead): used slots that
+    /// are neither free nor destroyed in place.
+    pub(crate) fn resident(&self) -> u64 {
+        let used = u64::from(self.len.load(Ordering::Relaxed));
+        let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
+        used.saturating_sub(free + self.destroyed_in_place)
+    }
+
+    /// Objects ever created.
+    fn created(&self) -> u64 {
+        self.destroyed.load(Ordering::Relaxed) + self.resident()
+    }
+}
+
+/// Packs the free list's head and length into one word.
+#[inline]
+fn free_word(head: u32, len: u32) -> u64 {
+    u64::from(len) << 32 | u64::from(head)
+}
+
+/// Splits a free-list word into (head, length).
+#[inline]
+fn split_free(word: u64) -> (u32, u32) {
+    (word as u32, (word >> 32) as u32)
 }
 
 /// Puts the unprocessed part of a dead chain back if collection unwinds.
@@ -342,13 +381,13 @@ struct Requeue<'a, T: MMObject> {
     rest: u32,
     /// A dead slot taken off the chain whose value is still in use.
     current: u32,
-    /// Slots freed so far, added to the store's count once, at the end.
-    destroyed: u64,
+    /// Slots put on the free list so far, added to `destroyed` on drop (also when unwinding).
+    freed: u64,
 }
 
 impl<T: MMObject> Drop for Requeue<'_, T> {
     fn drop(&mut self) {
-        self.store.destroyed.fetch_add(self.destroyed, Ordering::Relaxed);
+        self.store.destroyed.fetch_add(self.freed, Ordering::Relaxed);
         let shared = self.store.shared();
         if self.current != NIL {
             let slot = self.store.slot(self.current).expect("published");
@@ -457,7 +496,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
             dead_pending: dead,
             bytes,
             slot_bytes: std::mem::size_of::<Slot<T>>(),
-            created: self.created.load(Ordering::Relaxed),
+            created: self.created(),
             destroyed: self.destroyed.load(Ordering::Relaxed),
         }
     }
@@ -501,6 +540,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
             }
         });
         self.destroyed.fetch_add(destroyed, Ordering::Relaxed);
+        self.destroyed_in_place += destroyed;
     }
 
     /// Decides whether the segments can be freed: every used slot must be
@@ -517,7 +557,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 at = store.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
             }
         };
-        let free_head = self.free_head.load(Ordering::Relaxed);
+        let (free_head, _) = split_free(self.free_head.load(Ordering::Relaxed));
         mark(self, free_head);
         mark(self, self.shared().take_dead());
         // A slot held only by raw references is safe to free too: a raw
@@ -572,7 +612,7 @@ impl<T> std::fmt::Debug for Store<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("len", &self.len.load(Ordering::Relaxed))
-            .field("created", &self.created.load(Ordering::Relaxed))
+            .field("created", &self.created())
             .field("destroyed", &self.destroyed.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }

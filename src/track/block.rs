@@ -46,11 +46,7 @@ const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
 
 impl Header {
     pub(crate) fn new(tag: u32, flags: u32, size: usize) -> Self {
-        Header {
-            tag,
-            magic_flags: MAGIC | flags,
-            size,
-        }
+        Header { tag, magic_flags: MAGIC | flags, size }
     }
 
     pub(crate) fn is_valid(&self) -> bool {
@@ -92,18 +88,13 @@ pub(crate) fn block_layout(layout: Layout, guarded: bool) -> Option<BlockLayout>
         // SAFETY: `HEADER` is a power of two, and `total` rounded up to it does not
         // overflow `isize` (checked above).
         let outer = unsafe { Layout::from_size_align_unchecked(total, HEADER) };
-        return Some(BlockLayout {
-            outer,
-            prefix: HEADER,
-        });
+        return Some(BlockLayout { outer, prefix: HEADER });
     }
     let align = layout.align().max(HEADER);
     let front = HEADER + if guarded { GUARD } else { 0 };
     // Round `front` up to the alignment so the user pointer stays aligned.
     let prefix = front.checked_add(align - 1)? & !(align - 1);
-    let total = prefix
-        .checked_add(layout.size())?
-        .checked_add(if guarded { GUARD } else { 0 })?;
+    let total = prefix.checked_add(layout.size())?.checked_add(if guarded { GUARD } else { 0 })?;
     let outer = Layout::from_size_align(total, align).ok()?;
     Some(BlockLayout { outer, prefix })
 }
@@ -116,12 +107,7 @@ pub(crate) fn block_layout(layout: Layout, guarded: bool) -> Option<BlockLayout>
 /// `block.outer.align()`, and `block` must come from `block_layout(layout, guarded)` with
 /// `size` = `layout.size()`.
 #[inline]
-pub(crate) unsafe fn init(
-    base: *mut u8,
-    block: BlockLayout,
-    size: usize,
-    header: Header,
-) -> *mut u8 {
+pub(crate) unsafe fn init(base: *mut u8, block: BlockLayout, size: usize, header: Header) -> *mut u8 {
     // SAFETY: `prefix <= outer.size()` (caller's contract), so `user` is inside the block.
     let user = unsafe { base.add(block.prefix) };
     // SAFETY: `prefix >= HEADER` and `user` is aligned to at least 16, so the header slot
@@ -182,11 +168,7 @@ pub(crate) unsafe fn damaged_bytes(user: *const u8, size: usize, expected: Heade
     let header = unsafe { read_header(user) };
     let expected_bytes = header_bytes(&expected);
     let found_bytes = header_bytes(&header);
-    bad + expected_bytes
-        .iter()
-        .zip(found_bytes.iter())
-        .filter(|(a, b)| a != b)
-        .count()
+    bad + expected_bytes.iter().zip(found_bytes.iter()).filter(|(a, b)| a != b).count()
 }
 
 fn header_bytes(h: &Header) -> [u8; 16] {

@@ -90,12 +90,7 @@ pub struct BudgetOverrun {
 impl BudgetOverrun {
     /// The matching [`Error::BudgetExceeded`].
     pub fn to_error(&self) -> Error {
-        Error::BudgetExceeded {
-            tag: self.name,
-            budget: self.budget,
-            current: self.current,
-            requested: self.requested,
-        }
+        Error::BudgetExceeded { tag: self.name, budget: self.budget, current: self.current, requested: self.requested }
     }
 }
 
@@ -115,10 +110,7 @@ pub(crate) struct PolicyTable {
 
 impl PolicyTable {
     pub(crate) const fn new() -> Self {
-        Self {
-            default: BudgetPolicy::Log,
-            per_tag: [None; MAX_TAGS],
-        }
+        Self { default: BudgetPolicy::Log, per_tag: [None; MAX_TAGS] }
     }
 
     pub(crate) fn policy(&self, tag: TagId) -> BudgetPolicy {
@@ -142,16 +134,7 @@ mod tests {
 
     #[test]
     fn overrun_formats_as_error() {
-        let o = BudgetOverrun {
-            tag: TagId(0),
-            name: "Untagged",
-            budget: 10,
-            current: 8,
-            requested: 4,
-        };
-        assert_eq!(
-            o.to_string(),
-            "budget exceeded for tag 'Untagged': budget 10 bytes, 8 in use, 4 requested"
-        );
+        let o = BudgetOverrun { tag: TagId(0), name: "Untagged", budget: 10, current: 8, requested: 4 };
+        assert_eq!(o.to_string(), "budget exceeded for tag 'Untagged': budget 10 bytes, 8 in use, 4 requested");
     }
 }

@@ -56,10 +56,7 @@ pub struct TrackingAllocator<A: GlobalAlloc = System> {
 impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// Wraps `inner`, reporting into [`Tracker::global()`].
     pub const fn new(inner: A) -> Self {
-        Self {
-            inner,
-            tracker: Tracker::global(),
-        }
+        Self { inner, tracker: Tracker::global() }
     }
 
     /// Wraps `inner`, reporting into `tracker`.
@@ -142,26 +139,13 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         }
         let tag_id = tag.unwrap_or(TagId::UNTAGGED);
         // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, guarded)`.
-        let user = unsafe {
-            block::init(
-                base,
-                block,
-                layout.size(),
-                Header::new(tag_id.0, hflags, layout.size()),
-            )
-        };
+        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag_id.0, hflags, layout.size())) };
         if record {
             let site = Location::caller();
             let flags = FLAG_GLOBAL_ALLOC | if guarded { FLAG_GUARDED } else { 0 };
             t.add_record(
                 user as usize,
-                Record {
-                    size: layout.size(),
-                    tag: tag_id,
-                    flags,
-                    site,
-                    stack: NO_STACK,
-                },
+                Record { size: layout.size(), tag: tag_id, flags, site, stack: NO_STACK },
                 depth,
             );
         }
@@ -174,9 +158,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
 
 impl<A: GlobalAlloc> fmt::Debug for TrackingAllocator<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TrackingAllocator")
-            .field("tracker", self.tracker)
-            .finish_non_exhaustive()
+        f.debug_struct("TrackingAllocator").field("tracker", self.tracker).finish_non_exhaustive()
     }
 }
 
@@ -214,28 +196,16 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             return base;
         }
         // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
-        let user = unsafe {
-            block::init(
-                base,
-                block,
-                layout.size(),
-                Header::new(tag.0, H_COUNTED, layout.size()),
-            )
-        };
+        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, H_COUNTED, layout.size())) };
         if watched {
-            self.tracker
-                .watch_event("alloc", tag, layout.size(), Some(user as usize), None);
+            self.tracker.watch_event("alloc", tag, layout.size(), Some(user as usize), None);
         }
         user
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let tag = if in_tracker() {
-            None
-        } else {
-            Some(current_tag())
-        };
+        let tag = if in_tracker() { None } else { Some(current_tag()) };
         // SAFETY: the caller guarantees a non-zero size.
         unsafe { self.alloc_tagged(layout, tag, true) }
     }
@@ -249,21 +219,14 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             if header.is_counted_only() {
                 // The counting fast path: no record, no guards.
                 if self.tracker.count_free(TagId(header.tag), header.size) {
-                    self.tracker.watch_event(
-                        "free",
-                        TagId(header.tag),
-                        header.size,
-                        Some(ptr as usize),
-                        None,
-                    );
+                    self.tracker.watch_event("free", TagId(header.tag), header.size, Some(ptr as usize), None);
                 }
                 // SAFETY: as in the general path below: the block is live and ours, and
                 // `ptr - HEADER` is the base `inner` returned for this (unguarded, align <= 16)
                 // layout.
                 unsafe {
                     block::mark_freed(ptr);
-                    let block =
-                        block::block_layout(layout, false).expect("layout was valid at allocation");
+                    let block = block::block_layout(layout, false).expect("layout was valid at allocation");
                     self.inner.dealloc(ptr.sub(block.prefix), block.outer);
                 }
                 return;
@@ -296,11 +259,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             // SAFETY: `ptr` is live and came from this allocator (caller's contract).
             let header = unsafe { block::read_header(ptr) };
             // Keep the block's tag; a block allocated untracked stays Untagged from now on.
-            Some(if header.is_valid() && header.flags() & H_COUNTED != 0 {
-                TagId(header.tag)
-            } else {
-                current_tag()
-            })
+            Some(if header.is_valid() && header.flags() & H_COUNTED != 0 { TagId(header.tag) } else { current_tag() })
         };
         // SAFETY: `new_layout` has a non-zero size.
         let new = unsafe { self.alloc_tagged(new_layout, tag, false) };
@@ -323,13 +282,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     ///
     /// As for [`GlobalAlloc::realloc`], and `header` is `ptr`'s header, counted only.
     #[inline]
-    unsafe fn realloc_counted(
-        &self,
-        ptr: *mut u8,
-        layout: Layout,
-        new_layout: Layout,
-        header: Header,
-    ) -> *mut u8 {
+    unsafe fn realloc_counted(&self, ptr: *mut u8, layout: Layout, new_layout: Layout, header: Header) -> *mut u8 {
         let t = self.tracker;
         let tag = TagId(header.tag);
         let new_size = new_layout.size();
@@ -337,40 +290,23 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             Ok(watched) => watched,
             Err(_) => return ptr::null_mut(), // refused by the budget; the old block stays
         };
-        let (Some(old_block), Some(new_block)) = (
-            block::block_layout(layout, false),
-            block::block_layout(new_layout, false),
-        ) else {
+        let (Some(old_block), Some(new_block)) =
+            (block::block_layout(layout, false), block::block_layout(new_layout, false))
+        else {
             t.count_free(tag, new_size);
             return ptr::null_mut();
         };
-        debug_assert_eq!(
-            old_block.prefix, new_block.prefix,
-            "same alignment, same prefix"
-        );
+        debug_assert_eq!(old_block.prefix, new_block.prefix, "same alignment, same prefix");
         // SAFETY: `ptr - prefix` is the base `inner` returned for `old_block.outer` (same
         // layout, unguarded), the block is live, and the new size is non-zero and valid
         // (`block_layout` checked it).
-        let base = unsafe {
-            self.inner.realloc(
-                ptr.sub(old_block.prefix),
-                old_block.outer,
-                new_block.outer.size(),
-            )
-        };
+        let base = unsafe { self.inner.realloc(ptr.sub(old_block.prefix), old_block.outer, new_block.outer.size()) };
         if base.is_null() {
             t.count_free(tag, new_size);
             return base;
         }
         // SAFETY: `base` is a live block of `new_block.outer`.
-        let user = unsafe {
-            block::init(
-                base,
-                new_block,
-                new_size,
-                Header::new(tag.0, H_COUNTED, new_size),
-            )
-        };
+        let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED, new_size)) };
         if t.count_free(tag, header.size) || watched {
             t.watch_event("realloc", tag, new_size, Some(user as usize), None);
         }
@@ -424,13 +360,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         if guarded {
             // SAFETY: the header says the block is guarded and of `header.size` bytes, and it
             // is live (the caller's contract).
-            let bad = unsafe {
-                block::damaged_bytes(
-                    ptr,
-                    header.size,
-                    Header::new(header.tag, flags, header.size),
-                )
-            };
+            let bad = unsafe { block::damaged_bytes(ptr, header.size, Header::new(header.tag, flags, header.size)) };
             if bad != 0 {
                 let site = record.map(|r| r.site).unwrap_or_else(Location::caller);
                 let _ = t.overrun(addr, header.size, bad, site);

@@ -53,16 +53,13 @@ pub(crate) struct RecordTable {
 
 #[inline]
 fn shard_of(addr: usize) -> usize {
-    ((addr >> 4) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize
-        >> (usize::BITS - SHARDS.trailing_zeros())
+    ((addr >> 4) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize >> (usize::BITS - SHARDS.trailing_zeros())
         & (SHARDS - 1)
 }
 
 impl RecordTable {
     pub(crate) const fn new() -> Self {
-        Self {
-            shards: [const { Shard(SpinLock::new(SysMap::new())) }; SHARDS],
-        }
+        Self { shards: [const { Shard(SpinLock::new(SysMap::new())) }; SHARDS] }
     }
 
     /// Inserts a record; returns the record it replaced. `Err` if `System` is out of memory.
@@ -141,9 +138,7 @@ pub(crate) struct FreedRing {
 
 impl FreedRing {
     pub(crate) const fn new() -> Self {
-        Self {
-            inner: SpinLock::new((SysVec::new(), 0)),
-        }
+        Self { inner: SpinLock::new((SysVec::new(), 0)) }
     }
 
     pub(crate) fn push(&self, freed: Freed) {
@@ -163,10 +158,7 @@ impl FreedRing {
         let (buf, next) = &*g;
         let s = buf.as_slice();
         // Newest first: indices next-1, next-2, ... wrapping.
-        (0..s.len())
-            .map(|k| (next + s.len() - 1 - k) % s.len())
-            .map(|i| s[i])
-            .find(|f| f.addr == addr)
+        (0..s.len()).map(|k| (next + s.len() - 1 - k) % s.len()).map(|i| s[i]).find(|f| f.addr == addr)
     }
 
     /// Forgets `addr` (it was allocated again).
@@ -186,13 +178,7 @@ mod tests {
     use super::*;
 
     fn rec(size: usize) -> Record {
-        Record {
-            size,
-            tag: TagId(0),
-            flags: 0,
-            site: Location::caller(),
-            stack: 0,
-        }
+        Record { size, tag: TagId(0), flags: 0, site: Location::caller(), stack: 0 }
     }
 
     #[test]
@@ -214,27 +200,12 @@ mod tests {
     fn ring_keeps_the_newest() {
         let ring = FreedRing::new();
         for i in 0..FREED_RING + 10 {
-            ring.push(Freed {
-                addr: i,
-                record: rec(i),
-                free_stack: 0,
-            });
+            ring.push(Freed { addr: i, record: rec(i), free_stack: 0 });
         }
         assert!(ring.find(3).is_none(), "overwritten");
-        assert_eq!(
-            ring.find(FREED_RING + 9).unwrap().record.size,
-            FREED_RING + 9
-        );
-        ring.push(Freed {
-            addr: 5000,
-            record: rec(1),
-            free_stack: 0,
-        });
-        ring.push(Freed {
-            addr: 5000,
-            record: rec(2),
-            free_stack: 0,
-        });
+        assert_eq!(ring.find(FREED_RING + 9).unwrap().record.size, FREED_RING + 9);
+        ring.push(Freed { addr: 5000, record: rec(1), free_stack: 0 });
+        ring.push(Freed { addr: 5000, record: rec(2), free_stack: 0 });
         assert_eq!(ring.find(5000).unwrap().record.size, 2);
         ring.clear();
         assert!(ring.find(5000).is_none());

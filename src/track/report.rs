@@ -113,17 +113,9 @@ impl fmt::Display for MemoryReport {
         )?;
         writeln!(f, "{}", "-".repeat(86))?;
         for t in &self.tags {
-            let budget = t
-                .budget
-                .map_or_else(|| "-".to_string(), |b| Bytes(b).to_string());
-            let pct = t
-                .budget_percent()
-                .map_or_else(|| "-".to_string(), |p| format!("{p:.1}%"));
-            let flag = if t.budget.is_some_and(|b| t.bytes > b) {
-                " OVER"
-            } else {
-                ""
-            };
+            let budget = t.budget.map_or_else(|| "-".to_string(), |b| Bytes(b).to_string());
+            let pct = t.budget_percent().map_or_else(|| "-".to_string(), |p| format!("{p:.1}%"));
+            let flag = if t.budget.is_some_and(|b| t.bytes > b) { " OVER" } else { "" };
             writeln!(
                 f,
                 "{:<20} {:>11} {:>11} {:>9} {:>10} {:>11} {:>8}{}",
@@ -253,14 +245,7 @@ impl fmt::Display for LeakReport {
             self.groups.len()
         )?;
         for (i, g) in self.groups.iter().enumerate() {
-            write!(
-                f,
-                "#{} {} in {} allocation(s), tag {}",
-                i + 1,
-                Bytes(g.bytes),
-                g.count,
-                g.tag_name
-            )?;
+            write!(f, "#{} {} in {} allocation(s), tag {}", i + 1, Bytes(g.bytes), g.count, g.tag_name)?;
             match g.site {
                 Some(site) => writeln!(f, ", site {site}")?,
                 None => writeln!(f, ", via the global allocator")?,
@@ -280,11 +265,7 @@ impl Tracker {
     /// Reads atomics only (and the record shards one at a time for the guard check); other
     /// threads keep allocating meanwhile.
     pub fn snapshot(&self) -> MemoryReport {
-        let new_overruns = if self.diagnostics() {
-            self.check_guards()
-        } else {
-            Vec::new()
-        };
+        let new_overruns = if self.diagnostics() { self.check_guards() } else { Vec::new() };
         let tags = self
             .all_tag_stats()
             .into_iter()
@@ -307,15 +288,7 @@ impl Tracker {
             let _ = self.check_guards(); // logged and counted
         }
         let mut records = self.records.collect();
-        records.sort_by_key(|(_, r)| {
-            (
-                r.tag,
-                r.stack,
-                r.site.file(),
-                r.site.line(),
-                r.site.column(),
-            )
-        });
+        records.sort_by_key(|(_, r)| (r.tag, r.stack, r.site.file(), r.site.line(), r.site.column()));
         let mut groups: Vec<LeakGroup> = Vec::new();
         let mut last: Option<(TagId, u32, &'static Location<'static>)> = None;
         let mut report = LeakReport::default();
@@ -372,9 +345,7 @@ mod tests {
         assert_eq!(r.total_bytes, 210);
         assert_eq!(r.groups.len(), 2);
         assert_eq!((r.groups[0].count, r.groups[0].bytes), (2, 200));
-        assert!(r
-            .to_string()
-            .contains("#1 200 B in 2 allocation(s), tag report-unit-a"));
+        assert!(r.to_string().contains("#1 200 B in 2 allocation(s), tag report-unit-a"));
         let snap = t.snapshot();
         assert_eq!(snap.tag(a).unwrap().bytes, 210);
         assert!(snap.to_string().contains("report-unit-a"));

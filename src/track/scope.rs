@@ -87,11 +87,7 @@ impl Drop for TagGuard {
 
 pub(crate) fn enter(id: TagId) -> TagGuard {
     let previous = CURRENT.try_with(|c| c.replace(id.0)).unwrap_or(0);
-    TagGuard {
-        previous,
-        entered: id.0,
-        _not_send: PhantomData,
-    }
+    TagGuard { previous, entered: id.0, _not_send: PhantomData }
 }
 
 /// Whether this thread is already inside the tracker.
@@ -113,10 +109,7 @@ impl Reentry {
     #[inline]
     pub(crate) fn enter() -> Self {
         let was = IN_TRACKER.try_with(|c| c.replace(true)).unwrap_or(true);
-        Reentry {
-            was,
-            _not_send: PhantomData,
-        }
+        Reentry { was, _not_send: PhantomData }
     }
 }
 
@@ -149,9 +142,7 @@ mod tests {
     fn scope_is_per_thread() {
         static T: Tag = Tag::new("scope-unit-thread");
         let _a = T.enter();
-        std::thread::spawn(|| assert_eq!(current_tag(), TagId::UNTAGGED))
-            .join()
-            .unwrap();
+        std::thread::spawn(|| assert_eq!(current_tag(), TagId::UNTAGGED)).join().unwrap();
     }
 
     #[test]

@@ -44,11 +44,7 @@ pub struct StackTrace {
 
 impl StackTrace {
     /// An empty stack.
-    pub const EMPTY: StackTrace = StackTrace {
-        ips: [0; MAX_STACK_DEPTH],
-        len: 0,
-        depth: 0,
-    };
+    pub const EMPTY: StackTrace = StackTrace { ips: [0; MAX_STACK_DEPTH], len: 0, depth: 0 };
 
     /// Captures up to `depth` frames of the current call stack (plus a few, to make up for
     /// the tracker's own frames), without resolving symbols. `depth` is clamped to
@@ -56,10 +52,7 @@ impl StackTrace {
     #[inline(never)]
     pub fn capture(depth: usize) -> StackTrace {
         let depth = depth.min(MAX_STACK_DEPTH);
-        let mut st = StackTrace {
-            depth: depth as u8,
-            ..StackTrace::EMPTY
-        };
+        let mut st = StackTrace { depth: depth as u8, ..StackTrace::EMPTY };
         if depth == 0 {
             return st;
         }
@@ -113,20 +106,13 @@ impl StackTrace {
             let mut frames = Vec::new();
             backtrace::resolve(ip as *mut c_void, |sym| {
                 frames.push(ResolvedFrame {
-                    function: sym
-                        .name()
-                        .map(|n| format!("{n:#}"))
-                        .unwrap_or_else(|| format!("{ip:#x}")),
+                    function: sym.name().map(|n| format!("{n:#}")).unwrap_or_else(|| format!("{ip:#x}")),
                     file: sym.filename().map(|p| p.display().to_string()),
                     line: sym.lineno(),
                 });
             });
             if frames.is_empty() {
-                frames.push(ResolvedFrame {
-                    function: format!("{ip:#x}"),
-                    file: None,
-                    line: None,
-                });
+                frames.push(ResolvedFrame { function: format!("{ip:#x}"), file: None, line: None });
             }
             for f in frames {
                 if skipping && is_own_frame(&f.function) {
@@ -145,16 +131,8 @@ impl StackTrace {
 /// The tracker's own frames and the allocation plumbing above the caller: skipped while
 /// they lead a stack.
 fn is_own_frame(function: &str) -> bool {
-    const OWN: [&str; 8] = [
-        "backtrace::",
-        "mmobject::track::",
-        "<mmobject::track::",
-        "__rust",
-        "__rg_",
-        "__rdl_",
-        "alloc::",
-        "<alloc::",
-    ];
+    const OWN: [&str; 8] =
+        ["backtrace::", "mmobject::track::", "<mmobject::track::", "__rust", "__rg_", "__rdl_", "alloc::", "<alloc::"];
     OWN.iter().any(|p| function.starts_with(p)) || function.contains(" as alloc::")
 }
 
@@ -195,9 +173,7 @@ impl fmt::Display for StackTrace {
 
 impl fmt::Debug for StackTrace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.ips().iter().map(|ip| format!("{ip:#x}")))
-            .finish()
+        f.debug_list().entries(self.ips().iter().map(|ip| format!("{ip:#x}"))).finish()
     }
 }
 
@@ -215,9 +191,7 @@ pub(crate) const NO_STACK: u32 = 0;
 
 impl StackStore {
     pub(crate) const fn new() -> Self {
-        Self {
-            inner: SpinLock::new((SysMap::new(), SysVec::new())),
-        }
+        Self { inner: SpinLock::new((SysMap::new(), SysVec::new())) }
     }
 
     /// Interns `stack`, returning its id (`NO_STACK` if it is empty or memory ran out).

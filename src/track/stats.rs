@@ -50,10 +50,7 @@ impl TagCounters {
     /// Counts one allocation of `size` bytes (no budget check).
     #[inline]
     pub(crate) fn add(&self, size: usize) {
-        let bytes = self
-            .bytes
-            .fetch_add(size, Ordering::Relaxed)
-            .wrapping_add(size);
+        let bytes = self.bytes.fetch_add(size, Ordering::Relaxed).wrapping_add(size);
         if bytes > self.peak_bytes.load(Ordering::Relaxed) {
             self.peak_bytes.fetch_max(bytes, Ordering::Relaxed);
         }
@@ -80,17 +77,11 @@ impl TagCounters {
 
     /// Folds deltas from a thread slot into the shared counters.
     pub(crate) fn fold(&self, bytes: isize, count: isize, allocs: isize) {
-        let b = self
-            .bytes
-            .fetch_add(bytes as usize, Ordering::Relaxed)
-            .wrapping_add(bytes as usize);
+        let b = self.bytes.fetch_add(bytes as usize, Ordering::Relaxed).wrapping_add(bytes as usize);
         if bytes > 0 && (b as isize) > 0 && b > self.peak_bytes.load(Ordering::Relaxed) {
             self.peak_bytes.fetch_max(b, Ordering::Relaxed);
         }
-        let n = self
-            .count
-            .fetch_add(count as usize, Ordering::Relaxed)
-            .wrapping_add(count as usize);
+        let n = self.count.fetch_add(count as usize, Ordering::Relaxed).wrapping_add(count as usize);
         if count > 0 && (n as isize) > 0 && n > self.peak_count.load(Ordering::Relaxed) {
             self.peak_count.fetch_max(n, Ordering::Relaxed);
         }
@@ -100,23 +91,14 @@ impl TagCounters {
     /// Current `(bytes, count)` including deltas still pending in thread slots; also raises
     /// the peaks to them.
     pub(crate) fn current(&self, pending: (isize, isize, isize)) -> (usize, usize) {
-        let b = (self.bytes.load(Ordering::Relaxed) as isize)
-            .wrapping_add(pending.0)
-            .max(0) as usize;
-        let n = (self.count.load(Ordering::Relaxed) as isize)
-            .wrapping_add(pending.1)
-            .max(0) as usize;
+        let b = (self.bytes.load(Ordering::Relaxed) as isize).wrapping_add(pending.0).max(0) as usize;
+        let n = (self.count.load(Ordering::Relaxed) as isize).wrapping_add(pending.1).max(0) as usize;
         self.peak_bytes.fetch_max(b, Ordering::Relaxed);
         self.peak_count.fetch_max(n, Ordering::Relaxed);
         (b, n)
     }
 
-    pub(crate) fn snapshot(
-        &self,
-        tag: TagId,
-        name: &'static str,
-        pending: (isize, isize, isize),
-    ) -> TagStats {
+    pub(crate) fn snapshot(&self, tag: TagId, name: &'static str, pending: (isize, isize, isize)) -> TagStats {
         let budget = self.budget.load(Ordering::Relaxed);
         let (bytes, count) = self.current(pending);
         TagStats {
@@ -213,10 +195,7 @@ mod tests {
         c.add(30);
         c.sub(10);
         let s = c.snapshot(TagId(0), "x", (0, 0, 0));
-        assert_eq!(
-            (s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count),
-            (30, 40, 1, 2, 2)
-        );
+        assert_eq!((s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count), (30, 40, 1, 2, 2));
         c.reset_peaks((0, 0, 0));
         let s = c.snapshot(TagId(0), "x", (5, 1, 1));
         assert_eq!((s.bytes, s.count, s.total_count), (35, 2, 3));
@@ -229,9 +208,6 @@ mod tests {
         c.fold(100, 2, 2);
         c.fold(-60, -1, 0);
         let s = c.snapshot(TagId(0), "x", (0, 0, 0));
-        assert_eq!(
-            (s.bytes, s.peak_bytes, s.count, s.total_count),
-            (40, 100, 1, 2)
-        );
+        assert_eq!((s.bytes, s.peak_bytes, s.count, s.total_count), (40, 100, 1, 2));
     }
 }

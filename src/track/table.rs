@@ -34,26 +34,16 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 impl<T> SpinLock<T> {
     /// A new, unlocked lock.
     pub(crate) const fn new(value: T) -> Self {
-        Self {
-            locked: AtomicBool::new(false),
-            value: UnsafeCell::new(value),
-        }
+        Self { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
     }
 
     /// Takes the lock, spinning (then yielding) while another thread holds it.
     #[inline]
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
-        if self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_slow();
         }
-        SpinGuard {
-            lock: self,
-            _not_send: PhantomData,
-        }
+        SpinGuard { lock: self, _not_send: PhantomData }
     }
 
     #[cold]
@@ -68,11 +58,7 @@ impl<T> SpinLock<T> {
                     std::thread::yield_now();
                 }
             }
-            if self
-                .locked
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
+            if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 return;
             }
         }
@@ -81,9 +67,7 @@ impl<T> SpinLock<T> {
 
 impl<T> fmt::Debug for SpinLock<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SpinLock")
-            .field("locked", &self.locked.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
+        f.debug_struct("SpinLock").field("locked", &self.locked.load(Ordering::Relaxed)).finish_non_exhaustive()
     }
 }
 
@@ -131,11 +115,7 @@ unsafe impl<T: Copy + Send> Send for SysVec<T> {}
 impl<T: Copy> SysVec<T> {
     /// An empty array; allocates nothing.
     pub(crate) const fn new() -> Self {
-        Self {
-            ptr: NonNull::dangling(),
-            len: 0,
-            cap: 0,
-        }
+        Self { ptr: NonNull::dangling(), len: 0, cap: 0 }
     }
 
     /// The number of elements.
@@ -219,10 +199,7 @@ impl<T: Copy> Drop for SysVec<T> {
 
 impl<T: Copy> fmt::Debug for SysVec<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SysVec")
-            .field("len", &self.len)
-            .field("cap", &self.cap)
-            .finish()
+        f.debug_struct("SysVec").field("len", &self.len).field("cap", &self.cap).finish()
     }
 }
 
@@ -261,20 +238,13 @@ unsafe impl<V: Copy + Send> Send for SysMap<V> {}
 #[inline]
 fn spread(key: usize) -> usize {
     // Fibonacci hashing: the high bits of the product are well mixed.
-    (key as u64)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .rotate_left(29) as usize
+    (key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29) as usize
 }
 
 impl<V: Copy> SysMap<V> {
     /// An empty map; allocates nothing.
     pub(crate) const fn new() -> Self {
-        Self {
-            slots: ptr::null_mut(),
-            cap: 0,
-            len: 0,
-            tombstones: 0,
-        }
+        Self { slots: ptr::null_mut(), cap: 0, len: 0, tombstones: 0 }
     }
 
     /// The number of entries.
@@ -401,15 +371,7 @@ impl<V: Copy> SysMap<V> {
         if new_slots.is_null() {
             return false;
         }
-        let old = std::mem::replace(
-            self,
-            Self {
-                slots: new_slots,
-                cap: new_cap,
-                len: 0,
-                tombstones: 0,
-            },
-        );
+        let old = std::mem::replace(self, Self { slots: new_slots, cap: new_cap, len: 0, tombstones: 0 });
         for i in 0..old.cap {
             // SAFETY: `i < old.cap`, inside the old allocation.
             let slot = unsafe { *old.slots.add(i) };
@@ -428,8 +390,7 @@ impl<V: Copy> SysMap<V> {
 impl<V: Copy> Drop for SysMap<V> {
     fn drop(&mut self) {
         if self.cap != 0 {
-            let layout =
-                Layout::array::<Slot<V>>(self.cap).expect("layout was valid when allocated");
+            let layout = Layout::array::<Slot<V>>(self.cap).expect("layout was valid when allocated");
             // SAFETY: `slots` was allocated by `System` with this layout (type invariant).
             unsafe { System.dealloc(self.slots.cast(), layout) };
         }
@@ -438,10 +399,7 @@ impl<V: Copy> Drop for SysMap<V> {
 
 impl<V: Copy> fmt::Debug for SysMap<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SysMap")
-            .field("len", &self.len)
-            .field("cap", &self.cap)
-            .finish()
+        f.debug_struct("SysMap").field("len", &self.len).field("cap", &self.cap).finish()
     }
 }
 
@@ -457,17 +415,12 @@ mod tests {
         let n: usize = if cfg!(miri) { 300 } else { 20_000 };
         let mut x = 12345usize;
         for step in 0..n {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let key = (x >> 40) % 512 + 2;
             if step % 3 == 0 {
                 assert_eq!(ours.remove(key), model.remove(&key));
             } else {
-                assert_eq!(
-                    ours.insert(key, step as u64).unwrap(),
-                    model.insert(key, step as u64)
-                );
+                assert_eq!(ours.insert(key, step as u64).unwrap(), model.insert(key, step as u64));
             }
             assert_eq!(ours.len(), model.len());
         }

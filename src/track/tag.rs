@@ -99,10 +99,7 @@ pub struct Tag {
 impl Tag {
     /// A tag with this name; registered lazily on first use.
     pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            id_plus_one: AtomicU32::new(0),
-        }
+        Self { name, id_plus_one: AtomicU32::new(0) }
     }
 
     /// The tag's name.
@@ -121,10 +118,7 @@ impl Tag {
             return TagId(cached - 1);
         }
         self.try_id().unwrap_or_else(|e| {
-            log::error!(
-                "memory tag '{}' not registered: {e}; counting it as Untagged",
-                self.name
-            );
+            log::error!("memory tag '{}' not registered: {e}; counting it as Untagged", self.name);
             self.id_plus_one.store(1, Ordering::Relaxed);
             TagId::UNTAGGED
         })
@@ -208,10 +202,7 @@ pub(crate) fn register(name: &'static str) -> Result<TagId, Error> {
         return Ok(TagId(i as u32));
     }
     if reg.len == MAX_TAGS {
-        return Err(Error::CapacityExceeded {
-            what: "memory tags",
-            limit: MAX_TAGS,
-        });
+        return Err(Error::CapacityExceeded { what: "memory tags", limit: MAX_TAGS });
     }
     let i = reg.len;
     reg.names[i] = name;

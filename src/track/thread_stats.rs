@@ -60,10 +60,7 @@ pub(crate) struct ThreadSlots {
 
 impl ThreadSlots {
     pub(crate) const fn new() -> Self {
-        Self {
-            id: AtomicU64::new(0),
-            slots: [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SLOTS],
-        }
+        Self { id: AtomicU64::new(0), slots: [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SLOTS] }
     }
 
     /// This thread's slot, if it has or can get one.
@@ -88,10 +85,7 @@ impl ThreadSlots {
         let mut id = self.id.load(Ordering::Relaxed);
         if id == 0 {
             let fresh = NEXT_TRACKER_ID.fetch_add(1, Ordering::Relaxed);
-            id = match self
-                .id
-                .compare_exchange(0, fresh, Ordering::Relaxed, Ordering::Relaxed)
-            {
+            id = match self.id.compare_exchange(0, fresh, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => fresh,
                 Err(existing) => existing,
             };
@@ -109,12 +103,7 @@ impl ThreadSlots {
                 }
                 // SAFETY: `fresh` is a valid, unshared slot.
                 unsafe { (*fresh).owner.store(token, Ordering::Relaxed) };
-                match cell.compare_exchange(
-                    ptr::null_mut(),
-                    fresh,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
+                match cell.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => p = fresh,
                     Err(other) => {
                         // SAFETY: `fresh` was never shared; it came from `System` with `layout`.

@@ -16,9 +16,7 @@ pub(crate) struct Timeline {
 
 impl Timeline {
     pub(crate) const fn new() -> Self {
-        Self {
-            inner: SpinLock::new((SysVec::new(), 0)),
-        }
+        Self { inner: SpinLock::new((SysVec::new(), 0)) }
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 use super::budget::{BudgetOverrun, BudgetPolicy, PolicyTable};
 use super::record::{
-    Freed, FreedRing, Record, RecordTable, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC,
-    FLAG_GUARDED, FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC,
+    Freed, FreedRing, Record, RecordTable, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC, FLAG_GUARDED,
+    FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC,
 };
 use super::scope::Reentry;
 use super::stack_trace::{StackStore, StackTrace, NO_STACK};
@@ -53,13 +53,7 @@ impl Mode {
         match self {
             Mode::Counting => 0,
             Mode::Records => 1,
-            Mode::Stacks { depth } => {
-                2 + if depth > super::MAX_STACK_DEPTH {
-                    super::MAX_STACK_DEPTH
-                } else {
-                    depth
-                }
-            }
+            Mode::Stacks { depth } => 2 + if depth > super::MAX_STACK_DEPTH { super::MAX_STACK_DEPTH } else { depth },
         }
     }
 
@@ -225,11 +219,8 @@ impl Tracker {
     /// Changes the mode. Allocations made before keep the tracking they had (each block
     /// remembers how it was tracked), so switching is safe at any time.
     pub fn set_mode(&self, mode: Mode) {
-        let _ = self
-            .config
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                Some(c & DIAGNOSTICS | mode.encode())
-            });
+        let _ =
+            self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c & DIAGNOSTICS | mode.encode()));
     }
 
     /// Whether diagnostic mode is on.
@@ -329,17 +320,13 @@ impl Tracker {
     /// Removes a tag's budget.
     pub fn clear_budget(&self, tag: impl Into<TagId>) {
         let tag = tag.into();
-        self.counters[tag.index()]
-            .budget
-            .store(NO_BUDGET, Ordering::Relaxed);
+        self.counters[tag.index()].budget.store(NO_BUDGET, Ordering::Relaxed);
         self.update_slow(tag);
     }
 
     /// A tag's budget, if set.
     pub fn budget(&self, tag: impl Into<TagId>) -> Option<usize> {
-        let b = self.counters[tag.into().index()]
-            .budget
-            .load(Ordering::Relaxed);
+        let b = self.counters[tag.into().index()].budget.load(Ordering::Relaxed);
         (b != NO_BUDGET).then_some(b)
     }
 
@@ -372,9 +359,7 @@ impl Tracker {
     /// ```
     pub fn watch(&self, tag: impl Into<TagId>, on: bool) {
         let tag = tag.into();
-        self.counters[tag.index()]
-            .watch
-            .store(on, Ordering::Relaxed);
+        self.counters[tag.index()].watch.store(on, Ordering::Relaxed);
         self.update_slow(tag);
     }
 
@@ -442,19 +427,12 @@ impl Tracker {
 
     /// Budget check plus counter update. `in_allocator`: a `Panic` policy aborts instead.
     #[inline]
-    pub(crate) fn charge_counters(
-        &self,
-        tag: TagId,
-        bytes: usize,
-        in_allocator: bool,
-    ) -> Result<(), Error> {
+    pub(crate) fn charge_counters(&self, tag: TagId, bytes: usize, in_allocator: bool) -> Result<(), Error> {
         let c = &self.counters[tag.index()];
         let budget = c.budget.load(Ordering::Relaxed);
         if budget != NO_BUDGET {
             let pending = self.threads.pending(tag.index()).0;
-            let current = (c.bytes.load(Ordering::Relaxed) as isize)
-                .wrapping_add(pending)
-                .max(0) as usize;
+            let current = (c.bytes.load(Ordering::Relaxed) as isize).wrapping_add(pending).max(0) as usize;
             if current.saturating_add(bytes) > budget {
                 self.over_budget(tag, budget, current, bytes, in_allocator)?;
             }
@@ -475,19 +453,10 @@ impl Tracker {
     ) -> Result<(), Error> {
         let _reentry = Reentry::enter();
         let policy = self.policies.lock().policy(tag);
-        let overrun = BudgetOverrun {
-            tag,
-            name: tag.name(),
-            budget,
-            current,
-            requested,
-        };
+        let overrun = BudgetOverrun { tag, name: tag.name(), budget, current, requested };
         match policy {
             BudgetPolicy::Log => {
-                if !self.counters[tag.index()]
-                    .warned
-                    .swap(true, Ordering::Relaxed)
-                {
+                if !self.counters[tag.index()].warned.swap(true, Ordering::Relaxed) {
                     log::warn!("{overrun}");
                 }
                 Ok(())
@@ -603,13 +572,7 @@ impl Tracker {
             self.remember_freed(addr, record);
         }
         if watched {
-            self.watch_event(
-                "free",
-                record.tag,
-                record.size,
-                Some(addr),
-                Some(record.site),
-            );
+            self.watch_event("free", record.tag, record.size, Some(addr), Some(record.site));
         }
         Some(record)
     }
@@ -617,16 +580,11 @@ impl Tracker {
     fn remember_freed(&self, addr: usize, record: Record) {
         let free_stack = if self.diagnostics() {
             let _reentry = Reentry::enter();
-            self.stacks
-                .intern(&StackTrace::capture(self.mode().stack_depth().max(8)))
+            self.stacks.intern(&StackTrace::capture(self.mode().stack_depth().max(8)))
         } else {
             NO_STACK
         };
-        self.freed.push(Freed {
-            addr,
-            record,
-            free_stack,
-        });
+        self.freed.push(Freed { addr, record, free_stack });
     }
 
     /// Removes a block's record, applying the counters and the freed ring; a missing record
@@ -695,21 +653,10 @@ impl Tracker {
     }
 
     #[cold]
-    pub(crate) fn overrun(
-        &self,
-        addr: usize,
-        size: usize,
-        bytes: usize,
-        site: &'static Location<'static>,
-    ) -> Error {
+    pub(crate) fn overrun(&self, addr: usize, size: usize, bytes: usize, site: &'static Location<'static>) -> Error {
         let _reentry = Reentry::enter();
         self.buffer_overruns.fetch_add(1, Ordering::Relaxed);
-        let e = Error::BufferOverrun {
-            addr,
-            size,
-            bytes,
-            site,
-        };
+        let e = Error::BufferOverrun { addr, size, bytes, site };
         log::error!("{e}");
         e
     }
@@ -750,13 +697,7 @@ impl Tracker {
             let _reentry = Reentry::enter();
             self.stacks.intern(&StackTrace::capture(depth))
         };
-        let record = Record {
-            size,
-            tag,
-            flags: FLAG_EXTERNAL,
-            site,
-            stack,
-        };
+        let record = Record { size, tag, flags: FLAG_EXTERNAL, site, stack };
         let addr = (ptr as usize).max(2);
         if let Ok(Some(old)) = self.records.insert(addr, record) {
             // A block tracked twice without `untrack`: count the old one as freed.
@@ -789,8 +730,7 @@ impl Tracker {
     /// again), [`Error::UntrackedFree`] if the tracker has no record of it. Both are also
     /// logged (`log::error!`) and counted in [`Tracker::error_counts`].
     pub fn try_untrack(&self, ptr: *const u8) -> Result<usize, Error> {
-        self.remove_record((ptr as usize).max(2), true)
-            .map(|r| r.size)
+        self.remove_record((ptr as usize).max(2), true).map(|r| r.size)
     }
 
     /// Stops tracking `ptr`.
@@ -830,20 +770,14 @@ impl Tracker {
         let site = Location::caller();
         let guarded = self.diagnostics();
         let Some(block) = block::block_layout(layout, guarded) else {
-            return Err(Error::UnsupportedAlignment {
-                align: layout.align(),
-                max: 1 << 20,
-            });
+            return Err(Error::UnsupportedAlignment { align: layout.align(), max: 1 << 20 });
         };
         self.charge_counters(tag, layout.size(), false)?;
         // SAFETY: `block.outer` has a non-zero size (it includes the 16-byte header).
         let base = unsafe { System.alloc(block.outer) };
         if base.is_null() {
             self.counters[tag.index()].sub(layout.size());
-            return Err(Error::OutOfMemory {
-                requested: block.outer.size(),
-                available: 0,
-            });
+            return Err(Error::OutOfMemory { requested: block.outer.size(), available: 0 });
         }
         let mut hflags = H_COUNTED | H_RECORD;
         let mut rflags = FLAG_TRACKER_ALLOC | (layout.align().trailing_zeros() << ALIGN_SHIFT);
@@ -853,21 +787,8 @@ impl Tracker {
         }
         // SAFETY: `base` is a fresh `System` block of `block.outer`, which came from
         // `block_layout(layout, guarded)`.
-        let user = unsafe {
-            block::init(
-                base,
-                block,
-                layout.size(),
-                Header::new(tag.0, hflags, layout.size()),
-            )
-        };
-        let record = Record {
-            size: layout.size(),
-            tag,
-            flags: rflags,
-            site,
-            stack: NO_STACK,
-        };
+        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, hflags, layout.size())) };
+        let record = Record { size: layout.size(), tag, flags: rflags, site, stack: NO_STACK };
         self.add_record(user as usize, record, self.mode().stack_depth());
         if self.counters[tag.index()].watch.load(Ordering::Relaxed) {
             self.watch_event("alloc", tag, layout.size(), Some(user as usize), Some(site));
@@ -911,8 +832,7 @@ impl Tracker {
         // Another thread may free it between `get` and here; then this reports the bad free.
         let record = self.remove_record(addr, true)?;
         let guarded = record.flags & FLAG_GUARDED != 0;
-        let layout = Layout::from_size_align(record.size, record.align())
-            .expect("layout was valid at allocation");
+        let layout = Layout::from_size_align(record.size, record.align()).expect("layout was valid at allocation");
         let block = block::block_layout(layout, guarded).expect("layout was valid at allocation");
         let mut result = Ok(());
         if guarded {
@@ -920,11 +840,7 @@ impl Tracker {
             // SAFETY: the record was live until we removed it, so the block is live, guarded
             // and of this size; only this thread could remove the record.
             let bad = unsafe {
-                block::damaged_bytes(
-                    ptr.as_ptr(),
-                    record.size,
-                    Header::new(record.tag.0, hflags, record.size),
-                )
+                block::damaged_bytes(ptr.as_ptr(), record.size, Header::new(record.tag.0, hflags, record.size))
             };
             if bad != 0 && record.flags & FLAG_OVERRUN_REPORTED == 0 {
                 result = Err(self.overrun(addr, record.size, bad, record.site));
@@ -1022,14 +938,10 @@ impl Tracker {
         // Collect (addr, size, bytes, site) under the shard locks into System-free storage:
         // a fixed batch, repeated while more are found. Nothing allocates under a lock.
         let mut found = Vec::new();
-        let mut batch: [(usize, usize, usize, Option<&'static Location<'static>>); 32] =
-            [(0, 0, 0, None); 32];
+        let mut batch: [(usize, usize, usize, Option<&'static Location<'static>>); 32] = [(0, 0, 0, None); 32];
         let mut n = 0;
         self.records.for_each(|addr, r| {
-            if r.flags & FLAG_GUARDED == 0
-                || r.flags & FLAG_OVERRUN_REPORTED != 0
-                || n == batch.len()
-            {
+            if r.flags & FLAG_GUARDED == 0 || r.flags & FLAG_OVERRUN_REPORTED != 0 || n == batch.len() {
                 return;
             }
             let hflags = H_COUNTED | H_RECORD | H_GUARDED;
@@ -1067,19 +979,12 @@ mod tests {
 
     #[test]
     fn mode_roundtrip() {
-        for m in [
-            Mode::Counting,
-            Mode::Records,
-            Mode::Stacks { depth: 0 },
-            Mode::Stacks { depth: 7 },
-        ] {
+        for m in [Mode::Counting, Mode::Records, Mode::Stacks { depth: 0 }, Mode::Stacks { depth: 7 }] {
             assert_eq!(Mode::decode(m.encode()), m);
         }
         assert_eq!(
             Mode::decode(Mode::Stacks { depth: 1000 }.encode()),
-            Mode::Stacks {
-                depth: super::super::MAX_STACK_DEPTH
-            }
+            Mode::Stacks { depth: super::super::MAX_STACK_DEPTH }
         );
     }
 
@@ -1091,10 +996,7 @@ mod tests {
         t.try_charge(tag, 20).unwrap();
         t.credit(tag, 10);
         let s = t.tag_stats(tag);
-        assert_eq!(
-            (s.bytes, s.peak_bytes, s.count, s.peak_count),
-            (20, 30, 1, 2)
-        );
+        assert_eq!((s.bytes, s.peak_bytes, s.count, s.peak_count), (20, 30, 1, 2));
     }
 
     #[test]
@@ -1105,12 +1007,7 @@ mod tests {
         t.set_budget_policy(tag, BudgetPolicy::Error);
         assert_eq!(
             t.try_charge(tag, 11),
-            Err(Error::BudgetExceeded {
-                tag: "tracker-unit-error",
-                budget: 10,
-                current: 0,
-                requested: 11
-            })
+            Err(Error::BudgetExceeded { tag: "tracker-unit-error", budget: 10, current: 0, requested: 11 })
         );
         assert_eq!(t.tag_stats(tag).count, 0);
     }
@@ -1149,25 +1046,10 @@ mod tests {
         assert_eq!(p.as_ptr() as usize % 64, 0);
         assert_eq!(t.tag_stats(tag).bytes, 40);
         t.try_dealloc(p).unwrap();
-        assert_eq!(
-            t.try_dealloc(p),
-            Err(Error::DoubleFree {
-                addr: p.as_ptr() as usize
-            })
-        );
+        assert_eq!(t.try_dealloc(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
         let bogus = NonNull::new(std::ptr::without_provenance_mut(0x1234_5670)).unwrap();
-        assert_eq!(
-            t.try_dealloc(bogus),
-            Err(Error::UntrackedFree { addr: 0x1234_5670 })
-        );
-        assert_eq!(
-            t.error_counts(),
-            ErrorCounts {
-                untracked_frees: 1,
-                double_frees: 1,
-                buffer_overruns: 0
-            }
-        );
+        assert_eq!(t.try_dealloc(bogus), Err(Error::UntrackedFree { addr: 0x1234_5670 }));
+        assert_eq!(t.error_counts(), ErrorCounts { untracked_frees: 1, double_frees: 1, buffer_overruns: 0 });
         assert_eq!(t.tag_stats(tag).bytes, 0);
     }
 
@@ -1178,14 +1060,7 @@ mod tests {
         let p = t.alloc(Layout::new::<[u8; 4]>(), TagId::UNTAGGED);
         // SAFETY: writing into the front guard zone of our own block, on purpose.
         unsafe { p.as_ptr().sub(1).write(9) };
-        assert!(matches!(
-            t.try_dealloc(p),
-            Err(Error::BufferOverrun {
-                size: 4,
-                bytes: 1,
-                ..
-            })
-        ));
+        assert!(matches!(t.try_dealloc(p), Err(Error::BufferOverrun { size: 4, bytes: 1, .. })));
         assert_eq!(t.error_counts().buffer_overruns, 1);
     }
 }
