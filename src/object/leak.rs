@@ -25,6 +25,10 @@ pub struct LeakEntry {
     /// held from outside the manager (or at a reference cycle); see
     /// [`RetentionPath`](crate::RetentionPath). `None` where it was not computed.
     pub retention: Option<String>,
+    /// The call stack of its creation, when the manager reports to a
+    /// [`Tracker`](crate::track::Tracker) in [`Mode::Stacks`](crate::track::Mode::Stacks).
+    /// Resolved to symbols only when displayed.
+    pub stack: Option<crate::track::StackTrace>,
 }
 
 impl fmt::Display for LeakEntry {

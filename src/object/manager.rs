@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use crate::sync::{AtomicUsize, Ordering};
+use crate::track::Tracker;
 use crate::{Error, Result};
 
 use super::handle::{pack_location, unpack_location};
@@ -88,11 +89,12 @@ pub struct ObjectManagerBuilder {
     segment_base: u32,
     max_objects_per_type: u32,
     report_leaks: bool,
+    tracker: Option<&'static Tracker>,
 }
 
 impl Default for ObjectManagerBuilder {
     fn default() -> Self {
-        ObjectManagerBuilder { segment_base: 64, max_objects_per_type: MAX_INDEX, report_leaks: true }
+        ObjectManagerBuilder { segment_base: 64, max_objects_per_type: MAX_INDEX, report_leaks: true, tracker: None }
     }
 }
 
@@ -123,6 +125,40 @@ impl ObjectManagerBuilder {
         self
     }
 
+    /// Reports each type's bytes to `tracker`, under the type's `#[mm(tag)]`.
+    ///
+    /// A budget on that tag then limits creation: [`ObjectManager::try_create`]
+    /// returns [`Error::BudgetExceeded`] when the new object would go over it,
+    /// whatever the tag's policy, and [`ObjectManager::create`] follows the
+    /// tag's [`BudgetPolicy`](crate::track::BudgetPolicy) (log, callback, or
+    /// panic for `Error` and `Panic`). In [`Mode::Stacks`](crate::track::Mode::Stacks)
+    /// the leak report also shows each leaked object's creation stack.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{BudgetPolicy, Tracker};
+    /// use mmobject::{Error, MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// #[mm(tag = "Textures")]
+    /// struct Texture { pixels: Vec<u8> }
+    ///
+    /// static TRACKER: Tracker = Tracker::new();
+    /// TRACKER.set_budget(TRACKER.tag_named("Textures"), 4096);
+    ///
+    /// let mm = ObjectManager::builder().tracker(&TRACKER).build();
+    /// let small = mm.create(Texture { pixels: vec![0; 1024] });
+    /// let big = mm.try_create(Texture { pixels: vec![0; 8192] });
+    /// assert!(matches!(big.unwrap_err().error, Error::BudgetExceeded { tag: "Textures", .. }));
+    /// assert!(TRACKER.tag_stats(TRACKER.tag_named("Textures")).bytes >= 1024);
+    /// # drop(small);
+    /// ```
+    pub fn tracker(mut self, tracker: &'static Tracker) -> Self {
+        self.tracker = Some(tracker);
+        self
+    }
+
     /// Creates the manager.
     pub fn build(self) -> ObjectManager {
         let id = NEXT_MANAGER_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -137,6 +173,7 @@ impl ObjectManagerBuilder {
             base_bits: self.segment_base.trailing_zeros(),
             max_objects: self.max_objects_per_type,
             report_leaks: self.report_leaks,
+            tracker: self.tracker,
             shut_down: false,
         }
     }
@@ -188,6 +225,7 @@ pub struct ObjectManager {
     base_bits: u32,
     max_objects: u32,
     report_leaks: bool,
+    tracker: Option<&'static Tracker>,
     shut_down: bool,
 }
 
@@ -295,6 +333,7 @@ impl ObjectManager {
             base_bits: self.base_bits,
             max_objects: self.max_objects,
             first_generation: self.id.wrapping_mul(0x9E37_79B9) << 1,
+            tracker: self.tracker,
         };
         let store: Box<dyn ErasedStore> = Box::new(Store::<T>::new(config, Arc::clone(&self.index_space)));
         if self.stores[index].set(StoreEntry { type_id: TypeId::of::<T>(), store }).is_err() {
@@ -334,10 +373,12 @@ impl ObjectManager {
     /// # Panics
     ///
     /// Panics with the [`try_create`](Self::try_create) error's message if the
-    /// type's store is full.
+    /// type's store is full; with a [tracker](ObjectManagerBuilder::tracker),
+    /// also if the type's tag goes over budget under the `Error` or `Panic`
+    /// policy (the `Log` and `Callback` policies let the object be created).
     #[track_caller]
     pub fn create<T: MMObject>(&self, value: T) -> Handle<T> {
-        match self.try_create(value) {
+        match self.create_at(value, Location::caller(), false) {
             Ok(handle) => handle,
             Err(e) => fail(e.error),
         }
@@ -350,15 +391,26 @@ impl ObjectManager {
     /// [`Error::CapacityExceeded`] when the type's store is at
     /// [`max_objects_per_type`](ObjectManagerBuilder::max_objects_per_type),
     /// the manager's index space (2^24 slots) is used up, or the manager
-    /// already holds [`MAX_TYPES`] types.
+    /// already holds [`MAX_TYPES`] types. [`Error::BudgetExceeded`] when the
+    /// manager has a [tracker](ObjectManagerBuilder::tracker) and the object's
+    /// `size()` would take its tag over budget, whatever the tag's policy.
     #[track_caller]
     pub fn try_create<T: MMObject>(&self, value: T) -> std::result::Result<Handle<T>, TryCreateError<T>> {
-        let site = Location::caller();
+        self.create_at(value, Location::caller(), true)
+    }
+
+    #[inline]
+    fn create_at<T: MMObject>(
+        &self,
+        value: T,
+        site: &'static Location<'static>,
+        strict_budget: bool,
+    ) -> std::result::Result<Handle<T>, TryCreateError<T>> {
         let store = match self.store_or_register::<T>() {
             Ok(store) => store,
             Err(error) => return Err(TryCreateError { value, error }),
         };
-        match store.try_insert(value, site) {
+        match store.try_insert(value, site, strict_budget) {
             Ok(Inserted { local, slot, generation }) => {
                 // SAFETY: `try_insert` returns an occupied slot of this store
                 // with a count of one, which the new handle takes over.
@@ -780,6 +832,9 @@ impl ObjectManager {
                 match &entry.retention {
                     Some(retention) => emit(&format!("leaked {entry}; kept alive by: {retention}")),
                     None => emit(&format!("leaked {entry}")),
+                }
+                if let Some(stack) = &entry.stack {
+                    emit(&format!("creation stack of {}{}:\n{stack}", entry.type_name, entry.key));
                 }
             }
             for cycle in &report.cycles {

@@ -29,6 +29,7 @@ mod slot;
 mod snapshot;
 mod store;
 mod timeline;
+mod tracking;
 mod traits;
 
 pub use forensics::{ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};

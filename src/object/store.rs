@@ -7,6 +7,7 @@
 //! only collection, which holds `&mut`, pushes onto it.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::panic::Location;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
@@ -14,12 +15,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::track::StackTrace;
 use crate::Error;
 
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::report::TypeReport;
 use super::shared::{locate, segment_first, segment_len, StoreShared, MAX_SEGMENTS};
 use super::slot::{Slot, SlotHeader, SlotState, LINK_FLAG, NIL};
+use super::tracking::Tracking;
 use super::{CollectStats, LeakEntry, MMObject, ObjectKey};
 
 /// A store's configuration, fixed at creation.
@@ -31,6 +34,8 @@ pub(crate) struct StoreConfig {
     pub(crate) max_objects: u32,
     /// The generation new slots start at (even).
     pub(crate) first_generation: u32,
+    /// Where to report the type's bytes, if anywhere.
+    pub(crate) tracker: Option<&'static crate::track::Tracker>,
 }
 
 /// The objects of one type.
@@ -62,6 +67,7 @@ pub(crate) struct Store<T> {
     grow_lock: Mutex<()>,
     index_space: Arc<IndexSpace>,
     config: StoreConfig,
+    tracking: Option<Tracking>,
     leaked: bool,
 }
 
@@ -103,6 +109,7 @@ impl<T: MMObject> Store<T> {
             peak_resident: AtomicU64::new(0),
             grow_lock: Mutex::new(()),
             index_space,
+            tracking: config.tracker.map(|tracker| Tracking::new(tracker, T::TAG)),
             config,
             leaked: false,
         }
@@ -136,14 +143,40 @@ impl<T: MMObject> Store<T> {
     }
 
     /// Puts `value` in a free slot, with a count of one.
-    pub(crate) fn try_insert(&self, value: T, site: &'static Location<'static>) -> Result<Inserted<T>, (T, Error)> {
+    ///
+    /// With a tracker, the value's `size()` is charged to its tag first;
+    /// `strict` refuses anything over the tag's budget (see [`Tracking::charge`]).
+    pub(crate) fn try_insert(
+        &self,
+        value: T,
+        site: &'static Location<'static>,
+        strict: bool,
+    ) -> Result<Inserted<T>, (T, Error)> {
+        let charged = match &self.tracking {
+            Some(tracking) => {
+                let bytes = value.size();
+                if let Err(error) = tracking.charge(bytes, strict) {
+                    return Err((value, error));
+                }
+                Some((tracking, bytes))
+            }
+            None => None,
+        };
         let local = match self.pop_free() {
             Some(local) => local,
             None => match self.bump() {
                 Ok(local) => local,
-                Err(error) => return Err((value, error)),
+                Err(error) => {
+                    if let Some((tracking, bytes)) = charged {
+                        tracking.credit(bytes);
+                    }
+                    return Err((value, error));
+                }
             },
         };
+        if let Some((tracking, _)) = charged {
+            tracking.record_stack(local);
+        }
         let slot = self.slot(local).expect("an allocated slot's segment is published");
         // SAFETY: the slot was popped from the free list or freshly bumped, so
         // this thread owns it exclusively until it publishes the generation below.
@@ -323,6 +356,11 @@ impl<T: MMObject> Store<T> {
             unsafe { (*slot.value.get()).assume_init_drop() };
             *budget -= 1;
             stats.objects += 1;
+            if let Some(tracking) = &store.tracking {
+                tracking.forget_stack(local);
+                // A panicking `size()` credits nothing now; shutdown credits the rest.
+                tracking.credit(*bytes.as_ref().unwrap_or(&0));
+            }
             match bytes {
                 Ok(bytes) => stats.bytes += bytes,
                 Err(payload) => std::panic::resume_unwind(payload),
@@ -421,6 +459,8 @@ pub(crate) trait ErasedStore: Send + Sync {
     fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject));
     fn live_object_mut(&mut self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject>;
     fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str));
+    /// Creation stacks of occupied slots, when a tracker in `Mode::Stacks` is attached.
+    fn creation_stacks(&self) -> HashMap<ObjectKey, StackTrace>;
     fn settle(&mut self) -> Settled;
 }
 
@@ -541,6 +581,24 @@ impl<T: MMObject> ErasedStore for Store<T> {
         });
         self.destroyed.fetch_add(destroyed, Ordering::Relaxed);
         self.destroyed_in_place += destroyed;
+        if let Some(tracking) = &self.tracking {
+            tracking.credit_all();
+        }
+    }
+
+    fn creation_stacks(&self) -> HashMap<ObjectKey, StackTrace> {
+        let mut stacks = HashMap::new();
+        if let Some(tracking) = &self.tracking {
+            self.for_each_slot(|local, slot| {
+                let generation = slot.header.generation.load(Ordering::Acquire);
+                if generation & 1 == 1 {
+                    if let Some(stack) = tracking.stack(local) {
+                        stacks.insert(self.key_of(local, generation), stack);
+                    }
+                }
+            });
+        }
+        stacks
     }
 
     /// Decides whether the segments can be freed: every used slot must be
@@ -621,10 +679,19 @@ impl<T> std::fmt::Debug for Store<T> {
 /// Collects the leak entries of one store's live objects.
 pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
     let type_name = store.type_name();
+    let mut stacks = store.creation_stacks();
     store.visit_live(&mut |key, header, value| {
         let size = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value.size())).unwrap_or(0);
         // SAFETY: `visit_live` only yields occupied slots, whose site is valid.
         let site = unsafe { *header.site.get() };
-        out.push(LeakEntry { type_name, key, ref_count: header.ref_count(), size, site, retention: None });
+        out.push(LeakEntry {
+            type_name,
+            key,
+            ref_count: header.ref_count(),
+            size,
+            site,
+            retention: None,
+            stack: stacks.remove(&key),
+        });
     });
 }
