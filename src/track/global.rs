@@ -28,6 +28,10 @@ use super::tracker::Tracker;
 /// const-initialised thread-local flag sends those allocations straight to the inner
 /// allocator, untracked.
 ///
+/// Under Miri, programs using it as the global allocator need `-Zmiri-tree-borrows`: Stacked
+/// Borrows rejects reading a header in front of a block through the (retagged) pointer
+/// `dealloc` receives.
+///
 /// Budget policies inside the allocator: `Error` makes the allocation return null
 /// (`Vec::try_reserve` sees an error; other allocations abort via `handle_alloc_error`);
 /// `Panic` logs and aborts, since a global allocator must not unwind.
