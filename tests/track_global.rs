@@ -4,6 +4,10 @@
 //! The test harness allocates on its own threads meanwhile, so every check measures tags
 //! that only this test uses, and everything runs from one `#[test]` function so the steps
 //! that change the global tracker's mode cannot race each other.
+//!
+//! Under Miri, run it with `MIRIFLAGS=-Zmiri-tree-borrows`: Stacked Borrows rejects any
+//! allocator that keeps a header in front of the block (a `Box` retag narrows the pointer
+//! handed to `dealloc` to the user bytes), while Tree Borrows accepts it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;

@@ -8,7 +8,7 @@ use std::ptr;
 
 use super::block::{self, Header, HEADER, H_COUNTED, H_GUARDED, H_RECORD};
 use super::record::{Record, FLAG_GLOBAL_ALLOC, FLAG_GUARDED};
-use super::scope::{current_tag, in_tracker};
+use super::scope::{allocation_tag, current_tag, in_tracker};
 use super::stack_trace::NO_STACK;
 use super::tag::TagId;
 use super::tracker::Tracker;
@@ -27,6 +27,10 @@ use super::tracker::Tracker;
 /// tracker runs code that may allocate (logging, budget callbacks, symbol resolution) a
 /// const-initialised thread-local flag sends those allocations straight to the inner
 /// allocator, untracked.
+///
+/// Under Miri, programs using it as the global allocator need `-Zmiri-tree-borrows`: Stacked
+/// Borrows rejects reading a header in front of a block through the (retagged) pointer
+/// `dealloc` receives.
 ///
 /// Budget policies inside the allocator: `Error` makes the allocation return null
 /// (`Vec::try_reserve` sees an error; other allocations abort via `handle_alloc_error`);
@@ -170,11 +174,10 @@ impl<A: GlobalAlloc> fmt::Debug for TrackingAllocator<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if in_tracker() {
+        let Some(tag) = allocation_tag() else {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, None, false) };
-        }
-        let tag = current_tag();
+        };
         let (mode, diag) = self.tracker.config();
         if diag || mode.keeps_records() || layout.align() > HEADER {
             // SAFETY: the caller guarantees a non-zero size.
@@ -205,9 +208,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let tag = if in_tracker() { None } else { Some(current_tag()) };
         // SAFETY: the caller guarantees a non-zero size.
-        unsafe { self.alloc_tagged(layout, tag, true) }
+        unsafe { self.alloc_tagged(layout, allocation_tag(), true) }
     }
 
     #[inline]

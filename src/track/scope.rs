@@ -1,8 +1,9 @@
 //! The thread-local tag stack, and the thread-local re-entrancy flag.
 //!
 //! The "stack" is threaded through the guards: the thread-local holds only the current tag,
-//! and each [`TagGuard`] remembers the tag it replaced and restores it on drop. Both
-//! thread-locals are `const`-initialised `Cell`s without destructors, so touching them
+//! and each [`TagGuard`] remembers the tag it replaced and restores it on drop. The same
+//! thread-local word carries the re-entrancy flag (its top bit), so the allocator reads both
+//! with one access. It is a `const`-initialised `Cell` without a destructor, so touching it
 //! never allocates and never registers a thread-exit destructor — a requirement for use
 //! inside a global allocator.
 
@@ -12,10 +13,22 @@ use std::marker::PhantomData;
 use super::tag::{Tag, TagId};
 
 thread_local! {
-    /// The innermost tag in scope on this thread.
-    static CURRENT: Cell<u32> = const { Cell::new(0) };
-    /// `true` while this thread runs tracker code that may allocate (logging, callbacks).
-    static IN_TRACKER: Cell<bool> = const { Cell::new(false) };
+    /// The innermost tag in scope on this thread (low bits), plus `IN_TRACKER` while this
+    /// thread runs tracker code that may allocate (logging, callbacks).
+    static STATE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The re-entrancy bit of `STATE`. Tag ids are `< MAX_TAGS`, far below it.
+const IN_TRACKER: u32 = 1 << 31;
+
+/// The tag to charge an allocation to, or `None` if this thread is inside the tracker (or
+/// its thread-locals are gone): one thread-local read.
+#[inline]
+pub(crate) fn allocation_tag() -> Option<TagId> {
+    match STATE.try_with(Cell::get) {
+        Ok(s) if s & IN_TRACKER == 0 => Some(TagId(s)),
+        _ => None,
+    }
 }
 
 /// The innermost tag in scope on this thread ([`TagId::UNTAGGED`] if none).
@@ -31,7 +44,7 @@ thread_local! {
 /// ```
 #[inline]
 pub fn current_tag() -> TagId {
-    TagId(CURRENT.try_with(Cell::get).unwrap_or(0))
+    TagId(STATE.try_with(Cell::get).unwrap_or(0) & !IN_TRACKER)
 }
 
 /// Runs `f` with `tag` as the current tag on this thread.
@@ -78,15 +91,22 @@ pub struct TagGuard {
 
 impl Drop for TagGuard {
     fn drop(&mut self) {
-        let _ = CURRENT.try_with(|c| {
-            debug_assert_eq!(c.get(), self.entered, "tag guards dropped out of order");
-            c.set(self.previous);
+        let _ = STATE.try_with(|c| {
+            let s = c.get();
+            debug_assert_eq!(s & !IN_TRACKER, self.entered, "tag guards dropped out of order");
+            c.set(s & IN_TRACKER | self.previous);
         });
     }
 }
 
 pub(crate) fn enter(id: TagId) -> TagGuard {
-    let previous = CURRENT.try_with(|c| c.replace(id.0)).unwrap_or(0);
+    let previous = STATE
+        .try_with(|c| {
+            let s = c.get();
+            c.set(s & IN_TRACKER | id.0);
+            s & !IN_TRACKER
+        })
+        .unwrap_or(0);
     TagGuard { previous, entered: id.0, _not_send: PhantomData }
 }
 
@@ -94,7 +114,7 @@ pub(crate) fn enter(id: TagId) -> TagGuard {
 #[inline]
 pub(crate) fn in_tracker() -> bool {
     // A thread-local that is gone (thread exit) counts as "inside": skip tracking.
-    IN_TRACKER.try_with(Cell::get).unwrap_or(true)
+    STATE.try_with(|c| c.get() & IN_TRACKER != 0).unwrap_or(true)
 }
 
 /// Marks this thread as inside the tracker until dropped; allocations made meanwhile (by
@@ -108,7 +128,13 @@ pub(crate) struct Reentry {
 impl Reentry {
     #[inline]
     pub(crate) fn enter() -> Self {
-        let was = IN_TRACKER.try_with(|c| c.replace(true)).unwrap_or(true);
+        let was = STATE
+            .try_with(|c| {
+                let s = c.get();
+                c.set(s | IN_TRACKER);
+                s & IN_TRACKER != 0
+            })
+            .unwrap_or(true);
         Reentry { was, _not_send: PhantomData }
     }
 }
@@ -116,7 +142,10 @@ impl Reentry {
 impl Drop for Reentry {
     #[inline]
     fn drop(&mut self) {
-        let _ = IN_TRACKER.try_with(|c| c.set(self.was));
+        let _ = STATE.try_with(|c| {
+            let s = c.get() & !IN_TRACKER;
+            c.set(if self.was { s | IN_TRACKER } else { s });
+        });
     }
 }
 
@@ -147,10 +176,15 @@ mod tests {
 
     #[test]
     fn reentry_flag_nests() {
+        static T: Tag = Tag::new("scope-unit-reentry");
+        let _g = T.enter();
+        assert_eq!(allocation_tag(), Some(T.id()));
         assert!(!in_tracker());
         {
             let _a = Reentry::enter();
             assert!(in_tracker());
+            assert_eq!(allocation_tag(), None);
+            assert_eq!(current_tag(), T.id(), "the tag survives the flag");
             {
                 let _b = Reentry::enter();
                 assert!(in_tracker());
