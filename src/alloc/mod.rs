@@ -1,9 +1,15 @@
 //! Engine allocators: pools, small objects, stacks, frames and alignment.
 
+mod double_buffered;
+mod double_ended_stack;
+mod frame;
 mod region;
 mod stack;
 mod stats;
 
+pub use double_buffered::{DoubleBufferedAllocator, FrameRef};
+pub use double_ended_stack::{DoubleEndedStack, End};
+pub use frame::FrameAllocator;
 pub use region::MAX_ALIGN;
 pub use stack::{Marker, StackAllocator};
 pub use stats::AllocStats;

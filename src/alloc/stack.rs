@@ -359,6 +359,19 @@ impl StackAllocator {
         self.region.contains(ptr.as_ptr() as usize)
     }
 
+    /// The address of the region's first byte.
+    #[inline]
+    pub(crate) fn base_addr(&self) -> usize {
+        self.region.addr()
+    }
+
+    /// A pointer (with the region's provenance) to `offset`, which must be `<= top`.
+    #[inline]
+    pub(crate) fn pointer_at(&self, offset: usize) -> NonNull<u8> {
+        debug_assert!(offset <= self.top.get(), "offset {offset} above the top");
+        self.region.at(offset)
+    }
+
     #[cold]
     #[inline(never)]
     fn failed(&self, error: Error) -> Error {
