@@ -4,6 +4,7 @@ mod double_buffered;
 mod double_ended_stack;
 mod frame;
 mod region;
+mod size_class_pool;
 mod stack;
 mod stats;
 
@@ -11,5 +12,6 @@ pub use double_buffered::{DoubleBufferedAllocator, FrameRef};
 pub use double_ended_stack::{DoubleEndedStack, End};
 pub use frame::FrameAllocator;
 pub use region::MAX_ALIGN;
+pub use size_class_pool::{SizeClassPool, SizeClassStats, DEFAULT_CLASSES};
 pub use stack::{Marker, StackAllocator};
 pub use stats::AllocStats;
