@@ -5,6 +5,7 @@ mod double_ended_stack;
 mod frame;
 mod region;
 mod size_class_pool;
+mod small_object;
 mod stack;
 mod stats;
 
@@ -13,5 +14,8 @@ pub use double_ended_stack::{DoubleEndedStack, End};
 pub use frame::FrameAllocator;
 pub use region::MAX_ALIGN;
 pub use size_class_pool::{SizeClassPool, SizeClassStats, DEFAULT_CLASSES};
+pub use small_object::{
+    ClassFootprint, SizeHistogram, SmallObjectAllocator, SmallObjectConfig, SMALL_OBJECT_CLASSES,
+};
 pub use stack::{Marker, StackAllocator};
 pub use stats::AllocStats;
