@@ -132,6 +132,7 @@ impl DoubleEndedStack {
     ///
     /// [`Error::OutOfMemory`] (the value is dropped) or [`Error::UnsupportedAlignment`].
     #[inline]
+    #[allow(clippy::mut_from_ref)] // like bumpalo: each call returns fresh, disjoint memory
     pub fn try_alloc<T>(&self, end: End, value: T) -> Result<&mut T> {
         let ptr = self.try_alloc_layout(end, Layout::new::<T>())?.cast::<T>();
         // SAFETY: a fresh block between the two tops (or dangling for a ZST), aligned for `T`,

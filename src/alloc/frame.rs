@@ -126,6 +126,7 @@ impl FrameAllocator {
     /// ```
     #[inline]
     #[track_caller]
+    #[allow(clippy::mut_from_ref)] // like bumpalo: each call returns fresh, disjoint memory
     pub fn alloc_str(&self, s: &str) -> &mut str {
         let bytes = self.stack.alloc_slice_copy(s.as_bytes());
         // SAFETY: the bytes were copied from a `str`, so they are valid UTF-8.

@@ -4,7 +4,7 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use crate::{Error, Result};
+use crate::Error;
 
 /// The largest alignment any allocator in this module honours.
 pub const MAX_ALIGN: usize = 4096;
@@ -124,29 +124,6 @@ impl std::fmt::Debug for Region {
     }
 }
 
-/// Returns `Ok(())` if `align` is a power of two no larger than [`MAX_ALIGN`].
-///
-/// # Errors
-///
-/// [`Error::UnsupportedAlignment`] otherwise.
-#[inline]
-pub(crate) fn check_align(align: usize) -> Result<()> {
-    if align.is_power_of_two() && align <= MAX_ALIGN {
-        Ok(())
-    } else {
-        Err(unsupported_align(align))
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn unsupported_align(align: usize) -> Error {
-    Error::UnsupportedAlignment {
-        align,
-        max: MAX_ALIGN,
-    }
-}
-
 /// Rounds `n` up to a multiple of `align` (a power of two). `n + align` must not overflow.
 #[inline]
 pub(crate) const fn align_up(n: usize, align: usize) -> usize {
@@ -230,15 +207,6 @@ mod tests {
         assert_eq!(align_up(0, 8), 0);
         assert_eq!(align_up(1, 8), 8);
         assert_eq!(align_up(8, 8), 8);
-        assert!(check_align(4096).is_ok());
-        assert_eq!(
-            check_align(8192),
-            Err(Error::UnsupportedAlignment {
-                align: 8192,
-                max: 4096
-            })
-        );
-        assert!(check_align(3).is_err());
     }
 
     #[test]

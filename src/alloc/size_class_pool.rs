@@ -163,7 +163,7 @@ impl SizeClassPool {
     /// ```
     pub fn new(classes: &[(usize, usize)]) -> SizeClassPool {
         let mut spec: Vec<(usize, usize)> = classes.iter().copied().filter(|c| c.1 > 0).collect();
-        spec.sort_unstable_by(|a, b| b.0.cmp(&a.0)); // largest first in memory
+        spec.sort_unstable_by_key(|c| std::cmp::Reverse(c.0)); // largest first in memory
         assert!(spec.len() <= 64, "at most 64 size classes");
         for w in spec.windows(2) {
             assert!(w[0].0 != w[1].0, "two size classes of {} bytes", w[0].0);

@@ -162,6 +162,7 @@ impl StackAllocator {
     /// assert!(matches!(stack.try_alloc(2u32), Err(Error::OutOfMemory { requested: 4, available: 0 })));
     /// ```
     #[inline]
+    #[allow(clippy::mut_from_ref)] // like bumpalo: each call returns fresh, disjoint memory
     pub fn try_alloc<T>(&self, value: T) -> Result<&mut T> {
         let ptr = self.try_alloc_layout(Layout::new::<T>())?.cast::<T>();
         // SAFETY: `ptr` is aligned for `T` and valid for `size_of::<T>()` bytes that nobody
@@ -245,6 +246,7 @@ impl StackAllocator {
     /// As [`alloc`](Self::alloc).
     #[inline]
     #[track_caller]
+    #[allow(clippy::mut_from_ref)] // like bumpalo: each call returns fresh, disjoint memory
     pub fn alloc_slice_copy<T: Copy>(&self, slice: &[T]) -> &mut [T] {
         let ptr = self.alloc_layout(Layout::for_value(slice)).cast::<T>();
         // SAFETY: `ptr` is fresh memory aligned for `T` and valid for `slice.len()` elements
