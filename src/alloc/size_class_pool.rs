@@ -67,6 +67,8 @@ struct ClassState {
     head: u32,
     fresh: u32,
     free: u32,
+    /// The lowest `free` has been (so `count - min_free` is the peak in use).
+    min_free: u32,
     allocated: Box<[u64]>,
     allocations: u64,
 }
@@ -92,6 +94,8 @@ pub struct SizeClassStats {
     pub blocks: usize,
     /// Blocks free now.
     pub free: usize,
+    /// The most blocks in use at once.
+    pub peak: usize,
     /// Blocks handed out over the pool's life.
     pub allocations: u64,
 }
@@ -114,8 +118,8 @@ pub struct SizeClassStats {
 ///   rounded up to 64 bits per class, plus one lock and a few words per class. The free-list
 ///   links live inside the free blocks and cost nothing. Internal fragmentation is up to
 ///   half a block (power-of-two rounding).
-/// - **Threads**: `Sync`, with one short `parking_lot::Mutex` per class around the free list
-///   and bitmap, and one atomic add on the shared byte counter per call. See
+/// - **Threads**: `Sync`, with one short `parking_lot::Mutex` per class around the free list,
+///   bitmap and counters (no other atomic on the fast path). See
 ///   `ALLOC_BENCH.md` for the measured comparison with a lock-free design: a lock-free pop
 ///   cannot read the link *inside* a block that another thread may just have taken without
 ///   a data race, so it needs a side array of links (4 bytes per block).
@@ -196,6 +200,7 @@ impl SizeClassPool {
                     head: NIL,
                     fresh: 0,
                     free: count as u32,
+                    min_free: count as u32,
                     allocated: vec![0u64; count.div_ceil(64)].into_boxed_slice(),
                     allocations: 0,
                 }),
@@ -281,7 +286,6 @@ impl SizeClassPool {
                 if i != first {
                     self.counters.fallback();
                 }
-                self.counters.add(class.block_size);
                 return Ok(ptr);
             }
         }
@@ -315,6 +319,7 @@ impl SizeClassPool {
         debug_assert!(!st.is_allocated(index), "handing out block {index} twice");
         st.flip(index);
         st.free -= 1;
+        st.min_free = st.min_free.min(st.free);
         st.allocations += 1;
         Ok(Some(self.block(class, index)))
     }
@@ -402,7 +407,6 @@ impl SizeClassPool {
         st.head = index;
         st.free += 1;
         drop(st);
-        self.counters.sub(class.block_size);
         Ok(())
     }
 
@@ -444,6 +448,7 @@ impl SizeClassPool {
                     block_size: c.block_size,
                     blocks: c.count as usize,
                     free: st.free as usize,
+                    peak: (c.count - st.min_free) as usize,
                     allocations: st.allocations,
                 }
             })
@@ -459,12 +464,19 @@ impl SizeClassPool {
             + size_of::<Self>()
     }
 
-    /// A snapshot of the pool's usage (`in_use` counts whole blocks).
+    /// A snapshot of the pool's usage (`in_use` counts whole blocks; `peak` is the sum of
+    /// the per-class peaks, see [`AllocStats::peak`]).
     pub fn stats(&self) -> AllocStats {
         let per_class = self.class_stats();
         let live = per_class.iter().map(|c| c.blocks - c.free).sum();
+        let in_use = per_class
+            .iter()
+            .map(|c| (c.blocks - c.free) * c.block_size)
+            .sum();
+        let peak = per_class.iter().map(|c| c.peak * c.block_size).sum();
         let allocations = per_class.iter().map(|c| c.allocations).sum();
-        self.counters.snapshot(self.region.len(), live, allocations)
+        self.counters
+            .snapshot_with(self.region.len(), in_use, peak, live, allocations)
     }
 
     #[cold]

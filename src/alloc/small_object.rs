@@ -160,6 +160,7 @@ struct Bits {
     bits: Box<[u8]>,
     hint: usize,
     live: usize,
+    peak_live: usize,
     /// Live slots plus live system fallbacks of this class's size (for the histogram).
     demand: u64,
     peak_demand: u64,
@@ -177,6 +178,7 @@ impl Bits {
             bits,
             hint: 0,
             live: 0,
+            peak_live: 0,
             demand: 0,
             peak_demand: 0,
             requests: 0,
@@ -259,8 +261,9 @@ struct Fallbacks {
 ///   127 bytes of padding can follow a class.
 /// - **Sizing**: the allocator records a [`SizeHistogram`];
 ///   [`SmallObjectConfig::from_histogram`] turns a recorded run into slot counts.
-/// - **Threads**: `Sync`, with a `parking_lot::Mutex` around each class's bitmap (and one
-///   around the fallback table). The lock is held for the bitmap scan only.
+/// - **Threads**: `Sync`, with a `parking_lot::Mutex` around each class's bitmap and counters
+///   (and one around the fallback table). The lock is held for the bitmap scan only; there is
+///   no other atomic on the fast path.
 /// - **Debug builds** fill freed slots with `0xDD` and check the fill on allocation.
 /// - **Drop** logs slots still in use as leaks (`log::warn!`) and frees live fallback blocks.
 ///
@@ -384,9 +387,8 @@ impl SmallObjectAllocator {
                         return Err(self.corrupted(ptr, class.slot_size));
                     }
                     st.live += 1;
+                    st.peak_live = st.peak_live.max(st.live);
                     st.allocations += 1;
-                    drop(st);
-                    self.counters.add(class.slot_size);
                     return Ok(ptr);
                 }
                 drop(st);
@@ -503,8 +505,6 @@ impl SmallObjectAllocator {
         st.clear(slot);
         st.live -= 1;
         st.demand -= 1;
-        drop(st);
-        self.counters.sub(class.slot_size);
         Ok(())
     }
 
@@ -568,20 +568,24 @@ impl SmallObjectAllocator {
         std::array::from_fn(|i| self.classes[i].slots - self.classes[i].state.lock().live)
     }
 
-    /// A snapshot of the usage. `in_use`/`peak` count slot bytes in the region; `live` counts
-    /// slots and fallback blocks; `fallbacks` counts requests the system served.
+    /// A snapshot of the usage. `in_use`/`peak` count slot bytes in the region (`peak` is the
+    /// sum of per-class peaks, see [`AllocStats::peak`]); `live` counts slots and fallback
+    /// blocks; `fallbacks` counts requests the system served.
     pub fn stats(&self) -> AllocStats {
-        let (mut live, mut allocations) = (0, 0);
+        let (mut live, mut allocations, mut in_use, mut peak) = (0, 0, 0, 0);
         for c in &self.classes {
             let st = c.state.lock();
             live += st.live;
             allocations += st.allocations;
+            in_use += st.live * c.slot_size;
+            peak += st.peak_live * c.slot_size;
         }
         let table = self.fallbacks.lock();
         live += table.live.len();
         allocations += table.allocations;
         drop(table);
-        self.counters.snapshot(self.region.len(), live, allocations)
+        self.counters
+            .snapshot_with(self.region.len(), in_use, peak, live, allocations)
     }
 
     #[cold]

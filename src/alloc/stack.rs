@@ -77,8 +77,8 @@ pub struct StackAllocator {
     /// Unique id stamped into markers.
     id: u32,
     allocations: Cell<u64>,
-    /// Allocations since the last reset (the `live` stat).
-    live: Cell<usize>,
+    /// `allocations` at the last reset (so `live` = allocations since then).
+    allocations_at_reset: Cell<u64>,
     failures: Cell<u64>,
     /// Highest top seen; updated whenever the top goes down and when stats are read.
     peak: Cell<usize>,
@@ -103,7 +103,7 @@ impl StackAllocator {
             top: Cell::new(0),
             id: next_stack_id(),
             allocations: Cell::new(0),
-            live: Cell::new(0),
+            allocations_at_reset: Cell::new(0),
             failures: Cell::new(0),
             peak: Cell::new(0),
         }
@@ -136,7 +136,7 @@ impl StackAllocator {
     /// *x += 1;
     /// assert_eq!(*x, 6);
     /// ```
-    #[inline]
+    #[inline(always)]
     #[track_caller]
     pub fn alloc<T>(&self, value: T) -> &mut T {
         match self.try_alloc(value) {
@@ -210,6 +210,38 @@ impl StackAllocator {
     /// ```
     #[inline]
     pub fn try_alloc_layout(&self, layout: Layout) -> Result<NonNull<u8>> {
+        match self.bump(layout) {
+            Some(p) => Ok(p),
+            None => self.alloc_slow(layout),
+        }
+    }
+
+    /// The fast path: bump the top if the block fits. Returns `None` for anything unusual
+    /// (zero size, alignment above 4096, not enough room) and always in debug builds, so
+    /// that [`alloc_slow`](Self::alloc_slow) handles it with every check.
+    #[inline(always)]
+    fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
+        let (size, align) = (layout.size(), layout.align());
+        if cfg!(debug_assertions) || size == 0 || align > MAX_ALIGN {
+            return None;
+        }
+        let top = self.top.get();
+        // The region is MAX_ALIGN-aligned, so aligning the offset aligns the address. No
+        // overflow: top <= isize::MAX, align <= 4096, size <= isize::MAX.
+        let start = region::align_up(top, align);
+        let end = start + size;
+        if end > self.region.len() {
+            return None;
+        }
+        self.top.set(end);
+        self.allocations.set(self.allocations.get() + 1);
+        Some(self.region.at(start))
+    }
+
+    /// The checked path: zero-size requests, errors, and the debug fill check.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, layout: Layout) -> Result<NonNull<u8>> {
         let (size, align) = (layout.size(), layout.align());
         if align > MAX_ALIGN {
             return Err(self.failed(Error::UnsupportedAlignment {
@@ -221,8 +253,6 @@ impl StackAllocator {
             return Ok(region::dangling(align));
         }
         let top = self.top.get();
-        // The region is MAX_ALIGN-aligned, so aligning the offset aligns the address. No
-        // overflow: top <= isize::MAX, align <= 4096, size <= isize::MAX.
         let start = region::align_up(top, align);
         let end = start + size;
         if end > self.region.len() {
@@ -235,7 +265,6 @@ impl StackAllocator {
         }
         self.top.set(end);
         self.allocations.set(self.allocations.get() + 1);
-        self.live.set(self.live.get() + 1);
         Ok(ptr)
     }
 
@@ -325,7 +354,6 @@ impl StackAllocator {
     pub fn reset(&mut self) {
         let top = self.top.get();
         self.release(0, top);
-        self.live.set(0);
     }
 
     fn release(&mut self, to: usize, top: usize) {
@@ -336,7 +364,7 @@ impl StackAllocator {
         unsafe { region::fill_freed(self.region.at(to), top - to) };
         self.top.set(to);
         if to == 0 {
-            self.live.set(0);
+            self.allocations_at_reset.set(self.allocations.get());
         }
     }
 
@@ -348,7 +376,7 @@ impl StackAllocator {
             capacity: self.region.len(),
             in_use: top,
             peak: self.peak.get(),
-            live: self.live.get(),
+            live: (self.allocations.get() - self.allocations_at_reset.get()) as usize,
             allocations: self.allocations.get(),
             failures: self.failures.get(),
             fallbacks: 0,

@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+// Plain std atomics, not `crate::sync`: these are statistics, not part of a lock-free
+// protocol, and allocators must keep working in `--cfg loom` builds outside a loom model.
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// A snapshot of an allocator's usage.
 ///
@@ -31,7 +33,11 @@ pub struct AllocStats {
     /// Bytes in use now.
     pub in_use: usize,
     /// The most bytes ever in use at once (for the stacks: updated on each free/reset and
-    /// when the stats are read).
+    /// when the stats are read). For [`SizeClassPool`](super::SizeClassPool) and
+    /// [`SmallObjectAllocator`](super::SmallObjectAllocator) it is the sum of each class's
+    /// own peak, an upper bound of the simultaneous peak: the classes count under their own
+    /// locks, which saves a shared atomic on every call (per-class peaks are also what
+    /// sizing a class needs).
     pub peak: usize,
     /// Blocks live now (for the stacks and frames: allocations since the last reset).
     pub live: usize,
@@ -110,6 +116,23 @@ impl SharedCounters {
     #[cold]
     pub(crate) fn fallback(&self) {
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A snapshot whose byte figures the caller computed (from per-class counters kept under
+    /// the class locks), with this counter's failures and fallbacks.
+    pub(crate) fn snapshot_with(
+        &self,
+        capacity: usize,
+        in_use: usize,
+        peak: usize,
+        live: usize,
+        allocations: u64,
+    ) -> AllocStats {
+        AllocStats {
+            in_use,
+            peak,
+            ..self.snapshot(capacity, live, allocations)
+        }
     }
 
     /// Fills the byte and failure fields of a snapshot.
