@@ -213,6 +213,24 @@ fn a1_size_class_pool(c: &mut Criterion) {
         // SAFETY: every freed block came from this allocator's `alloc` and is freed once.
         |p, _| unsafe { pool.free(p) },
     );
+    drop(pool);
+    // The exclusive (`&mut self`, lock-free by ownership) path of the same pool.
+    let pool = std::cell::RefCell::new(SizeClassPool::new(&[
+        (8, 2048),
+        (16, 2048),
+        (32, 2048),
+        (64, 2048),
+        (128, 2048),
+        (256, 2048),
+    ]));
+    ring_bench(
+        &mut g,
+        "SizeClassPool_exclusive",
+        &ls,
+        |l| pool.borrow_mut().try_alloc_mut(l).unwrap(),
+        // SAFETY: every freed block came from this pool and is freed once.
+        |p, _| unsafe { pool.borrow_mut().try_free_mut(p).unwrap() },
+    );
     ring_bench(&mut g, "System", &ls, system_alloc, system_free);
     ring_bench(&mut g, "mimalloc", &ls, mimalloc_alloc, mimalloc_free);
     let mut limit = FreeListLimit::new(RING * 2);

@@ -295,7 +295,13 @@ impl SizeClassPool {
     /// Takes a block from `class`, or `None` if it has none free.
     #[inline]
     fn pop(&self, class: &Class) -> Result<Option<NonNull<u8>>> {
-        let mut st = class.state.lock();
+        self.pop_in(class, &mut class.state.lock())
+    }
+
+    /// [`pop`](Self::pop) with the class state already in hand (locked, or exclusively
+    /// borrowed).
+    #[inline(always)]
+    fn pop_in(&self, class: &Class, st: &mut ClassState) -> Result<Option<NonNull<u8>>> {
         let index = if st.head != NIL {
             let index = st.head;
             let block = self.block(class, index);
@@ -305,8 +311,7 @@ impl SizeClassPool {
             let link_ok = next == NIL || next < st.fresh;
             // SAFETY: the block is free (on the list), so nobody references it.
             if !link_ok || st.is_allocated(index) || !unsafe { Self::fill_intact(block, class) } {
-                drop(st);
-                return Err(self.corrupted(class, index, link_ok));
+                return Err(self.corrupted(class, st, index, link_ok));
             }
             st.head = next;
             index
@@ -390,11 +395,28 @@ impl SizeClassPool {
     /// }
     /// ```
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
-        let addr = ptr.as_ptr() as usize;
-        let (class, index) = self.locate(addr)?;
-        let mut st = class.state.lock();
+        let (class, index) = self.locate(ptr.as_ptr() as usize)?;
+        // SAFETY: forwarded contract.
+        unsafe { self.free_in(class, &mut class.state.lock(), index, ptr) }
+    }
+
+    /// Frees block `index` of `class` with the class state in hand.
+    ///
+    /// # Safety
+    ///
+    /// As `try_free`; `ptr` is block `index` of `class`.
+    #[inline(always)]
+    unsafe fn free_in(
+        &self,
+        class: &Class,
+        st: &mut ClassState,
+        index: u32,
+        ptr: NonNull<u8>,
+    ) -> Result<()> {
         if !st.is_allocated(index) {
-            return Err(Error::DoubleFree { addr });
+            return Err(Error::DoubleFree {
+                addr: ptr.as_ptr() as usize,
+            });
         }
         st.flip(index);
         let block = self.block(class, index);
@@ -406,8 +428,67 @@ impl SizeClassPool {
         }
         st.head = index;
         st.free += 1;
-        drop(st);
         Ok(())
+    }
+
+    /// [`try_alloc`](Self::try_alloc) through an exclusive borrow: the same checks and
+    /// results, but no locking (the `&mut` proves no other thread is inside the pool). For a
+    /// pool owned by one system or thread.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_alloc`](Self::try_alloc).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::alloc::Layout;
+    /// let mut pool = mmobject::alloc::SizeClassPool::new(&[(32, 8)]);
+    /// let p = pool.try_alloc_mut(Layout::new::<[u8; 20]>()).unwrap();
+    /// // SAFETY: `p` is ours, freed once.
+    /// unsafe { pool.try_free_mut(p).unwrap() };
+    /// ```
+    #[inline]
+    pub fn try_alloc_mut(&mut self, layout: Layout) -> Result<NonNull<u8>> {
+        let align = layout.align();
+        let need = layout.size().max(align).max(8);
+        let k = need.next_power_of_two().trailing_zeros() as usize;
+        let first = self.by_log2[k];
+        if align > MAX_ALIGN || first == NO_CLASS {
+            return self.try_alloc(layout); // the error path
+        }
+        let first = first as usize;
+        for i in first..self.classes.len() {
+            let class = &self.classes[i];
+            // SAFETY: `&mut self` guarantees no other reference to the pool exists, so no
+            // lock guard does either and this is the only access to the state.
+            let st = unsafe { &mut *class.state.data_ptr() };
+            if let Some(ptr) = self.pop_in(class, st)? {
+                if i != first {
+                    self.counters.fallback();
+                }
+                return Ok(ptr);
+            }
+        }
+        self.try_alloc(layout) // every class is empty: the error path
+    }
+
+    /// [`try_free`](Self::try_free) through an exclusive borrow, without locking.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_free`](Self::try_free).
+    ///
+    /// # Safety
+    ///
+    /// As [`try_free`](Self::try_free).
+    #[inline]
+    pub unsafe fn try_free_mut(&mut self, ptr: NonNull<u8>) -> Result<()> {
+        let (class, index) = self.locate(ptr.as_ptr() as usize)?;
+        // SAFETY: `&mut self`: no other access to the state (see `try_alloc_mut`).
+        let st = unsafe { &mut *class.state.data_ptr() };
+        // SAFETY: forwarded contract.
+        unsafe { self.free_in(class, st, index, ptr) }
     }
 
     /// Finds the class and block index of `addr`, checking it starts a block.
@@ -506,16 +587,14 @@ impl SizeClassPool {
     /// it are lost (reported as leaks at drop).
     #[cold]
     #[inline(never)]
-    fn corrupted(&self, class: &Class, index: u32, link_ok: bool) -> Error {
+    fn corrupted(&self, class: &Class, st: &mut ClassState, index: u32, link_ok: bool) -> Error {
         let block = self.block(class, index);
-        let mut st = class.state.lock();
         if link_ok && !st.is_allocated(index) {
             // SAFETY: the block is free; refill everything after its link.
             unsafe { region::fill_freed(block.add(LINK), class.block_size - LINK) };
         } else {
             st.head = NIL;
         }
-        drop(st);
         self.failed(region::use_after_free(
             "SizeClassPool",
             block.as_ptr() as usize,
@@ -682,6 +761,43 @@ mod tests {
             );
             pool.free(q);
         }
+    }
+
+    #[test]
+    fn exclusive_paths_match_shared_ones() {
+        let mut pool = small();
+        let a = pool.try_alloc_mut(Layout::new::<[u8; 60]>()).unwrap();
+        let b = pool.alloc(Layout::new::<[u8; 60]>());
+        assert_ne!(a, b);
+        // SAFETY: ours; the bad frees are caught.
+        unsafe {
+            assert!(matches!(
+                pool.try_free_mut(a.add(1)),
+                Err(Error::NotBlockStart { .. })
+            ));
+            pool.try_free_mut(a).unwrap();
+            assert_eq!(
+                pool.try_free_mut(a),
+                Err(Error::DoubleFree {
+                    addr: a.as_ptr() as usize
+                })
+            );
+            pool.free(b);
+        }
+        assert_eq!(
+            pool.try_alloc_mut(Layout::from_size_align(1, 8192).unwrap()),
+            Err(Error::UnsupportedAlignment {
+                align: 8192,
+                max: 4096
+            })
+        );
+        let mut one = SizeClassPool::new(&[(8, 1)]);
+        let _p = one.try_alloc_mut(Layout::new::<u8>()).unwrap();
+        assert!(matches!(
+            one.try_alloc_mut(Layout::new::<u8>()),
+            Err(Error::OutOfMemory { .. })
+        ));
+        assert_eq!(one.stats().failures, 1);
     }
 
     #[test]
