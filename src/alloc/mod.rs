@@ -37,7 +37,7 @@
 //!
 //! | allocator | for | alloc / free cost | per-block overhead | threads | when full |
 //! |---|---|---|---|---|---|
-//! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget | class lookup + lock + free-list pop / push | 1 bit (+ up to 2× rounding) | `Sync` (lock per class) | next larger class (a *fallback*), then `OutOfMemory` |
+//! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget | class lookup + lock + free-list pop / push | 1 bit (+ up to 2× rounding) | `Sync` (lock per class; no lock via `&mut self`) | next larger class (a *fallback*), then `OutOfMemory` |
 //! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | lock + bitmap scan, 64 slots per step / clear a bit | exactly 1 bit | `Sync` (lock per class) | the system allocator (a *fallback*), counted |
 //! | [`StackAllocator`] | nested lifetimes: level data, loading | bump / free everything above a [`Marker`] | alignment padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end | padding only | `Send` | `OutOfMemory` when the ends would meet |

@@ -119,10 +119,16 @@ pub struct SizeClassStats {
 ///   links live inside the free blocks and cost nothing. Internal fragmentation is up to
 ///   half a block (power-of-two rounding).
 /// - **Threads**: `Sync`, with one short `parking_lot::Mutex` per class around the free list,
-///   bitmap and counters (no other atomic on the fast path). See
-///   `ALLOC_BENCH.md` for the measured comparison with a lock-free design: a lock-free pop
-///   cannot read the link *inside* a block that another thread may just have taken without
-///   a data race, so it needs a side array of links (4 bytes per block).
+///   bitmap and counters (no other atomic on the fast path). A lock-free class (tagged head
+///   against ABA) was measured against it (bench A1b, `ALLOC_BENCH.md`): the lock-free pop
+///   was about 25–35% faster on one thread, but it cannot read the link *inside* a free
+///   block without racing the writes of a thread that has just taken that block (a data
+///   race, so undefined behaviour in Rust), so it needs a side array of links (4 bytes per
+///   block). The lock keeps the free list inside the blocks, as designed, and is what this
+///   type uses.
+/// - **Exclusive access**: a pool owned by one system can skip the lock entirely with
+///   [`try_alloc_mut`](Self::try_alloc_mut) / [`try_free_mut`](Self::try_free_mut), which take
+///   `&mut self` and make the same checks.
 /// - **Debug builds** fill freed blocks with `0xDD` and check the fill on allocation
 ///   ([`Error::UseAfterFree`]); in release builds the free list is still validated (a
 ///   corrupt link is reported, never followed).
