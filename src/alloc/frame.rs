@@ -260,6 +260,15 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "foreign free")]
+    fn foreign_deallocate_panics() {
+        let a = FrameAllocator::with_capacity(16);
+        let mut x = 0u64;
+        // SAFETY: deliberately wrong; the allocator detects it before touching the pointer.
+        unsafe { (&a).deallocate(NonNull::from(&mut x).cast(), Layout::new::<u64>()) };
+    }
+
+    #[test]
     fn collections() {
         let f = FrameAllocator::with_capacity(64 * 1024);
         let mut v = allocator_api2::vec::Vec::new_in(&f);
