@@ -1,1 +1,403 @@
-fn main() {}
+//! Allocator benchmarks A1–A4 (see `BENCHMARKS.md`). Each group runs our allocator and its
+//! peers on the same workload, so criterion's report gives the ratio directly.
+//!
+//! Run: `cargo bench --bench allocators -- --warm-up-time 1 --measurement-time 3`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use bumpalo::Bump;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use mimalloc::MiMalloc;
+use mmobject::alloc::{
+    FrameAllocator, SizeClassPool, SmallObjectAllocator, SmallObjectConfig, StackAllocator,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Live blocks kept in the steady-state ring (alloc one, free the oldest).
+const RING: usize = 1024;
+/// Allocations per frame in A3 and between markers in A4.
+const PER_FRAME: usize = 1000;
+
+/// A fixed pseudo-random list of layouts, sizes in `lo..=hi`, alignment 8.
+fn layouts(lo: usize, hi: usize) -> Vec<Layout> {
+    let mut rng = SmallRng::seed_from_u64(0x5EED);
+    (0..4096)
+        .map(|_| Layout::from_size_align(rng.gen_range(lo..=hi), 8).unwrap())
+        .collect()
+}
+
+/// The steady-state loop shared by A1 and A2: each iteration frees the oldest of `RING` live
+/// blocks and allocates a new one, so one iteration is one alloc + one free.
+fn ring_bench(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    layouts: &[Layout],
+    alloc: impl Fn(Layout) -> NonNull<u8>,
+    free: impl Fn(NonNull<u8>, Layout),
+) {
+    let mut ring: Vec<(NonNull<u8>, Layout)> = (0..RING)
+        .map(|i| {
+            (
+                alloc(layouts[i % layouts.len()]),
+                layouts[i % layouts.len()],
+            )
+        })
+        .collect();
+    let (mut slot, mut next) = (0usize, 0usize);
+    c.bench_function(name, |b| {
+        b.iter(|| {
+            let (old, old_layout) = ring[slot];
+            free(old, old_layout);
+            let layout = layouts[next];
+            let p = alloc(layout);
+            ring[slot] = (black_box(p), layout);
+            slot = (slot + 1) % RING;
+            next = (next + 1) % layouts.len();
+        })
+    });
+    for (p, l) in ring {
+        free(p, l);
+    }
+}
+
+fn system_alloc(l: Layout) -> NonNull<u8> {
+    // SAFETY: every layout in these benches has a non-zero size.
+    NonNull::new(unsafe { System.alloc(l) }).expect("system out of memory")
+}
+
+fn system_free(p: NonNull<u8>, l: Layout) {
+    // SAFETY: `p` came from `System.alloc(l)` and is freed once.
+    unsafe { System.dealloc(p.as_ptr(), l) }
+}
+
+fn mimalloc_alloc(l: Layout) -> NonNull<u8> {
+    // SAFETY: non-zero size, as above.
+    NonNull::new(unsafe { MiMalloc.alloc(l) }).expect("mimalloc out of memory")
+}
+
+fn mimalloc_free(p: NonNull<u8>, l: Layout) {
+    // SAFETY: `p` came from `MiMalloc.alloc(l)` and is freed once.
+    unsafe { MiMalloc.dealloc(p.as_ptr(), l) }
+}
+
+/// The near-physical limit for a pool (BENCHMARKS.md): 64-byte slots in a `Vec<[u64; 8]>`
+/// and a `Vec<u32>` of free indices. No checks, no stats, one size, one thread.
+struct FreeListLimit {
+    slots: Vec<[u64; 8]>,
+    free: Vec<u32>,
+}
+
+impl FreeListLimit {
+    fn new(n: usize) -> Self {
+        FreeListLimit {
+            slots: vec![[0; 8]; n],
+            free: (0..n as u32).rev().collect(),
+        }
+    }
+
+    #[inline]
+    fn alloc(&mut self) -> u32 {
+        self.free.pop().expect("limit pool full")
+    }
+
+    #[inline]
+    fn free(&mut self, i: u32) {
+        self.free.push(i)
+    }
+}
+
+/// A lock-free single size class, for the "lock vs lock-free" measurement behind
+/// `SizeClassPool`'s design: a Treiber stack with a tagged head (32-bit ABA tag + 32-bit
+/// index) and links in a side array of atomics (a lock-free pop cannot read an in-block link
+/// without racing the new owner's writes), plus an atomic "handed out" bitmap for the
+/// double-free check.
+struct LockFreeClass {
+    _memory: Vec<[u64; 8]>,
+    base: NonNull<u8>,
+    links: Box<[AtomicU32]>,
+    bits: Box<[AtomicU64]>,
+    head: AtomicU64,
+}
+
+impl LockFreeClass {
+    const NIL: u32 = u32::MAX;
+
+    fn new(n: usize) -> Self {
+        let mut memory = vec![[0u64; 8]; n];
+        let base = NonNull::new(memory.as_mut_ptr().cast::<u8>()).unwrap();
+        let links = (0..n)
+            .map(|i| AtomicU32::new(if i + 1 < n { i as u32 + 1 } else { Self::NIL }))
+            .collect();
+        let bits = (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        LockFreeClass {
+            _memory: memory,
+            base,
+            links,
+            bits,
+            head: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    fn alloc(&self) -> Option<NonNull<u8>> {
+        let mut head = self.head.load(Ordering::Acquire);
+        loop {
+            let index = head as u32;
+            if index == Self::NIL {
+                return None;
+            }
+            let next = self.links[index as usize].load(Ordering::Relaxed);
+            let new = ((head >> 32) + 1) << 32 | next as u64;
+            match self
+                .head
+                .compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.bits[index as usize / 64].fetch_or(1 << (index % 64), Ordering::Relaxed);
+                    // SAFETY: `index < n`, inside `_memory`.
+                    return Some(unsafe { self.base.add(index as usize * 64) });
+                }
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    #[inline]
+    fn free(&self, p: NonNull<u8>) {
+        let index = ((p.as_ptr() as usize - self.base.as_ptr() as usize) / 64) as u32;
+        let old = self.bits[index as usize / 64].fetch_and(!(1 << (index % 64)), Ordering::Relaxed);
+        assert!(old & (1 << (index % 64)) != 0, "double free");
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            self.links[index as usize].store(head as u32, Ordering::Relaxed);
+            let new = ((head >> 32) + 1) << 32 | index as u64;
+            match self
+                .head
+                .compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+}
+
+/// A1: `SizeClassPool` alloc + free, sizes 8–256 B mixed, 1,024 live blocks.
+///
+/// Peers: glibc `System` and mimalloc through `GlobalAlloc` (general allocators doing the same
+/// mixed-size job), and the free-list pool limit (one 64-byte size, no checks: the floor for
+/// any pool). Ours pays for its checks (bitmap double-free bit, class lookup from the
+/// address) and thread safety (a lock per class, an atomic byte counter).
+fn a1_size_class_pool(c: &mut Criterion) {
+    let ls = layouts(8, 256);
+    let mut g = c.benchmark_group("A1_size_class_pool_8_256B");
+    g.throughput(Throughput::Elements(1));
+    let pool = SizeClassPool::new(&[
+        (8, 2048),
+        (16, 2048),
+        (32, 2048),
+        (64, 2048),
+        (128, 2048),
+        (256, 2048),
+    ]);
+    // SAFETY (in the closure): every freed block came from `pool.alloc` and is freed once.
+    ring_bench(
+        &mut g,
+        "SizeClassPool",
+        &ls,
+        |l| pool.alloc(l),
+        // SAFETY: every freed block came from this allocator's `alloc` and is freed once.
+        |p, _| unsafe { pool.free(p) },
+    );
+    drop(pool);
+    // The exclusive (`&mut self`, lock-free by ownership) path of the same pool.
+    let pool = std::cell::RefCell::new(SizeClassPool::new(&[
+        (8, 2048),
+        (16, 2048),
+        (32, 2048),
+        (64, 2048),
+        (128, 2048),
+        (256, 2048),
+    ]));
+    ring_bench(
+        &mut g,
+        "SizeClassPool_exclusive",
+        &ls,
+        |l| pool.borrow_mut().try_alloc_mut(l).unwrap(),
+        // SAFETY: every freed block came from this pool and is freed once.
+        |p, _| unsafe { pool.borrow_mut().try_free_mut(p).unwrap() },
+    );
+    ring_bench(&mut g, "System", &ls, system_alloc, system_free);
+    ring_bench(&mut g, "mimalloc", &ls, mimalloc_alloc, mimalloc_free);
+    let mut limit = FreeListLimit::new(RING * 2);
+    let mut ring: Vec<u32> = (0..RING).map(|_| limit.alloc()).collect();
+    let mut slot = 0;
+    g.bench_function("free_list_limit_64B", |b| {
+        b.iter(|| {
+            limit.free(ring[slot]);
+            let i = limit.alloc();
+            limit.slots[i as usize][0] = 1;
+            ring[slot] = black_box(i);
+            slot = (slot + 1) % RING;
+        })
+    });
+    g.finish();
+}
+
+/// A1b: the same steady state with one 64-byte size, to compare `SizeClassPool`'s short lock
+/// per class against a lock-free tagged-head class (bench-local prototype) on one thread,
+/// with the free-list limit as the floor.
+fn a1b_lock_vs_lock_free(c: &mut Criterion) {
+    let ls = vec![Layout::from_size_align(64, 8).unwrap()];
+    let mut g = c.benchmark_group("A1b_lock_vs_lock_free_64B");
+    g.throughput(Throughput::Elements(1));
+    let pool = SizeClassPool::new(&[(64, 4096)]);
+    // SAFETY (in the closure): every freed block came from `pool.alloc` and is freed once.
+    ring_bench(
+        &mut g,
+        "SizeClassPool_mutex",
+        &ls,
+        |l| pool.alloc(l),
+        // SAFETY: every freed block came from this allocator's `alloc` and is freed once.
+        |p, _| unsafe { pool.free(p) },
+    );
+    let lock_free = LockFreeClass::new(4096);
+    ring_bench(
+        &mut g,
+        "lock_free_tagged_head",
+        &ls,
+        |_| lock_free.alloc().unwrap(),
+        |p, _| lock_free.free(p),
+    );
+    g.finish();
+}
+
+/// A2: `SmallObjectAllocator` alloc + free, sizes 8–128 B mixed, with every class about half
+/// full and its free slots scattered (allocate all, free a random half) before measuring.
+///
+/// Peers: `System` and mimalloc, the general allocators a small-object allocator replaces.
+fn a2_small_object(c: &mut Criterion) {
+    let ls = layouts(8, 128);
+    let mut g = c.benchmark_group("A2_small_object_8_128B_half_full");
+    g.throughput(Throughput::Elements(1));
+    let small = SmallObjectAllocator::new(SmallObjectConfig { slots: [4096; 7] });
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut filler = Vec::new();
+    for (i, &size) in [8usize, 16, 32, 48, 64, 96, 128].iter().enumerate() {
+        let l = Layout::from_size_align(size, 8).unwrap();
+        let all: Vec<_> = (0..4096).map(|_| small.alloc(l)).collect();
+        for p in all {
+            if rng.gen_bool(0.5) {
+                // SAFETY: ours, freed once.
+                unsafe { small.free(p) };
+            } else {
+                filler.push(p);
+            }
+        }
+        assert_eq!(
+            small.stats().fallbacks,
+            0,
+            "class {i} overflowed while filling"
+        );
+    }
+    // SAFETY (in the closure): every freed block came from `small.alloc` and is freed once.
+    ring_bench(
+        &mut g,
+        "SmallObjectAllocator",
+        &ls,
+        |l| small.alloc(l),
+        // SAFETY: every freed block came from this allocator's `alloc` and is freed once.
+        |p, _| unsafe { small.free(p) },
+    );
+    ring_bench(&mut g, "System", &ls, system_alloc, system_free);
+    ring_bench(&mut g, "mimalloc", &ls, mimalloc_alloc, mimalloc_free);
+    g.finish();
+    assert_eq!(
+        small.stats().fallbacks,
+        0,
+        "the measured loop stayed inside the region"
+    );
+    for p in filler {
+        // SAFETY: ours, freed once.
+        unsafe { small.free(p) };
+    }
+}
+
+/// A3: `FrameAllocator`: 1,000 allocations of a 64-byte value, then `reset`, per frame.
+/// Throughput is per allocation (the reset is amortised over the frame).
+///
+/// Peer: bumpalo `alloc` + `reset`, the standard Rust bump arena doing the same job (it also
+/// never drops values and also resets in O(1)); both have a region large enough for a frame.
+fn a3_frame(c: &mut Criterion) {
+    let mut g = c.benchmark_group("A3_frame_alloc_64B_and_reset");
+    g.throughput(Throughput::Elements(PER_FRAME as u64));
+    let mut frame = FrameAllocator::with_capacity(PER_FRAME * 64);
+    g.bench_function(BenchmarkId::new("FrameAllocator", PER_FRAME), |b| {
+        b.iter(|| {
+            for i in 0..PER_FRAME {
+                black_box(frame.alloc([i as u64; 8]));
+            }
+            frame.reset();
+        })
+    });
+    let mut bump = Bump::with_capacity(PER_FRAME * 64);
+    g.bench_function(BenchmarkId::new("bumpalo", PER_FRAME), |b| {
+        b.iter(|| {
+            for i in 0..PER_FRAME {
+                black_box(bump.alloc([i as u64; 8]));
+            }
+            bump.reset();
+        })
+    });
+    g.finish();
+}
+
+/// A4: `StackAllocator`: take a marker, 1,000 allocations of a 64-byte value, free to the
+/// marker (one level of a level-load stack).
+///
+/// Peer: bumpalo `alloc` + `reset` (bumpalo has no markers; `reset` is its way back to a
+/// known point, and is the closest equivalent of freeing to the bottom marker).
+fn a4_stack(c: &mut Criterion) {
+    let mut g = c.benchmark_group("A4_stack_alloc_64B_free_to_marker");
+    g.throughput(Throughput::Elements(PER_FRAME as u64));
+    let mut stack = StackAllocator::with_capacity(PER_FRAME * 64 + 64);
+    stack.alloc(0u64); // something below the marker
+    g.bench_function(BenchmarkId::new("StackAllocator", PER_FRAME), |b| {
+        b.iter(|| {
+            let m = stack.marker();
+            for i in 0..PER_FRAME {
+                black_box(stack.alloc([i as u64; 8]));
+            }
+            stack.free_to_marker(m);
+        })
+    });
+    let mut bump = Bump::with_capacity(PER_FRAME * 64 + 64);
+    g.bench_function(BenchmarkId::new("bumpalo", PER_FRAME), |b| {
+        b.iter(|| {
+            for i in 0..PER_FRAME {
+                black_box(bump.alloc([i as u64; 8]));
+            }
+            bump.reset();
+        })
+    });
+    g.finish();
+}
+
+/// The generated group function carries no docs of its own.
+#[allow(missing_docs)]
+mod run {
+    use super::*;
+    criterion_group!(
+        benches,
+        a1_size_class_pool,
+        a1b_lock_vs_lock_free,
+        a2_small_object,
+        a3_frame,
+        a4_stack
+    );
+}
+criterion_main!(run::benches);

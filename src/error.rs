@@ -117,6 +117,18 @@ pub enum Error {
         addr: usize,
     },
 
+    /// A double-buffered frame reference was read after its buffer was reused (two swaps
+    /// after it was made), or on an allocator it does not come from.
+    #[error("stale frame reference: it was made in frame {frame} of allocator #{owner}, the current frame is {current}")]
+    StaleFrameRef {
+        /// The frame the reference was made in.
+        frame: u64,
+        /// The id of the allocator the reference came from.
+        owner: u32,
+        /// The current frame of the allocator it was used with.
+        current: u64,
+    },
+
     // ---- tracker ----------------------------------------------------------
     /// A memory budget would be exceeded.
     #[error("budget exceeded for tag '{tag}': budget {budget} bytes, {current} in use, {requested} requested")]

@@ -1,0 +1,658 @@
+//! [`StackAllocator`]: bump up from the bottom of a region; free back to a [`Marker`].
+
+use std::alloc::Layout;
+use std::cell::Cell;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use allocator_api2::alloc::{AllocError, Allocator};
+
+use super::region::{self, Region, MAX_ALIGN};
+use super::AllocStats;
+use crate::{Error, Result};
+
+/// Hands out a fresh id for each stack, so a marker from another stack is caught.
+pub(crate) fn next_stack_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A position in a stack, taken with [`StackAllocator::marker`] (or one end of a
+/// [`DoubleEndedStack`](super::DoubleEndedStack)); freeing to it releases everything allocated
+/// after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Marker {
+    /// The id of the stack (and, for a double-ended stack, which end) it came from.
+    pub(crate) owner: u32,
+    /// The end it came from: 0 for a plain stack or the lower end, 1 for the upper end.
+    pub(crate) end: u8,
+    /// The offset of the top when the marker was taken.
+    pub(crate) offset: usize,
+}
+
+impl Marker {
+    /// The marker's offset from the start of the region, in bytes.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// A stack allocator: one region, a top that only moves up on `alloc`, and back down to a
+/// [`Marker`] on `free_to_marker`.
+///
+/// Allocation is a bump: round the top up to the alignment, add the size, compare against the
+/// capacity. Freeing single blocks is not possible; free everything above a marker instead.
+///
+/// **Borrowing.** [`alloc`](Self::alloc) takes `&self` and returns `&mut T` tied to that
+/// borrow; [`free_to_marker`](Self::free_to_marker) and [`reset`](Self::reset) take
+/// `&mut self`. The borrow checker therefore rejects any use of an allocation after the
+/// memory under it is released (see the compile-fail test `tests/ui/alloc/stack_marker.rs`).
+///
+/// **Drop.** Values are never dropped (as in bumpalo): memory is reclaimed without running
+/// destructors. Allocate plain data, or drop values yourself with `ptr::drop_in_place`.
+///
+/// **Threads.** `Send` but not `Sync`: the top is a `Cell`.
+///
+/// Invariants: `top <= region.len()`; in debug builds every byte in `top..len` holds the
+/// freed fill pattern (checked on allocation).
+///
+/// # Examples
+///
+/// ```
+/// use mmobject::alloc::StackAllocator;
+///
+/// let mut stack = StackAllocator::with_capacity(4096);
+/// let level = stack.marker();
+/// let a = stack.alloc([1.0f32; 4]);
+/// a[0] = 2.0;
+/// assert_eq!(stack.allocated_bytes(), 16);
+/// stack.free_to_marker(level);
+/// assert_eq!(stack.allocated_bytes(), 0);
+/// ```
+pub struct StackAllocator {
+    region: Region,
+    /// Offset of the first free byte. `top <= region.len()`.
+    top: Cell<usize>,
+    /// Unique id stamped into markers.
+    id: u32,
+    allocations: Cell<u64>,
+    /// `allocations` at the last reset (so `live` = allocations since then).
+    allocations_at_reset: Cell<u64>,
+    failures: Cell<u64>,
+    /// Highest top seen; updated whenever the top goes down and when stats are read.
+    peak: Cell<usize>,
+}
+
+impl StackAllocator {
+    /// Creates a stack over a preallocated region of `bytes` bytes (aligned to 4096).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `bytes` is larger than `isize::MAX - 4096`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let stack = mmobject::alloc::StackAllocator::with_capacity(1 << 20);
+    /// assert_eq!(stack.capacity(), 1 << 20);
+    /// ```
+    pub fn with_capacity(bytes: usize) -> StackAllocator {
+        StackAllocator {
+            region: Region::new(bytes),
+            top: Cell::new(0),
+            id: next_stack_id(),
+            allocations: Cell::new(0),
+            allocations_at_reset: Cell::new(0),
+            failures: Cell::new(0),
+            peak: Cell::new(0),
+        }
+    }
+
+    /// The region's size in bytes.
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.region.len()
+    }
+
+    /// Bytes between the bottom and the top (including alignment padding).
+    #[inline]
+    pub fn allocated_bytes(&self) -> usize {
+        self.top.get()
+    }
+
+    /// Moves `value` onto the stack and returns a reference to it.
+    ///
+    /// # Panics
+    ///
+    /// Panics with [`Error::OutOfMemory`]'s message if the value does not fit, or with
+    /// [`Error::UnsupportedAlignment`]'s if `T` is aligned to more than 4096.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let stack = mmobject::alloc::StackAllocator::with_capacity(64);
+    /// let x = stack.alloc(5u32);
+    /// *x += 1;
+    /// assert_eq!(*x, 6);
+    /// ```
+    #[inline(always)]
+    #[track_caller]
+    pub fn alloc<T>(&self, value: T) -> &mut T {
+        match self.try_alloc(value) {
+            Ok(r) => r,
+            Err(e) => region::fail(e),
+        }
+    }
+
+    /// Moves `value` onto the stack, or returns an error if it does not fit.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfMemory`] if the value does not fit (the value is dropped);
+    /// [`Error::UnsupportedAlignment`] if `T` is aligned to more than 4096.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{alloc::StackAllocator, Error};
+    ///
+    /// let stack = StackAllocator::with_capacity(4);
+    /// assert!(stack.try_alloc(1u32).is_ok());
+    /// assert!(matches!(stack.try_alloc(2u32), Err(Error::OutOfMemory { requested: 4, available: 0 })));
+    /// ```
+    #[inline]
+    #[allow(clippy::mut_from_ref)] // like bumpalo: each call returns fresh, disjoint memory
+    pub fn try_alloc<T>(&self, value: T) -> Result<&mut T> {
+        let ptr = self.try_alloc_layout(Layout::new::<T>())?.cast::<T>();
+        // SAFETY: `ptr` is aligned for `T` and valid for `size_of::<T>()` bytes that nobody
+        // else references (fresh memory above the old top, or dangling for a ZST). The
+        // reference lives as long as `&self`, and the memory is only reused after a
+        // `&mut self` call, which cannot happen while the reference lives.
+        unsafe {
+            ptr.as_ptr().write(value);
+            Ok(&mut *ptr.as_ptr())
+        }
+    }
+
+    /// Reserves a block for `layout` and returns its (uninitialised) start.
+    ///
+    /// # Panics
+    ///
+    /// As [`alloc`](Self::alloc).
+    #[inline]
+    #[track_caller]
+    pub fn alloc_layout(&self, layout: Layout) -> NonNull<u8> {
+        match self.try_alloc_layout(layout) {
+            Ok(p) => p,
+            Err(e) => region::fail(e),
+        }
+    }
+
+    /// Reserves a block for `layout` and returns its (uninitialised) start.
+    ///
+    /// A zero-size request returns a dangling pointer aligned to `layout.align()` and
+    /// reserves nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_alloc`](Self::try_alloc); in debug builds also [`Error::UseAfterFree`] if the
+    /// bytes about to be handed out were written after they were freed (they are refilled, so
+    /// the next call succeeds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::alloc::Layout;
+    /// let stack = mmobject::alloc::StackAllocator::with_capacity(8192);
+    /// let p = stack.try_alloc_layout(Layout::from_size_align(10, 4096).unwrap()).unwrap();
+    /// assert_eq!(p.as_ptr() as usize % 4096, 0);
+    /// ```
+    #[inline]
+    pub fn try_alloc_layout(&self, layout: Layout) -> Result<NonNull<u8>> {
+        match self.bump(layout) {
+            Some(p) => Ok(p),
+            None => self.alloc_slow(layout),
+        }
+    }
+
+    /// The fast path: bump the top if the block fits. Returns `None` for anything unusual
+    /// (zero size, alignment above 4096, not enough room) and always in debug builds, so
+    /// that [`alloc_slow`](Self::alloc_slow) handles it with every check.
+    #[inline(always)]
+    fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
+        let (size, align) = (layout.size(), layout.align());
+        if cfg!(debug_assertions) || size == 0 || align > MAX_ALIGN {
+            return None;
+        }
+        let top = self.top.get();
+        // The region is MAX_ALIGN-aligned, so aligning the offset aligns the address. No
+        // overflow: top <= isize::MAX, align <= 4096, size <= isize::MAX.
+        let start = region::align_up(top, align);
+        let end = start + size;
+        if end > self.region.len() {
+            return None;
+        }
+        self.top.set(end);
+        self.allocations.set(self.allocations.get() + 1);
+        Some(self.region.at(start))
+    }
+
+    /// The checked path: zero-size requests, errors, and the debug fill check.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, layout: Layout) -> Result<NonNull<u8>> {
+        let (size, align) = (layout.size(), layout.align());
+        if align > MAX_ALIGN {
+            return Err(self.failed(Error::UnsupportedAlignment {
+                align,
+                max: MAX_ALIGN,
+            }));
+        }
+        if size == 0 {
+            return Ok(region::dangling(align));
+        }
+        let top = self.top.get();
+        let start = region::align_up(top, align);
+        let end = start + size;
+        if end > self.region.len() {
+            return Err(self.out_of_memory(end - top));
+        }
+        let ptr = self.region.at(start);
+        // SAFETY: `start..end` lies inside the region above the old top: nobody references it.
+        if !unsafe { region::freed_intact(ptr, size) } {
+            return Err(self.corrupted(ptr, size));
+        }
+        self.top.set(end);
+        self.allocations.set(self.allocations.get() + 1);
+        Ok(ptr)
+    }
+
+    /// Copies `slice` onto the stack.
+    ///
+    /// # Panics
+    ///
+    /// As [`alloc`](Self::alloc).
+    #[inline]
+    #[track_caller]
+    #[allow(clippy::mut_from_ref)] // like bumpalo: each call returns fresh, disjoint memory
+    pub fn alloc_slice_copy<T: Copy>(&self, slice: &[T]) -> &mut [T] {
+        let ptr = self.alloc_layout(Layout::for_value(slice)).cast::<T>();
+        // SAFETY: `ptr` is fresh memory aligned for `T` and valid for `slice.len()` elements
+        // (or dangling and aligned when the slice occupies no bytes); the source cannot
+        // overlap it. The result lives as long as `&self` (see `try_alloc`).
+        unsafe {
+            ptr.as_ptr()
+                .copy_from_nonoverlapping(slice.as_ptr(), slice.len());
+            std::slice::from_raw_parts_mut(ptr.as_ptr(), slice.len())
+        }
+    }
+
+    /// The current top, to free back to later.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let stack = mmobject::alloc::StackAllocator::with_capacity(64);
+    /// assert_eq!(stack.marker().offset(), 0);
+    /// ```
+    #[inline]
+    pub fn marker(&self) -> Marker {
+        Marker {
+            owner: self.id,
+            end: 0,
+            offset: self.top.get(),
+        }
+    }
+
+    /// Frees everything allocated after `marker` was taken.
+    ///
+    /// # Panics
+    ///
+    /// Panics with [`Error::InvalidMarker`]'s message if the marker came from another stack
+    /// or lies above the current top.
+    #[track_caller]
+    pub fn free_to_marker(&mut self, marker: Marker) {
+        if let Err(e) = self.try_free_to_marker(marker) {
+            region::fail(e)
+        }
+    }
+
+    /// Frees everything allocated after `marker` was taken.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidMarker`] if the marker came from another stack or lies above the
+    /// current top (it was taken before an earlier `free_to_marker` to a lower marker).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{alloc::StackAllocator, Error};
+    ///
+    /// let mut a = StackAllocator::with_capacity(64);
+    /// let b = StackAllocator::with_capacity(64);
+    /// assert!(matches!(a.try_free_to_marker(b.marker()), Err(Error::InvalidMarker { .. })));
+    /// ```
+    pub fn try_free_to_marker(&mut self, marker: Marker) -> Result<()> {
+        if marker.owner != self.id || marker.end != 0 {
+            return Err(Error::InvalidMarker {
+                reason: "the marker belongs to another stack",
+            });
+        }
+        let top = self.top.get();
+        if marker.offset > top {
+            return Err(Error::InvalidMarker {
+                reason: "the marker is above the top of the stack",
+            });
+        }
+        self.release(marker.offset, top);
+        Ok(())
+    }
+
+    /// Frees everything.
+    pub fn reset(&mut self) {
+        let top = self.top.get();
+        self.release(0, top);
+    }
+
+    fn release(&mut self, to: usize, top: usize) {
+        debug_assert!(to <= top, "release moves the top down");
+        self.peak.set(self.peak.get().max(top));
+        // SAFETY: `to..top` is inside the region, and `&mut self` proves no allocation in it is
+        // still borrowed.
+        unsafe { region::fill_freed(self.region.at(to), top - to) };
+        self.top.set(to);
+        if to == 0 {
+            self.allocations_at_reset.set(self.allocations.get());
+        }
+    }
+
+    /// A snapshot of the stack's usage (`live` counts allocations since the last reset).
+    pub fn stats(&self) -> AllocStats {
+        let top = self.top.get();
+        self.peak.set(self.peak.get().max(top));
+        AllocStats {
+            capacity: self.region.len(),
+            in_use: top,
+            peak: self.peak.get(),
+            live: (self.allocations.get() - self.allocations_at_reset.get()) as usize,
+            allocations: self.allocations.get(),
+            failures: self.failures.get(),
+            fallbacks: 0,
+        }
+    }
+
+    /// Whether `ptr` points into this stack's region.
+    #[inline]
+    pub fn contains(&self, ptr: NonNull<u8>) -> bool {
+        self.region.contains(ptr.as_ptr() as usize)
+    }
+
+    /// The address of the region's first byte.
+    #[inline]
+    pub(crate) fn base_addr(&self) -> usize {
+        self.region.addr()
+    }
+
+    /// A pointer (with the region's provenance) to `offset`, which must be `<= top`.
+    #[inline]
+    pub(crate) fn pointer_at(&self, offset: usize) -> NonNull<u8> {
+        debug_assert!(offset <= self.top.get(), "offset {offset} above the top");
+        self.region.at(offset)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn failed(&self, error: Error) -> Error {
+        self.failures.set(self.failures.get() + 1);
+        error
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn out_of_memory(&self, requested: usize) -> Error {
+        let available = self.region.len() - self.top.get();
+        self.failed(Error::OutOfMemory {
+            requested,
+            available,
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn corrupted(&self, ptr: NonNull<u8>, size: usize) -> Error {
+        // SAFETY: the caller found this block above the top: nobody references it.
+        unsafe { region::fill_freed(ptr, size) };
+        self.failed(region::use_after_free(
+            "StackAllocator",
+            ptr.as_ptr() as usize,
+        ))
+    }
+}
+
+impl fmt::Debug for StackAllocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackAllocator")
+            .field("id", &self.id)
+            .field("capacity", &self.region.len())
+            .field("top", &self.top.get())
+            .finish()
+    }
+}
+
+// SAFETY:
+// 1. `allocate` returns blocks above the top, which no other live block overlaps, aligned as
+//    asked (`try_alloc_layout`).
+// 2. Blocks stay valid until a `&mut self` call (`free_to_marker`, `reset`) or the drop of
+//    the stack; neither can happen while `&StackAllocator` (the allocator) is borrowed.
+// 3. Copies of `&StackAllocator` are the same allocator.
+unsafe impl Allocator for &StackAllocator {
+    #[inline]
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        match self.try_alloc_layout(layout) {
+            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
+            Err(_) => Err(AllocError),
+        }
+    }
+
+    /// Individual blocks are not freed: memory comes back with `free_to_marker` or `reset`.
+    ///
+    /// Panics with [`Error::ForeignPointer`]'s message if a non-empty block is not from this
+    /// stack.
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 && !self.contains(ptr) {
+            region::fail(Error::ForeignPointer {
+                addr: ptr.as_ptr() as usize,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn markers_nest() {
+        let mut s = StackAllocator::with_capacity(256);
+        let m0 = s.marker();
+        s.alloc(1u8);
+        let m1 = s.marker();
+        s.alloc(2u64);
+        assert_eq!(s.allocated_bytes(), 16);
+        s.free_to_marker(m1);
+        assert_eq!(s.allocated_bytes(), 1);
+        s.free_to_marker(m0);
+        assert_eq!(s.allocated_bytes(), 0);
+        // m1 is now above the top.
+        assert_eq!(
+            s.try_free_to_marker(m1),
+            Err(Error::InvalidMarker {
+                reason: "the marker is above the top of the stack"
+            })
+        );
+        assert_eq!(s.stats().peak, 16);
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid marker: the marker belongs to another stack")]
+    fn foreign_marker_panics() {
+        let mut a = StackAllocator::with_capacity(16);
+        let b = StackAllocator::with_capacity(16);
+        a.free_to_marker(b.marker());
+    }
+
+    #[test]
+    #[should_panic(expected = "out of memory: requested 16 bytes, 8 available")]
+    fn out_of_memory_panics() {
+        let s = StackAllocator::with_capacity(16);
+        s.alloc(0u64);
+        s.alloc([0u64; 2]);
+    }
+
+    #[test]
+    fn alignment_and_zero_size() {
+        let s = StackAllocator::with_capacity(3 * 4096);
+        s.alloc(1u8);
+        for align in [1, 2, 8, 64, 4096] {
+            let p = s.alloc_layout(Layout::from_size_align(3, align).unwrap());
+            assert_eq!(p.as_ptr() as usize % align, 0);
+        }
+        let z = s.alloc_layout(Layout::from_size_align(0, 256).unwrap());
+        assert_eq!(z.as_ptr() as usize % 256, 0);
+        let unit: &mut () = s.alloc(());
+        *unit = ();
+        assert_eq!(
+            s.try_alloc_layout(Layout::from_size_align(1, 8192).unwrap()),
+            Err(Error::UnsupportedAlignment {
+                align: 8192,
+                max: 4096
+            })
+        );
+        assert_eq!(s.stats().failures, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "foreign free")]
+    fn foreign_deallocate_panics() {
+        let s = StackAllocator::with_capacity(16);
+        let mut x = 0u64;
+        // SAFETY: deliberately wrong; the stack detects it before touching the pointer.
+        unsafe { (&s).deallocate(NonNull::from(&mut x).cast(), Layout::new::<u64>()) };
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn use_after_free_is_caught() {
+        let mut s = StackAllocator::with_capacity(64);
+        let p = s.alloc_layout(Layout::new::<u64>());
+        s.reset();
+        // SAFETY: the region is still allocated; this simulates a stale raw pointer.
+        unsafe { p.as_ptr().write(7) };
+        let err = s.try_alloc(0u64).unwrap_err();
+        assert_eq!(
+            err,
+            Error::UseAfterFree {
+                addr: p.as_ptr() as usize
+            }
+        );
+        assert!(
+            s.try_alloc(0u64).is_ok(),
+            "the block is refilled after the report"
+        );
+    }
+
+    #[test]
+    fn collections() {
+        let s = StackAllocator::with_capacity(64 * 1024);
+        let mut v = allocator_api2::vec::Vec::new_in(&s);
+        v.extend(0..100u32);
+        assert_eq!(v.iter().sum::<u32>(), 4950);
+        let mut m = hashbrown::HashMap::new_in(&s);
+        for i in 0..50u32 {
+            m.insert(i, i * 2);
+        }
+        assert_eq!(m[&7], 14);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize, u32),
+        Mark,
+        FreeToMark(usize),
+        Reset,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0usize..200, 0u32..8).prop_map(|(s, a)| Op::Alloc(s, a)),
+            1 => Just(Op::Mark),
+            1 => (0usize..8).prop_map(Op::FreeToMark),
+            1 => Just(Op::Reset),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 256 },
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+        #[test]
+        fn model(ops in proptest::collection::vec(op(), 0..if cfg!(miri) { 20 } else { 100 })) {
+            let mut s = StackAllocator::with_capacity(2048);
+            // Model: live blocks (addr, len, fill byte) and the markers (with block counts).
+            let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
+            let mut marks: Vec<(Marker, usize)> = Vec::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Alloc(size, a) => {
+                        let align = 1usize << a;
+                        let layout = Layout::from_size_align(size, align).unwrap();
+                        match s.try_alloc_layout(layout) {
+                            Ok(p) => {
+                                let addr = p.as_ptr() as usize;
+                                prop_assert_eq!(addr % align, 0);
+                                if size > 0 {
+                                    for &(b, l, _) in &live {
+                                        let b = b.as_ptr() as usize;
+                                        prop_assert!(addr >= b + l || addr + size <= b, "overlap");
+                                    }
+                                    // SAFETY: fresh block of `size` bytes.
+                                    unsafe { p.as_ptr().write_bytes(n as u8, size) };
+                                    live.push((p, size, n as u8));
+                                }
+                            }
+                            Err(Error::OutOfMemory { .. }) => {}
+                            Err(e) => prop_assert!(false, "unexpected {e}"),
+                        }
+                    }
+                    Op::Mark => marks.push((s.marker(), live.len())),
+                    Op::FreeToMark(i) => {
+                        if let Some(&(m, count)) = marks.get(i) {
+                            let r = s.try_free_to_marker(m);
+                            if m.offset() <= s.allocated_bytes() {
+                                prop_assert!(r.is_ok());
+                                live.truncate(count);
+                                marks.retain(|(mm, _)| mm.offset() <= m.offset());
+                            } else {
+                                prop_assert!(r.is_err());
+                            }
+                        }
+                    }
+                    Op::Reset => { s.reset(); live.clear(); marks.clear(); }
+                }
+                for &(b, l, fill) in &live {
+                    // SAFETY: the model's live blocks are still allocated and initialised.
+                    let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), l) };
+                    prop_assert!(bytes.iter().all(|&x| x == fill), "contents changed");
+                }
+                let st = s.stats();
+                prop_assert!(st.in_use <= st.capacity && st.in_use <= st.peak);
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Every allocator serves `allocator_api2::vec::Vec` and `hashbrown::HashMap`, as a user
+//! would write it.
+
+use allocator_api2::alloc::Allocator;
+use allocator_api2::vec::Vec;
+use hashbrown::HashMap;
+use mmobject::alloc::{
+    AlignedAlloc, DoubleBufferedAllocator, DoubleEndedStack, FrameAllocator, Pool, SizeClassPool,
+    SmallObjectAllocator, SmallObjectConfig, StackAllocator, SystemRaw,
+};
+
+fn exercise<A: Allocator + Copy>(alloc: A) {
+    let n: usize = if cfg!(miri) { 20 } else { 200 };
+    let mut v = Vec::new_in(alloc);
+    for i in 0..n {
+        v.push(i as u64);
+    }
+    v.shrink_to_fit();
+    assert_eq!(v.iter().sum::<u64>(), (n * (n - 1) / 2) as u64);
+    let mut m = HashMap::new_in(alloc);
+    for i in 0..n / 4 {
+        m.insert(i, format!("entity {i}"));
+    }
+    assert_eq!(m[&3], "entity 3");
+    m.retain(|k, _| k % 2 == 0);
+    assert_eq!(m.len(), (n / 4).div_ceil(2));
+}
+
+#[test]
+fn size_class_pool() {
+    let pool = SizeClassPool::new(&[(8, 16), (64, 64), (256, 32), (1024, 16), (4096, 8)]);
+    exercise(&pool);
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+#[test]
+fn small_object_allocator() {
+    let small = SmallObjectAllocator::new(SmallObjectConfig { slots: [64; 7] });
+    exercise(&small);
+    assert_eq!(small.stats().live, 0);
+}
+
+#[test]
+fn stacks_and_frames() {
+    exercise(&StackAllocator::with_capacity(64 * 1024));
+    exercise(&DoubleEndedStack::with_capacity(64 * 1024));
+    exercise(&FrameAllocator::with_capacity(64 * 1024));
+    exercise(&DoubleBufferedAllocator::with_capacity(64 * 1024));
+}
+
+#[test]
+fn aligned_and_pool() {
+    exercise(&AlignedAlloc::new(SystemRaw));
+    #[repr(align(64))]
+    struct Page(#[allow(dead_code)] [u8; 4096]);
+    let pool: Pool<Page> = Pool::with_capacity(8);
+    exercise(&pool);
+    assert!(pool.is_empty());
+}
