@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use bumpalo::Bump;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use mimalloc::MiMalloc;
-use mmobject::alloc::{
-    FrameAllocator, SizeClassPool, SmallObjectAllocator, SmallObjectConfig, StackAllocator,
-};
+use mmobject::alloc::{FrameAllocator, SizeClassPool, SmallObjectAllocator, SmallObjectConfig, StackAllocator};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -25,9 +23,7 @@ const PER_FRAME: usize = 1000;
 /// A fixed pseudo-random list of layouts, sizes in `lo..=hi`, alignment 8.
 fn layouts(lo: usize, hi: usize) -> Vec<Layout> {
     let mut rng = SmallRng::seed_from_u64(0x5EED);
-    (0..4096)
-        .map(|_| Layout::from_size_align(rng.gen_range(lo..=hi), 8).unwrap())
-        .collect()
+    (0..4096).map(|_| Layout::from_size_align(rng.gen_range(lo..=hi), 8).unwrap()).collect()
 }
 
 /// The steady-state loop shared by A1 and A2: each iteration frees the oldest of `RING` live
@@ -39,14 +35,8 @@ fn ring_bench(
     alloc: impl Fn(Layout) -> NonNull<u8>,
     free: impl Fn(NonNull<u8>, Layout),
 ) {
-    let mut ring: Vec<(NonNull<u8>, Layout)> = (0..RING)
-        .map(|i| {
-            (
-                alloc(layouts[i % layouts.len()]),
-                layouts[i % layouts.len()],
-            )
-        })
-        .collect();
+    let mut ring: Vec<(NonNull<u8>, Layout)> =
+        (0..RING).map(|i| (alloc(layouts[i % layouts.len()]), layouts[i % layouts.len()])).collect();
     let (mut slot, mut next) = (0usize, 0usize);
     c.bench_function(name, |b| {
         b.iter(|| {
@@ -93,10 +83,7 @@ struct FreeListLimit {
 
 impl FreeListLimit {
     fn new(n: usize) -> Self {
-        FreeListLimit {
-            slots: vec![[0; 8]; n],
-            free: (0..n as u32).rev().collect(),
-        }
+        FreeListLimit { slots: vec![[0; 8]; n], free: (0..n as u32).rev().collect() }
     }
 
     #[inline]
@@ -129,17 +116,9 @@ impl LockFreeClass {
     fn new(n: usize) -> Self {
         let mut memory = vec![[0u64; 8]; n];
         let base = NonNull::new(memory.as_mut_ptr().cast::<u8>()).unwrap();
-        let links = (0..n)
-            .map(|i| AtomicU32::new(if i + 1 < n { i as u32 + 1 } else { Self::NIL }))
-            .collect();
+        let links = (0..n).map(|i| AtomicU32::new(if i + 1 < n { i as u32 + 1 } else { Self::NIL })).collect();
         let bits = (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        LockFreeClass {
-            _memory: memory,
-            base,
-            links,
-            bits,
-            head: AtomicU64::new(0),
-        }
+        LockFreeClass { _memory: memory, base, links, bits, head: AtomicU64::new(0) }
     }
 
     #[inline]
@@ -152,10 +131,7 @@ impl LockFreeClass {
             }
             let next = self.links[index as usize].load(Ordering::Relaxed);
             let new = ((head >> 32) + 1) << 32 | next as u64;
-            match self
-                .head
-                .compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.head.compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     self.bits[index as usize / 64].fetch_or(1 << (index % 64), Ordering::Relaxed);
                     // SAFETY: `index < n`, inside `_memory`.
@@ -175,10 +151,7 @@ impl LockFreeClass {
         loop {
             self.links[index as usize].store(head as u32, Ordering::Relaxed);
             let new = ((head >> 32) + 1) << 32 | index as u64;
-            match self
-                .head
-                .compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed)
-            {
+            match self.head.compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return,
                 Err(h) => head = h,
             }
@@ -196,14 +169,7 @@ fn a1_size_class_pool(c: &mut Criterion) {
     let ls = layouts(8, 256);
     let mut g = c.benchmark_group("A1_size_class_pool_8_256B");
     g.throughput(Throughput::Elements(1));
-    let pool = SizeClassPool::new(&[
-        (8, 2048),
-        (16, 2048),
-        (32, 2048),
-        (64, 2048),
-        (128, 2048),
-        (256, 2048),
-    ]);
+    let pool = SizeClassPool::new(&[(8, 2048), (16, 2048), (32, 2048), (64, 2048), (128, 2048), (256, 2048)]);
     // SAFETY (in the closure): every freed block came from `pool.alloc` and is freed once.
     ring_bench(
         &mut g,
@@ -266,13 +232,7 @@ fn a1b_lock_vs_lock_free(c: &mut Criterion) {
         |p, _| unsafe { pool.free(p) },
     );
     let lock_free = LockFreeClass::new(4096);
-    ring_bench(
-        &mut g,
-        "lock_free_tagged_head",
-        &ls,
-        |_| lock_free.alloc().unwrap(),
-        |p, _| lock_free.free(p),
-    );
+    ring_bench(&mut g, "lock_free_tagged_head", &ls, |_| lock_free.alloc().unwrap(), |p, _| lock_free.free(p));
     g.finish();
 }
 
@@ -298,11 +258,7 @@ fn a2_small_object(c: &mut Criterion) {
                 filler.push(p);
             }
         }
-        assert_eq!(
-            small.stats().fallbacks,
-            0,
-            "class {i} overflowed while filling"
-        );
+        assert_eq!(small.stats().fallbacks, 0, "class {i} overflowed while filling");
     }
     // SAFETY (in the closure): every freed block came from `small.alloc` and is freed once.
     ring_bench(
@@ -316,11 +272,7 @@ fn a2_small_object(c: &mut Criterion) {
     ring_bench(&mut g, "System", &ls, system_alloc, system_free);
     ring_bench(&mut g, "mimalloc", &ls, mimalloc_alloc, mimalloc_free);
     g.finish();
-    assert_eq!(
-        small.stats().fallbacks,
-        0,
-        "the measured loop stayed inside the region"
-    );
+    assert_eq!(small.stats().fallbacks, 0, "the measured loop stayed inside the region");
     for p in filler {
         // SAFETY: ours, freed once.
         unsafe { small.free(p) };
@@ -391,13 +343,6 @@ fn a4_stack(c: &mut Criterion) {
 #[allow(missing_docs)]
 mod run {
     use super::*;
-    criterion_group!(
-        benches,
-        a1_size_class_pool,
-        a1b_lock_vs_lock_free,
-        a2_small_object,
-        a3_frame,
-        a4_stack
-    );
+    criterion_group!(benches, a1_size_class_pool, a1b_lock_vs_lock_free, a2_small_object, a3_frame, a4_stack);
 }
 criterion_main!(run::benches);

@@ -5,8 +5,8 @@
 use std::alloc::Layout;
 
 use mmobject::alloc::{
-    AlignedAlloc, DoubleBufferedAllocator, DoubleEndedStack, End, FrameAllocator, Pool,
-    SizeClassPool, SmallObjectAllocator, StackAllocator, SystemRaw,
+    AlignedAlloc, DoubleBufferedAllocator, DoubleEndedStack, End, FrameAllocator, Pool, SizeClassPool,
+    SmallObjectAllocator, StackAllocator, SystemRaw,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -27,11 +27,7 @@ fn main() {
     let tiles = level_memory.alloc(End::Lower, [decoded[0]; 1024]);
     let tile_count = tiles.len(); // references end before the upper end is freed
     level_memory.free_to_marker(scratch);
-    println!(
-        "level: {} tiles, {} bytes of level data kept",
-        tile_count,
-        level_memory.allocated_bytes(End::Lower)
-    );
+    println!("level: {} tiles, {} bytes of level data kept", tile_count, level_memory.allocated_bytes(End::Lower));
 
     // Long-lived engine data out of fixed budgets.
     let pool = SizeClassPool::new(&[(64, 1024), (256, 256), (1024, 64), (4096, 16)]);
@@ -52,11 +48,7 @@ fn main() {
     for n in 0..3u32 {
         entities.insert(n, [n as f32; 4]);
         script_strings.push(n as u8);
-        live_particles.push(particles.alloc(Particle {
-            pos: [0.0; 3],
-            vel: [1.0, 2.0, 0.0],
-            life: 1.0,
-        }));
+        live_particles.push(particles.alloc(Particle { pos: [0.0; 3], vel: [1.0, 2.0, 0.0], life: 1.0 }));
         for p in live_particles.iter_mut() {
             for axis in 0..3 {
                 p.pos[axis] += p.vel[axis] * 0.016;
@@ -88,11 +80,7 @@ fn main() {
     println!("frame allocator:\n{}", frame.stats());
     println!("size-class pool:\n{}", pool.stats());
     println!("small objects:\n{}", small.stats());
-    println!(
-        "particle pool: {} live of {}",
-        particles.len(),
-        particles.capacity()
-    );
+    println!("particle pool: {} live of {}", particles.len(), particles.capacity());
     // SAFETY: `upload` came from `gpu` and is freed once.
     unsafe { gpu.free(upload) };
 }

@@ -119,7 +119,9 @@ pub enum Error {
 
     /// A double-buffered frame reference was read after its buffer was reused (two swaps
     /// after it was made), or on an allocator it does not come from.
-    #[error("stale frame reference: it was made in frame {frame} of allocator #{owner}, the current frame is {current}")]
+    #[error(
+        "stale frame reference: it was made in frame {frame} of allocator #{owner}, the current frame is {current}"
+    )]
     StaleFrameRef {
         /// The frame the reference was made in.
         frame: u64,

@@ -5,8 +5,8 @@ use allocator_api2::alloc::Allocator;
 use allocator_api2::vec::Vec;
 use hashbrown::HashMap;
 use mmobject::alloc::{
-    AlignedAlloc, DoubleBufferedAllocator, DoubleEndedStack, FrameAllocator, Pool, SizeClassPool,
-    SmallObjectAllocator, SmallObjectConfig, StackAllocator, SystemRaw,
+    AlignedAlloc, DoubleBufferedAllocator, DoubleEndedStack, FrameAllocator, Pool, SizeClassPool, SmallObjectAllocator,
+    SmallObjectConfig, StackAllocator, SystemRaw,
 };
 
 fn exercise<A: Allocator + Copy>(alloc: A) {

@@ -6,9 +6,7 @@ use std::ptr::NonNull;
 use std::thread;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use mmobject::alloc::{
-    AlignedAlloc, SizeClassPool, SmallObjectAllocator, SmallObjectConfig, SystemRaw,
-};
+use mmobject::alloc::{AlignedAlloc, SizeClassPool, SmallObjectAllocator, SmallObjectConfig, SystemRaw};
 
 const THREADS: usize = if cfg!(miri) { 2 } else { 4 };
 const PER_THREAD: usize = if cfg!(miri) { 40 } else { 20_000 };
@@ -30,8 +28,7 @@ fn ring<A: Sync>(
     try_alloc: impl Fn(&A, Layout) -> Option<NonNull<u8>> + Sync,
     free: impl Fn(&A, NonNull<u8>) + Sync,
 ) {
-    let channels: Vec<(Sender<Block>, Receiver<Block>)> =
-        (0..THREADS).map(|_| unbounded()).collect();
+    let channels: Vec<(Sender<Block>, Receiver<Block>)> = (0..THREADS).map(|_| unbounded()).collect();
     thread::scope(|s| {
         for t in 0..THREADS {
             let tx = channels[(t + 1) % THREADS].0.clone();
@@ -43,8 +40,7 @@ fn ring<A: Sync>(
                     let size = 1 + (i * 7 + t * 13) % 120;
                     let fill = (i + t) as u8;
                     let ptr = loop {
-                        if let Some(p) = try_alloc(alloc, Layout::from_size_align(size, 8).unwrap())
-                        {
+                        if let Some(p) = try_alloc(alloc, Layout::from_size_align(size, 8).unwrap()) {
                             break p;
                         }
                         // Full: free what others sent us (if anything), then retry.
@@ -77,10 +73,7 @@ fn ring<A: Sync>(
 fn check_and_free<A>(alloc: &A, free: &impl Fn(&A, NonNull<u8>), b: Block) {
     // SAFETY: the block is ours (received over the channel) and was written before sending.
     let bytes = unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), b.size) };
-    assert!(
-        bytes.iter().all(|&x| x == b.fill),
-        "a block was overwritten while in flight"
-    );
+    assert!(bytes.iter().all(|&x| x == b.fill), "a block was overwritten while in flight");
     free(alloc, b.ptr);
 }
 
@@ -101,9 +94,7 @@ fn size_class_pool_across_threads() {
 #[test]
 fn small_object_allocator_across_threads() {
     // Small classes so some requests fall back to the system under contention.
-    let small = SmallObjectAllocator::new(SmallObjectConfig {
-        slots: [16, 16, 16, 16, 16, 16, 16],
-    });
+    let small = SmallObjectAllocator::new(SmallObjectConfig { slots: [16, 16, 16, 16, 16, 16, 16] });
     ring(
         &small,
         |a, l| a.try_alloc(l).ok(),
@@ -120,10 +111,7 @@ fn aligned_alloc_across_threads() {
     let aligned = AlignedAlloc::new(SystemRaw);
     ring(
         &aligned,
-        |a, l| {
-            a.try_alloc(Layout::from_size_align(l.size(), 64).unwrap())
-                .ok()
-        },
+        |a, l| a.try_alloc(Layout::from_size_align(l.size(), 64).unwrap()).ok(),
         // SAFETY: each block is freed once, by the thread that received it.
         |a, ptr| unsafe { a.free(ptr) },
     );

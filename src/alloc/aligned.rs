@@ -69,8 +69,7 @@ impl RawAlloc for SystemRaw {
 /// `free` does nothing (memory comes back with `free_to_marker`/`reset`).
 impl RawAlloc for StackAllocator {
     fn alloc(&self, size: usize) -> Option<NonNull<u8>> {
-        self.try_alloc_layout(Layout::from_size_align(size, 1).ok()?)
-            .ok()
+        self.try_alloc_layout(Layout::from_size_align(size, 1).ok()?).ok()
     }
 
     unsafe fn free(&self, _ptr: NonNull<u8>, _size: usize) {}
@@ -127,11 +126,7 @@ pub struct AlignedAlloc<A> {
 impl<A: RawAlloc> AlignedAlloc<A> {
     /// Wraps a raw allocator.
     pub fn new(inner: A) -> AlignedAlloc<A> {
-        AlignedAlloc {
-            inner,
-            ledger: Mutex::new(Ledger::default()),
-            counters: SharedCounters::default(),
-        }
+        AlignedAlloc { inner, ledger: Mutex::new(Ledger::default()), counters: SharedCounters::default() }
     }
 
     /// The wrapped allocator.
@@ -167,10 +162,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         let align = layout.align();
         if align > MAX_ALIGN {
             self.counters.failure();
-            return Err(Error::UnsupportedAlignment {
-                align,
-                max: MAX_ALIGN,
-            });
+            return Err(Error::UnsupportedAlignment { align, max: MAX_ALIGN });
         }
         let raw_size = Self::raw_size(layout);
         let Some(raw) = self.inner.alloc(raw_size) else {
@@ -178,20 +170,13 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         };
         let raw_addr = raw.as_ptr() as usize;
         let adjustment = region::align_up(raw_addr + HEADER, align) - raw_addr;
-        debug_assert!(
-            (HEADER..HEADER + align).contains(&adjustment),
-            "adjustment {adjustment} out of range"
-        );
+        debug_assert!((HEADER..HEADER + align).contains(&adjustment), "adjustment {adjustment} out of range");
         // SAFETY: `adjustment + layout.size() <= raw_size`, so the block and its header
         // (`adjustment - HEADER ..adjustment`) are inside the raw allocation; the header is
         // written unaligned.
         let aligned = unsafe {
             let aligned = raw.add(adjustment);
-            aligned
-                .sub(HEADER)
-                .cast::<u16>()
-                .as_ptr()
-                .write_unaligned(adjustment as u16);
+            aligned.sub(HEADER).cast::<u16>().as_ptr().write_unaligned(adjustment as u16);
             aligned
         };
         let addr = aligned.as_ptr() as usize;
@@ -269,10 +254,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         // ledger entry is gone).
         unsafe {
             let adjustment = ptr.sub(HEADER).cast::<u16>().as_ptr().read_unaligned() as usize;
-            debug_assert!(
-                (HEADER..HEADER + layout.align()).contains(&adjustment),
-                "corrupt header"
-            );
+            debug_assert!((HEADER..HEADER + layout.align()).contains(&adjustment), "corrupt header");
             self.inner.free(ptr.sub(adjustment), raw_size);
         }
         self.counters.sub(raw_size);
@@ -286,10 +268,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         }
         if let Some((&start, layout)) = ledger.live.range(..addr).next_back() {
             if addr < start + layout.size() {
-                return Error::NotBlockStart {
-                    addr,
-                    block_start: start,
-                };
+                return Error::NotBlockStart { addr, block_start: start };
             }
         }
         Error::ForeignPointer { addr }
@@ -300,8 +279,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         let ledger = self.ledger.lock();
         let (live, allocations) = (ledger.live.len(), ledger.allocations);
         drop(ledger);
-        self.counters
-            .snapshot(self.inner.capacity(), live, allocations)
+        self.counters.snapshot(self.inner.capacity(), live, allocations)
     }
 
     #[cold]
@@ -309,10 +287,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
     fn out_of_memory(&self, requested: usize) -> Error {
         self.counters.failure();
         let in_use = self.counters.snapshot(0, 0, 0).in_use;
-        Error::OutOfMemory {
-            requested,
-            available: self.inner.capacity().saturating_sub(in_use),
-        }
+        Error::OutOfMemory { requested, available: self.inner.capacity().saturating_sub(in_use) }
     }
 }
 
@@ -405,10 +380,7 @@ mod tests {
         assert_eq!(a.stats().in_use, 0);
         assert_eq!(
             a.try_alloc(Layout::from_size_align(1, 8192).unwrap()),
-            Err(Error::UnsupportedAlignment {
-                align: 8192,
-                max: 4096
-            })
+            Err(Error::UnsupportedAlignment { align: 8192, max: 4096 })
         );
     }
 
@@ -420,26 +392,13 @@ mod tests {
         let local = NonNull::from(&mut local).cast::<u8>();
         // SAFETY: bad frees are caught before memory is read; `p` is ours.
         unsafe {
-            assert_eq!(
-                a.try_free(local),
-                Err(Error::ForeignPointer {
-                    addr: local.as_ptr() as usize
-                })
-            );
+            assert_eq!(a.try_free(local), Err(Error::ForeignPointer { addr: local.as_ptr() as usize }));
             assert_eq!(
                 a.try_free(p.add(31)),
-                Err(Error::NotBlockStart {
-                    addr: p.as_ptr() as usize + 31,
-                    block_start: p.as_ptr() as usize
-                })
+                Err(Error::NotBlockStart { addr: p.as_ptr() as usize + 31, block_start: p.as_ptr() as usize })
             );
             a.free(p);
-            assert_eq!(
-                a.try_free(p),
-                Err(Error::DoubleFree {
-                    addr: p.as_ptr() as usize
-                })
-            );
+            assert_eq!(a.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
         }
     }
 
@@ -448,10 +407,7 @@ mod tests {
         let a = AlignedAlloc::new(StackAllocator::with_capacity(256));
         let p = a.alloc(Layout::from_size_align(64, 128).unwrap());
         assert_eq!(p.as_ptr() as usize % 128, 0);
-        assert!(matches!(
-            a.try_alloc(Layout::from_size_align(200, 8).unwrap()),
-            Err(Error::OutOfMemory { .. })
-        ));
+        assert!(matches!(a.try_alloc(Layout::from_size_align(200, 8).unwrap()), Err(Error::OutOfMemory { .. })));
         assert_eq!(a.stats().capacity, 256);
         // SAFETY: ours, freed once.
         unsafe { a.free(p) };

@@ -108,10 +108,7 @@ impl DoubleBufferedAllocator {
     /// Panics if `bytes` is larger than `isize::MAX - 4096`.
     pub fn with_capacity(bytes: usize) -> DoubleBufferedAllocator {
         DoubleBufferedAllocator {
-            buffers: [
-                StackAllocator::with_capacity(bytes),
-                StackAllocator::with_capacity(bytes),
-            ],
+            buffers: [StackAllocator::with_capacity(bytes), StackAllocator::with_capacity(bytes)],
             frame: 0,
             id: next_stack_id(),
         }
@@ -161,17 +158,8 @@ impl DoubleBufferedAllocator {
         let value = current.try_alloc(value)?;
         let addr = value as *mut T as usize;
         // A ZST lives at a dangling address; record offset 0 and rebuild a dangling pointer.
-        let offset = if size_of::<T>() == 0 {
-            0
-        } else {
-            addr - current.base_addr()
-        };
-        Ok(FrameRef {
-            owner: self.id,
-            frame: self.frame,
-            offset,
-            _type: PhantomData,
-        })
+        let offset = if size_of::<T>() == 0 { 0 } else { addr - current.base_addr() };
+        Ok(FrameRef { owner: self.id, frame: self.frame, offset, _type: PhantomData })
     }
 
     /// Moves `value` into the current frame's buffer and returns a plain reference, which
@@ -230,20 +218,13 @@ impl DoubleBufferedAllocator {
     fn locate<T>(&self, r: FrameRef<T>) -> Result<NonNull<T>> {
         let fresh = r.frame == self.frame || r.frame + 1 == self.frame;
         if r.owner != self.id || !fresh {
-            return Err(Error::StaleFrameRef {
-                frame: r.frame,
-                owner: r.owner,
-                current: self.frame,
-            });
+            return Err(Error::StaleFrameRef { frame: r.frame, owner: r.owner, current: self.frame });
         }
         if size_of::<T>() == 0 {
             return Ok(NonNull::dangling());
         }
         let buffer = &self.buffers[(r.frame % 2) as usize];
-        debug_assert!(
-            r.offset + size_of::<T>() <= buffer.allocated_bytes(),
-            "frame ref beyond the top"
-        );
+        debug_assert!(r.offset + size_of::<T>() <= buffer.allocated_bytes(), "frame ref beyond the top");
         Ok(buffer.pointer_at(r.offset).cast())
     }
 
@@ -277,10 +258,7 @@ impl DoubleBufferedAllocator {
 
 impl fmt::Debug for DoubleBufferedAllocator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DoubleBufferedAllocator")
-            .field("frame", &self.frame)
-            .field("buffers", &self.buffers)
-            .finish()
+        f.debug_struct("DoubleBufferedAllocator").field("frame", &self.frame).field("buffers", &self.buffers).finish()
     }
 }
 
@@ -296,9 +274,7 @@ unsafe impl Allocator for &DoubleBufferedAllocator {
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if layout.size() != 0 && !self.buffers.iter().any(|b| b.contains(ptr)) {
-            region::fail(Error::ForeignPointer {
-                addr: ptr.as_ptr() as usize,
-            })
+            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
         }
     }
 }
@@ -320,14 +296,7 @@ mod tests {
         assert_eq!((*d.get(a), *d.get(b)), (11, 2));
         d.get(unit);
         d.swap();
-        assert_eq!(
-            d.try_get(a),
-            Err(Error::StaleFrameRef {
-                frame: 0,
-                owner: a.owner,
-                current: 2
-            })
-        );
+        assert_eq!(d.try_get(a), Err(Error::StaleFrameRef { frame: 0, owner: a.owner, current: 2 }));
         assert_eq!(*d.get(b), 2);
         let other = DoubleBufferedAllocator::with_capacity(16);
         assert!(other.try_get(b).is_err());

@@ -166,10 +166,7 @@ impl DoubleEndedStack {
     pub fn try_alloc_layout(&self, end: End, layout: Layout) -> Result<NonNull<u8>> {
         let (size, align) = (layout.size(), layout.align());
         if align > MAX_ALIGN {
-            return Err(self.failed(Error::UnsupportedAlignment {
-                align,
-                max: MAX_ALIGN,
-            }));
+            return Err(self.failed(Error::UnsupportedAlignment { align, max: MAX_ALIGN }));
         }
         if size == 0 {
             return Ok(region::dangling(align));
@@ -196,10 +193,7 @@ impl DoubleEndedStack {
         if !unsafe { region::freed_intact(ptr, size) } {
             // SAFETY: as above: nobody references the gap.
             unsafe { region::fill_freed(ptr, size) };
-            return Err(self.failed(region::use_after_free(
-                "DoubleEndedStack",
-                ptr.as_ptr() as usize,
-            )));
+            return Err(self.failed(region::use_after_free("DoubleEndedStack", ptr.as_ptr() as usize)));
         }
         match end {
             End::Lower => self.lower.set(start + size),
@@ -218,11 +212,7 @@ impl DoubleEndedStack {
             End::Lower => self.lower.get(),
             End::Upper => self.upper.get(),
         };
-        Marker {
-            owner: self.id,
-            end: end.tag(),
-            offset,
-        }
+        Marker { owner: self.id, end: end.tag(), offset }
     }
 
     /// Frees everything allocated on the marker's end after it was taken.
@@ -259,9 +249,7 @@ impl DoubleEndedStack {
     /// ```
     pub fn try_free_to_marker(&mut self, marker: Marker) -> Result<()> {
         if marker.owner != self.id {
-            return Err(Error::InvalidMarker {
-                reason: "the marker belongs to another stack",
-            });
+            return Err(Error::InvalidMarker { reason: "the marker belongs to another stack" });
         }
         self.update_peak();
         let (lower, upper) = (self.lower.get(), self.upper.get());
@@ -277,11 +265,7 @@ impl DoubleEndedStack {
                 unsafe { region::fill_freed(self.region.at(upper), marker.offset - upper) };
                 self.upper.set(marker.offset);
             }
-            _ => {
-                return Err(Error::InvalidMarker {
-                    reason: "the marker is above the top of its stack",
-                })
-            }
+            _ => return Err(Error::InvalidMarker { reason: "the marker is above the top of its stack" }),
         }
         if self.lower.get() == 0 && self.upper.get() == self.region.len() {
             self.live.set(0);
@@ -332,10 +316,7 @@ impl DoubleEndedStack {
     #[cold]
     #[inline(never)]
     fn out_of_memory(&self, requested: usize) -> Error {
-        self.failed(Error::OutOfMemory {
-            requested,
-            available: self.available(),
-        })
+        self.failed(Error::OutOfMemory { requested, available: self.available() })
     }
 }
 
@@ -366,9 +347,7 @@ unsafe impl Allocator for &DoubleEndedStack {
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if layout.size() != 0 && !self.region.contains(ptr.as_ptr() as usize) {
-            region::fail(Error::ForeignPointer {
-                addr: ptr.as_ptr() as usize,
-            })
+            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
         }
     }
 }
@@ -387,10 +366,7 @@ mod tests {
         assert_eq!(s.available(), 4);
         assert_eq!(
             s.try_alloc(End::Lower, [0u8; 5]).map(|_| ()),
-            Err(Error::OutOfMemory {
-                requested: 5,
-                available: 4
-            })
+            Err(Error::OutOfMemory { requested: 5, available: 4 })
         );
         assert!(s.try_alloc(End::Upper, [0u8; 5]).is_err());
         s.alloc(End::Upper, [0u8; 4]);
@@ -402,19 +378,14 @@ mod tests {
     fn marker_errors() {
         let mut s = DoubleEndedStack::with_capacity(64);
         let other = StackAllocator::with_capacity(8);
-        assert!(matches!(
-            s.try_free_to_marker(other.marker()),
-            Err(Error::InvalidMarker { .. })
-        ));
+        assert!(matches!(s.try_free_to_marker(other.marker()), Err(Error::InvalidMarker { .. })));
         let up0 = s.marker(End::Upper);
         s.alloc(End::Upper, 1u32);
         let up1 = s.marker(End::Upper);
         s.free_to_marker(up0);
         assert_eq!(
             s.try_free_to_marker(up1),
-            Err(Error::InvalidMarker {
-                reason: "the marker is above the top of its stack"
-            })
+            Err(Error::InvalidMarker { reason: "the marker is above the top of its stack" })
         );
         s.alloc(End::Lower, 1u32);
         s.reset();

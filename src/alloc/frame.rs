@@ -53,10 +53,7 @@ impl FrameAllocator {
     ///
     /// Panics if `bytes` is larger than `isize::MAX - 4096`.
     pub fn with_capacity(bytes: usize) -> FrameAllocator {
-        FrameAllocator {
-            stack: StackAllocator::with_capacity(bytes),
-            frame: 0,
-        }
+        FrameAllocator { stack: StackAllocator::with_capacity(bytes), frame: 0 }
     }
 
     /// Moves `value` into this frame's memory. It is never dropped.
@@ -220,10 +217,7 @@ mod tests {
         }
         assert_eq!(f.frame(), 10);
         let st = f.stats();
-        assert_eq!(
-            (st.peak, st.in_use, st.allocations, st.failures),
-            (128, 0, 160, 10)
-        );
+        assert_eq!((st.peak, st.in_use, st.allocations, st.failures), (128, 0, 160, 10));
     }
 
     #[test]
@@ -237,10 +231,7 @@ mod tests {
         assert_eq!(f.allocated_bytes(), 6);
         assert_eq!(
             f.try_alloc_layout(Layout::from_size_align(1, 1 << 13).unwrap()),
-            Err(Error::UnsupportedAlignment {
-                align: 8192,
-                max: 4096
-            })
+            Err(Error::UnsupportedAlignment { align: 8192, max: 4096 })
         );
     }
 

@@ -84,8 +84,6 @@ pub use frame::FrameAllocator;
 pub use pool::{Pool, PoolBox};
 pub use region::MAX_ALIGN;
 pub use size_class_pool::{SizeClassPool, SizeClassStats, DEFAULT_CLASSES};
-pub use small_object::{
-    ClassFootprint, SizeHistogram, SmallObjectAllocator, SmallObjectConfig, SMALL_OBJECT_CLASSES,
-};
+pub use small_object::{ClassFootprint, SizeHistogram, SmallObjectAllocator, SmallObjectConfig, SMALL_OBJECT_CLASSES};
 pub use stack::{Marker, StackAllocator};
 pub use stats::AllocStats;

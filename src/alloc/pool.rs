@@ -84,10 +84,7 @@ impl<T> Pool<T> {
     /// than 4096.
     pub fn with_capacity(n: usize) -> Pool<T> {
         assert!(n < NIL as usize, "a pool holds fewer than u32::MAX values");
-        assert!(
-            align_of::<Slot<T>>() <= MAX_ALIGN,
-            "Pool<T> supports alignment up to 4096"
-        );
+        assert!(align_of::<Slot<T>>() <= MAX_ALIGN, "Pool<T> supports alignment up to 4096");
         let bytes = Self::SLOT.checked_mul(n).expect("pool region too large");
         Pool {
             region: Region::new(bytes),
@@ -155,10 +152,7 @@ impl<T> Pool<T> {
         // SAFETY: a slot handed out just now: aligned for `T` (slots are `Slot<T>`-aligned,
         // repr(C) puts `value` at offset 0) and unreferenced.
         unsafe { slot.as_ptr().write(value) };
-        Ok(PoolBox {
-            pool: self,
-            ptr: slot,
-        })
+        Ok(PoolBox { pool: self, ptr: slot })
     }
 
     /// Takes a slot off the free list (or the never-used tail) and marks it occupied.
@@ -194,9 +188,7 @@ impl<T> Pool<T> {
     fn release(&self, ptr: NonNull<u8>) -> Result<u32> {
         let index = self.index_of(ptr)?;
         if !self.is_occupied(index) {
-            return Err(Error::DoubleFree {
-                addr: ptr.as_ptr() as usize,
-            });
+            return Err(Error::DoubleFree { addr: ptr.as_ptr() as usize });
         }
         self.toggle(index);
         let slot = self.slot(index);
@@ -218,10 +210,7 @@ impl<T> Pool<T> {
         }
         let offset = addr - self.region.addr();
         if offset % Self::SLOT != 0 {
-            return Err(Error::NotBlockStart {
-                addr,
-                block_start: addr - offset % Self::SLOT,
-            });
+            return Err(Error::NotBlockStart { addr, block_start: addr - offset % Self::SLOT });
         }
         Ok((offset / Self::SLOT) as u32)
     }
@@ -289,9 +278,7 @@ impl<T> Pool<T> {
     pub unsafe fn try_free(&self, ptr: NonNull<T>) -> Result<()> {
         let index = self.index_of(ptr.cast())?;
         if !self.is_occupied(index) {
-            return Err(Error::DoubleFree {
-                addr: ptr.as_ptr() as usize,
-            });
+            return Err(Error::DoubleFree { addr: ptr.as_ptr() as usize });
         }
         // SAFETY: the slot is occupied and (caller's contract) holds a `T` the caller owns.
         // Move it out first, then free the slot, so a panicking `Drop` leaves the pool
@@ -319,10 +306,7 @@ impl<T> Pool<T> {
     #[inline(never)]
     fn out_of_memory(&self) -> Error {
         self.failures.set(self.failures.get() + 1);
-        Error::OutOfMemory {
-            requested: Self::SLOT,
-            available: 0,
-        }
+        Error::OutOfMemory { requested: Self::SLOT, available: 0 }
     }
 
     #[cold]
@@ -461,15 +445,9 @@ mod tests {
         assert_eq!(&*c as *const _ as usize, addr, "LIFO reuse");
         assert_eq!((b[0], c[0]), (2, 3));
         let _d = pool.alloc([4u64; 4]);
-        assert!(matches!(
-            pool.try_alloc([0; 4]),
-            Err(Error::OutOfMemory { .. })
-        ));
+        assert!(matches!(pool.try_alloc([0; 4]), Err(Error::OutOfMemory { .. })));
         let st = pool.stats();
-        assert_eq!(
-            (st.live, st.allocations, st.failures, st.in_use),
-            (3, 4, 1, 96)
-        );
+        assert_eq!((st.live, st.allocations, st.failures, st.in_use), (3, 4, 1, 96));
     }
 
     #[test]
@@ -496,27 +474,14 @@ mod tests {
         let local = NonNull::from(&mut local);
         // SAFETY: bad frees are caught before any value is touched; `raw` is ours.
         unsafe {
-            assert_eq!(
-                pool.try_free(local),
-                Err(Error::ForeignPointer {
-                    addr: local.as_ptr() as usize
-                })
-            );
+            assert_eq!(pool.try_free(local), Err(Error::ForeignPointer { addr: local.as_ptr() as usize }));
             let inside = raw.cast::<u8>().add(4).cast::<u64>();
             assert_eq!(
                 pool.try_free(inside),
-                Err(Error::NotBlockStart {
-                    addr: raw.as_ptr() as usize + 4,
-                    block_start: raw.as_ptr() as usize
-                })
+                Err(Error::NotBlockStart { addr: raw.as_ptr() as usize + 4, block_start: raw.as_ptr() as usize })
             );
             pool.free(raw);
-            assert_eq!(
-                pool.try_free(raw),
-                Err(Error::DoubleFree {
-                    addr: raw.as_ptr() as usize
-                })
-            );
+            assert_eq!(pool.try_free(raw), Err(Error::DoubleFree { addr: raw.as_ptr() as usize }));
         }
     }
 
@@ -525,10 +490,7 @@ mod tests {
         let pool = Pool::with_capacity(2);
         let a = pool.alloc(());
         let b = pool.alloc(());
-        assert_ne!(
-            &*a as *const (), &*b as *const (),
-            "each ZST gets its own 4-byte slot"
-        );
+        assert_ne!(&*a as *const (), &*b as *const (), "each ZST gets its own 4-byte slot");
         assert!(pool.try_alloc(()).is_err());
     }
 
@@ -542,12 +504,7 @@ mod tests {
             pool.free(raw);
             raw.cast::<u32>().add(1).as_ptr().write(9);
         }
-        assert_eq!(
-            pool.try_alloc(2).map(|_| ()),
-            Err(Error::UseAfterFree {
-                addr: raw.as_ptr() as usize
-            })
-        );
+        assert_eq!(pool.try_alloc(2).map(|_| ()), Err(Error::UseAfterFree { addr: raw.as_ptr() as usize }));
         assert_eq!(pool.len(), 0);
         assert!(pool.try_alloc(3).is_ok());
     }

@@ -48,17 +48,14 @@ impl Region {
     pub(crate) fn new(len: usize) -> Region {
         if len == 0 {
             // Invariant 1: a zero-length region never dereferences its pointer.
-            let ptr = NonNull::new(std::ptr::without_provenance_mut::<u8>(MAX_ALIGN))
-                .expect("MAX_ALIGN is not zero");
+            let ptr = NonNull::new(std::ptr::without_provenance_mut::<u8>(MAX_ALIGN)).expect("MAX_ALIGN is not zero");
             return Region { ptr, len };
         }
-        let layout = Layout::from_size_align(len, MAX_ALIGN)
-            .unwrap_or_else(|_| panic!("region of {len} bytes is too large"));
+        let layout =
+            Layout::from_size_align(len, MAX_ALIGN).unwrap_or_else(|_| panic!("region of {len} bytes is too large"));
         // SAFETY: `layout` has a non-zero size (checked above).
         let raw = unsafe { std::alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(layout)
-        };
+        let Some(ptr) = NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
         if cfg!(debug_assertions) {
             // SAFETY: `ptr` was just allocated for `len` bytes.
             unsafe { ptr.as_ptr().write_bytes(FREED_PATTERN, len) };
@@ -89,11 +86,7 @@ impl Region {
     /// `offset` may equal `len` (one past the end); it must not exceed it.
     #[inline]
     pub(crate) fn at(&self, offset: usize) -> NonNull<u8> {
-        debug_assert!(
-            offset <= self.len,
-            "offset {offset} is past the region's end {}",
-            self.len
-        );
+        debug_assert!(offset <= self.len, "offset {offset} is past the region's end {}", self.len);
         // SAFETY: `offset <= len`, so the result stays inside (or one past) the allocation
         // (invariant 1), and it is not null because the base is not null and nothing wraps.
         unsafe { self.ptr.add(offset) }
@@ -106,21 +99,13 @@ impl Drop for Region {
             return;
         }
         // SAFETY: invariant 3: allocated with exactly this layout, and freed only here.
-        unsafe {
-            std::alloc::dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.len, MAX_ALIGN),
-            )
-        };
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, MAX_ALIGN)) };
     }
 }
 
 impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Region")
-            .field("addr", &format_args!("{:#x}", self.addr()))
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("Region").field("addr", &format_args!("{:#x}", self.addr())).field("len", &self.len).finish()
     }
 }
 

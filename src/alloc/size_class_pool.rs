@@ -185,18 +185,9 @@ impl SizeClassPool {
                 block_size.is_power_of_two() && block_size >= 8,
                 "size class block size {block_size} must be a power of two >= 8"
             );
-            assert!(
-                count < NIL as usize,
-                "size class count {count} is too large"
-            );
-            debug_assert_eq!(
-                offset % block_size.min(MAX_ALIGN),
-                0,
-                "class start misaligned"
-            );
-            let bytes = block_size
-                .checked_mul(count)
-                .expect("size class pool too large");
+            assert!(count < NIL as usize, "size class count {count} is too large");
+            debug_assert_eq!(offset % block_size.min(MAX_ALIGN), 0, "class start misaligned");
+            let bytes = block_size.checked_mul(count).expect("size class pool too large");
             built.push(Class {
                 block_size,
                 shift: block_size.trailing_zeros(),
@@ -211,9 +202,7 @@ impl SizeClassPool {
                     allocations: 0,
                 }),
             });
-            offset = offset
-                .checked_add(bytes)
-                .expect("size class pool too large");
+            offset = offset.checked_add(bytes).expect("size class pool too large");
         }
         built.reverse(); // ascending block size
         let mut by_log2 = [NO_CLASS; 64];
@@ -275,10 +264,7 @@ impl SizeClassPool {
     pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
         let align = layout.align();
         if align > MAX_ALIGN {
-            return Err(self.failed(Error::UnsupportedAlignment {
-                align,
-                max: MAX_ALIGN,
-            }));
+            return Err(self.failed(Error::UnsupportedAlignment { align, max: MAX_ALIGN }));
         }
         let need = layout.size().max(align).max(8);
         let k = need.next_power_of_two().trailing_zeros() as usize;
@@ -348,8 +334,7 @@ impl SizeClassPool {
     #[inline]
     fn block(&self, class: &Class, index: u32) -> NonNull<u8> {
         debug_assert!(index < class.count, "block index {index} out of range");
-        self.region
-            .at(class.start + ((index as usize) << class.shift))
+        self.region.at(class.start + ((index as usize) << class.shift))
     }
 
     /// Returns a block to its class.
@@ -412,17 +397,9 @@ impl SizeClassPool {
     ///
     /// As `try_free`; `ptr` is block `index` of `class`.
     #[inline(always)]
-    unsafe fn free_in(
-        &self,
-        class: &Class,
-        st: &mut ClassState,
-        index: u32,
-        ptr: NonNull<u8>,
-    ) -> Result<()> {
+    unsafe fn free_in(&self, class: &Class, st: &mut ClassState, index: u32, ptr: NonNull<u8>) -> Result<()> {
         if !st.is_allocated(index) {
-            return Err(Error::DoubleFree {
-                addr: ptr.as_ptr() as usize,
-            });
+            return Err(Error::DoubleFree { addr: ptr.as_ptr() as usize });
         }
         st.flip(index);
         let block = self.block(class, index);
@@ -508,10 +485,7 @@ impl SizeClassPool {
         let class = &self.classes[i];
         let rel = offset - class.start;
         let index = rel >> class.shift;
-        debug_assert!(
-            index < class.count as usize,
-            "class ranges cover the region"
-        );
+        debug_assert!(index < class.count as usize, "class ranges cover the region");
         if rel & (class.block_size - 1) != 0 {
             let block_start = self.region.addr() + class.start + (index << class.shift);
             return Err(Error::NotBlockStart { addr, block_start });
@@ -544,10 +518,7 @@ impl SizeClassPool {
 
     /// Bytes of bookkeeping outside the blocks: the bitmaps and the class table.
     pub fn metadata_bytes(&self) -> usize {
-        self.classes
-            .iter()
-            .map(|c| c.count.div_ceil(64) as usize * 8 + size_of::<Class>())
-            .sum::<usize>()
+        self.classes.iter().map(|c| c.count.div_ceil(64) as usize * 8 + size_of::<Class>()).sum::<usize>()
             + size_of::<Self>()
     }
 
@@ -556,14 +527,10 @@ impl SizeClassPool {
     pub fn stats(&self) -> AllocStats {
         let per_class = self.class_stats();
         let live = per_class.iter().map(|c| c.blocks - c.free).sum();
-        let in_use = per_class
-            .iter()
-            .map(|c| (c.blocks - c.free) * c.block_size)
-            .sum();
+        let in_use = per_class.iter().map(|c| (c.blocks - c.free) * c.block_size).sum();
         let peak = per_class.iter().map(|c| c.peak * c.block_size).sum();
         let allocations = per_class.iter().map(|c| c.allocations).sum();
-        self.counters
-            .snapshot_with(self.region.len(), in_use, peak, live, allocations)
+        self.counters.snapshot_with(self.region.len(), in_use, peak, live, allocations)
     }
 
     #[cold]
@@ -582,10 +549,7 @@ impl SizeClassPool {
             .filter(|c| c.shift as usize >= k)
             .map(|c| c.state.lock().free as usize * c.block_size)
             .sum();
-        self.failed(Error::OutOfMemory {
-            requested,
-            available,
-        })
+        self.failed(Error::OutOfMemory { requested, available })
     }
 
     /// Reports a damaged free block. If its link is sound the block is refilled and stays at
@@ -601,10 +565,7 @@ impl SizeClassPool {
         } else {
             st.head = NIL;
         }
-        self.failed(region::use_after_free(
-            "SizeClassPool",
-            block.as_ptr() as usize,
-        ))
+        self.failed(region::use_after_free("SizeClassPool", block.as_ptr() as usize))
     }
 }
 
@@ -691,17 +652,11 @@ mod tests {
         }
         assert_eq!(
             pool.try_alloc(Layout::from_size_align(8, 8192).unwrap()),
-            Err(Error::UnsupportedAlignment {
-                align: 8192,
-                max: 4096
-            })
+            Err(Error::UnsupportedAlignment { align: 8192, max: 4096 })
         );
         assert!(matches!(
             pool.try_alloc(Layout::from_size_align(9000, 8).unwrap()),
-            Err(Error::OutOfMemory {
-                requested: 9000,
-                available: 0
-            })
+            Err(Error::OutOfMemory { requested: 9000, available: 0 })
         ));
     }
 
@@ -711,13 +666,7 @@ mod tests {
         let a = pool.alloc(Layout::new::<u8>());
         let b = pool.alloc(Layout::new::<u8>());
         assert_eq!(pool.stats().fallbacks, 1);
-        assert_eq!(
-            pool.try_alloc(Layout::new::<u8>()),
-            Err(Error::OutOfMemory {
-                requested: 1,
-                available: 0
-            })
-        );
+        assert_eq!(pool.try_alloc(Layout::new::<u8>()), Err(Error::OutOfMemory { requested: 1, available: 0 }));
         let st = pool.stats();
         assert_eq!((st.in_use, st.peak, st.live, st.failures), (24, 24, 2, 1));
         // SAFETY: both blocks are ours and unused afterwards.
@@ -736,35 +685,17 @@ mod tests {
         let outside = NonNull::from(&mut outside).cast::<u8>();
         // SAFETY: each bad free is detected before memory is touched; `p` is ours.
         unsafe {
-            assert_eq!(
-                pool.try_free(outside),
-                Err(Error::ForeignPointer {
-                    addr: outside.as_ptr() as usize
-                })
-            );
+            assert_eq!(pool.try_free(outside), Err(Error::ForeignPointer { addr: outside.as_ptr() as usize }));
             assert_eq!(
                 pool.try_free(p.add(3)),
-                Err(Error::NotBlockStart {
-                    addr: p.as_ptr() as usize + 3,
-                    block_start: p.as_ptr() as usize
-                })
+                Err(Error::NotBlockStart { addr: p.as_ptr() as usize + 3, block_start: p.as_ptr() as usize })
             );
             pool.free(p);
-            assert_eq!(
-                pool.try_free(p),
-                Err(Error::DoubleFree {
-                    addr: p.as_ptr() as usize
-                })
-            );
+            assert_eq!(pool.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
             // A never-used block is "not handed out" too.
             let q = pool.alloc(Layout::new::<[u8; 64]>());
             assert_eq!(q, p, "LIFO reuse");
-            assert_eq!(
-                pool.try_free(q.add(64)),
-                Err(Error::DoubleFree {
-                    addr: q.as_ptr() as usize + 64
-                })
-            );
+            assert_eq!(pool.try_free(q.add(64)), Err(Error::DoubleFree { addr: q.as_ptr() as usize + 64 }));
             pool.free(q);
         }
     }
@@ -777,32 +708,18 @@ mod tests {
         assert_ne!(a, b);
         // SAFETY: ours; the bad frees are caught.
         unsafe {
-            assert!(matches!(
-                pool.try_free_mut(a.add(1)),
-                Err(Error::NotBlockStart { .. })
-            ));
+            assert!(matches!(pool.try_free_mut(a.add(1)), Err(Error::NotBlockStart { .. })));
             pool.try_free_mut(a).unwrap();
-            assert_eq!(
-                pool.try_free_mut(a),
-                Err(Error::DoubleFree {
-                    addr: a.as_ptr() as usize
-                })
-            );
+            assert_eq!(pool.try_free_mut(a), Err(Error::DoubleFree { addr: a.as_ptr() as usize }));
             pool.free(b);
         }
         assert_eq!(
             pool.try_alloc_mut(Layout::from_size_align(1, 8192).unwrap()),
-            Err(Error::UnsupportedAlignment {
-                align: 8192,
-                max: 4096
-            })
+            Err(Error::UnsupportedAlignment { align: 8192, max: 4096 })
         );
         let mut one = SizeClassPool::new(&[(8, 1)]);
         let _p = one.try_alloc_mut(Layout::new::<u8>()).unwrap();
-        assert!(matches!(
-            one.try_alloc_mut(Layout::new::<u8>()),
-            Err(Error::OutOfMemory { .. })
-        ));
+        assert!(matches!(one.try_alloc_mut(Layout::new::<u8>()), Err(Error::OutOfMemory { .. })));
         assert_eq!(one.stats().failures, 1);
     }
 
@@ -829,17 +746,8 @@ mod tests {
             pool.free(p);
             p.add(8).as_ptr().write(1);
         }
-        assert_eq!(
-            pool.try_alloc(Layout::new::<u64>()),
-            Err(Error::UseAfterFree {
-                addr: p.as_ptr() as usize
-            })
-        );
-        assert_eq!(
-            pool.try_alloc(Layout::new::<u64>()),
-            Ok(p),
-            "refilled and handed out"
-        );
+        assert_eq!(pool.try_alloc(Layout::new::<u64>()), Err(Error::UseAfterFree { addr: p.as_ptr() as usize }));
+        assert_eq!(pool.try_alloc(Layout::new::<u64>()), Ok(p), "refilled and handed out");
     }
 
     #[test]
@@ -851,16 +759,8 @@ mod tests {
             pool.free(p);
             p.cast::<u32>().as_ptr().write(1000);
         }
-        assert_eq!(
-            pool.try_alloc(Layout::new::<u64>()),
-            Err(Error::UseAfterFree {
-                addr: p.as_ptr() as usize
-            })
-        );
-        assert!(
-            pool.try_alloc(Layout::new::<u64>()).is_ok(),
-            "fresh blocks still served"
-        );
+        assert_eq!(pool.try_alloc(Layout::new::<u64>()), Err(Error::UseAfterFree { addr: p.as_ptr() as usize }));
+        assert!(pool.try_alloc(Layout::new::<u64>()).is_ok(), "fresh blocks still served");
     }
 
     #[test]

@@ -44,11 +44,7 @@ pub struct SmallObjectConfig {
 impl SmallObjectConfig {
     /// Bytes of slots (without the bitmaps and the alignment padding between classes).
     pub fn data_bytes(&self) -> usize {
-        self.slots
-            .iter()
-            .zip(SMALL_OBJECT_CLASSES)
-            .map(|(n, s)| n * s)
-            .sum()
+        self.slots.iter().zip(SMALL_OBJECT_CLASSES).map(|(n, s)| n * s).sum()
     }
 
     /// Splits `budget_bytes` between the classes in proportion to the bytes each needed at its
@@ -86,9 +82,8 @@ impl SmallObjectConfig {
         if total == 0 {
             return SmallObjectConfig::default();
         }
-        let slots = std::array::from_fn(|i| {
-            (budget_bytes as u128 * w[i] / total / SMALL_OBJECT_CLASSES[i] as u128) as usize
-        });
+        let slots =
+            std::array::from_fn(|i| (budget_bytes as u128 * w[i] / total / SMALL_OBJECT_CLASSES[i] as u128) as usize);
         SmallObjectConfig { slots }
     }
 }
@@ -99,9 +94,7 @@ impl Default for SmallObjectConfig {
     /// 2,084,352 bytes of slots plus 10,216 bytes of bitmap.
     fn default() -> Self {
         let per_class = DEFAULT_REGION / SMALL_OBJECT_CLASSES.len();
-        SmallObjectConfig {
-            slots: SMALL_OBJECT_CLASSES.map(|s| per_class / s / 64 * 64),
-        }
+        SmallObjectConfig { slots: SMALL_OBJECT_CLASSES.map(|s| per_class / s / 64 * 64) }
     }
 }
 
@@ -174,16 +167,7 @@ impl Bits {
         if slots % 8 != 0 {
             bits[slots / 8] = !((1u8 << (slots % 8)) - 1);
         }
-        Bits {
-            bits,
-            hint: 0,
-            live: 0,
-            peak_live: 0,
-            demand: 0,
-            peak_demand: 0,
-            requests: 0,
-            allocations: 0,
-        }
+        Bits { bits, hint: 0, live: 0, peak_live: 0, demand: 0, peak_demand: 0, requests: 0, allocations: 0 }
     }
 
     /// The 64 slots of word `w`, slot `64w` in bit 0; missing bytes past the end read as full.
@@ -303,11 +287,7 @@ impl SmallObjectAllocator {
         let classes = std::array::from_fn(|i| {
             let slot_size = SMALL_OBJECT_CLASSES[i];
             let slots = config.slots[i];
-            let start = if slots == 0 {
-                offset
-            } else {
-                region::align_up(offset, CLASS_ALIGN)
-            };
+            let start = if slots == 0 { offset } else { region::align_up(offset, CLASS_ALIGN) };
             let end = slots
                 .checked_mul(slot_size)
                 .and_then(|b| b.checked_add(start))
@@ -324,10 +304,7 @@ impl SmallObjectAllocator {
             }
         });
         let route = std::array::from_fn(|size| {
-            SMALL_OBJECT_CLASSES
-                .iter()
-                .position(|&s| s >= size)
-                .expect("size <= 128") as u8
+            SMALL_OBJECT_CLASSES.iter().position(|&s| s >= size).expect("size <= 128") as u8
         });
         SmallObjectAllocator {
             region: Region::new(offset),
@@ -404,10 +381,7 @@ impl SmallObjectAllocator {
         let align = layout.align();
         if align > MAX_ALIGN {
             self.counters.failure();
-            return Err(Error::UnsupportedAlignment {
-                align,
-                max: MAX_ALIGN,
-            });
+            return Err(Error::UnsupportedAlignment { align, max: MAX_ALIGN });
         }
         let real = Layout::from_size_align(layout.size().max(1), align).expect("valid layout");
         // SAFETY: `real` has a non-zero size.
@@ -416,10 +390,7 @@ impl SmallObjectAllocator {
                 self.classes[i].state.lock().demand -= 1;
             }
             self.counters.failure();
-            return Err(Error::OutOfMemory {
-                requested: layout.size(),
-                available: 0,
-            });
+            return Err(Error::OutOfMemory { requested: layout.size(), available: 0 });
         };
         let mut table = self.fallbacks.lock();
         if class.is_none() {
@@ -483,11 +454,7 @@ impl SmallObjectAllocator {
             return unsafe { self.free_fallback(ptr) };
         }
         let offset = addr - self.region.addr();
-        let Some(class) = self
-            .classes
-            .iter()
-            .find(|c| c.start <= offset && offset < c.end)
-        else {
+        let Some(class) = self.classes.iter().find(|c| c.start <= offset && offset < c.end) else {
             return Err(Error::ForeignPointer { addr }); // padding between classes
         };
         let rel = offset - class.start;
@@ -551,10 +518,7 @@ impl SmallObjectAllocator {
 
     /// The recorded request statistics, to feed [`SmallObjectConfig::from_histogram`].
     pub fn histogram(&self) -> SizeHistogram {
-        let mut h = SizeHistogram {
-            larger: self.fallbacks.lock().larger,
-            ..SizeHistogram::default()
-        };
+        let mut h = SizeHistogram { larger: self.fallbacks.lock().larger, ..SizeHistogram::default() };
         for (i, c) in self.classes.iter().enumerate() {
             let st = c.state.lock();
             h.requests[i] = st.requests;
@@ -584,8 +548,7 @@ impl SmallObjectAllocator {
         live += table.live.len();
         allocations += table.allocations;
         drop(table);
-        self.counters
-            .snapshot_with(self.region.len(), in_use, peak, live, allocations)
+        self.counters.snapshot_with(self.region.len(), in_use, peak, live, allocations)
     }
 
     #[cold]
@@ -618,10 +581,7 @@ impl Drop for SmallObjectAllocator {
         }
         let table = self.fallbacks.get_mut();
         if !table.live.is_empty() {
-            log::warn!(
-                "SmallObjectAllocator dropped with {} fallback block(s) still in use (freed)",
-                table.live.len()
-            );
+            log::warn!("SmallObjectAllocator dropped with {} fallback block(s) still in use (freed)", table.live.len());
         }
         for (addr, (layout, _)) in table.live.drain() {
             // SAFETY: a live fallback block from `System.alloc` with this layout; the
@@ -676,14 +636,9 @@ mod tests {
     #[test]
     fn eight_thousand_one_hundred_twenty_five() {
         let small = config([1000, 0, 0, 0, 0, 0, 0]);
-        let blocks: Vec<_> = (0..1000)
-            .map(|_| small.alloc(Layout::new::<u64>()))
-            .collect();
+        let blocks: Vec<_> = (0..1000).map(|_| small.alloc(Layout::new::<u64>())).collect();
         let st = small.stats();
-        assert_eq!(
-            (st.fallbacks, st.live, st.in_use, st.capacity),
-            (0, 1000, 8000, 8000)
-        );
+        assert_eq!((st.fallbacks, st.live, st.in_use, st.capacity), (0, 1000, 8000, 8000));
         let f = small.footprint()[0];
         assert_eq!((f.data_bytes, f.bitmap_bytes, f.total()), (8000, 125, 8125));
         assert_eq!(small.footprint()[1].total(), 0);
@@ -716,29 +671,15 @@ mod tests {
     #[test]
     fn routing_and_alignment() {
         let small = config([4, 4, 4, 4, 4, 4, 4]);
-        let cases = [
-            (0, 1, 8),
-            (1, 1, 8),
-            (9, 8, 16),
-            (40, 8, 48),
-            (40, 32, 64),
-            (65, 8, 96),
-            (65, 64, 128),
-            (100, 128, 128),
-        ];
+        let cases =
+            [(0, 1, 8), (1, 1, 8), (9, 8, 16), (40, 8, 48), (40, 32, 64), (65, 8, 96), (65, 64, 128), (100, 128, 128)];
         for (size, align, slot) in cases {
             let p = small.alloc(Layout::from_size_align(size, align).unwrap());
             assert_eq!(p.as_ptr() as usize % align, 0);
-            let i = SMALL_OBJECT_CLASSES
-                .iter()
-                .position(|&s| s == slot)
-                .unwrap();
+            let i = SMALL_OBJECT_CLASSES.iter().position(|&s| s == slot).unwrap();
             let c = &small.classes[i];
             let off = p.as_ptr() as usize - small.region.addr();
-            assert!(
-                c.start <= off && off < c.end,
-                "{size}/{align} should use the {slot} B class"
-            );
+            assert!(c.start <= off && off < c.end, "{size}/{align} should use the {slot} B class");
         }
         assert_eq!(small.stats().fallbacks, 0);
         let aligned = small.alloc(Layout::from_size_align(8, 4096).unwrap());
@@ -747,10 +688,7 @@ mod tests {
         assert_eq!(small.histogram().larger, 1);
         assert_eq!(
             small.try_alloc(Layout::from_size_align(8, 8192).unwrap()),
-            Err(Error::UnsupportedAlignment {
-                align: 8192,
-                max: 4096
-            })
+            Err(Error::UnsupportedAlignment { align: 8192, max: 4096 })
         );
         // SAFETY: ours, freed once.
         unsafe { small.free(aligned) };
@@ -761,11 +699,7 @@ mod tests {
         let small = config([200, 0, 0, 0, 0, 0, 0]);
         let blocks: Vec<_> = (0..200).map(|_| small.alloc(Layout::new::<u8>())).collect();
         for (i, p) in blocks.iter().enumerate() {
-            assert_eq!(
-                p.as_ptr() as usize - small.region.addr(),
-                i * 8,
-                "lowest free slot first"
-            );
+            assert_eq!(p.as_ptr() as usize - small.region.addr(), i * 8, "lowest free slot first");
         }
         // SAFETY: ours, freed once.
         unsafe { small.free(blocks[3]) };
@@ -782,37 +716,18 @@ mod tests {
         let local = NonNull::from(&mut local).cast::<u8>();
         // SAFETY: each bad free is caught before memory is touched; the good ones free ours.
         unsafe {
-            assert_eq!(
-                small.try_free(local),
-                Err(Error::ForeignPointer {
-                    addr: local.as_ptr() as usize
-                })
-            );
+            assert_eq!(small.try_free(local), Err(Error::ForeignPointer { addr: local.as_ptr() as usize }));
             assert_eq!(
                 small.try_free(p.add(8)),
-                Err(Error::NotBlockStart {
-                    addr: p.as_ptr() as usize + 8,
-                    block_start: p.as_ptr() as usize
-                })
+                Err(Error::NotBlockStart { addr: p.as_ptr() as usize + 8, block_start: p.as_ptr() as usize })
             );
             // Padding between the 8-byte class (64 bytes) and the 48-byte class (at 128).
             let pad = small.region.at(100);
-            assert!(matches!(
-                small.try_free(pad),
-                Err(Error::ForeignPointer { .. })
-            ));
+            assert!(matches!(small.try_free(pad), Err(Error::ForeignPointer { .. })));
             small.free(p);
-            assert_eq!(
-                small.try_free(p),
-                Err(Error::DoubleFree {
-                    addr: p.as_ptr() as usize
-                })
-            );
+            assert_eq!(small.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
             small.free(big);
-            assert!(matches!(
-                small.try_free(big),
-                Err(Error::ForeignPointer { .. })
-            ));
+            assert!(matches!(small.try_free(big), Err(Error::ForeignPointer { .. })));
         }
     }
 
@@ -839,36 +754,18 @@ mod tests {
             small.free(p);
             p.as_ptr().write(0);
         }
-        assert_eq!(
-            small.try_alloc(Layout::new::<u64>()),
-            Err(Error::UseAfterFree {
-                addr: p.as_ptr() as usize
-            })
-        );
+        assert_eq!(small.try_alloc(Layout::new::<u64>()), Err(Error::UseAfterFree { addr: p.as_ptr() as usize }));
         assert_eq!(small.try_alloc(Layout::new::<u64>()), Ok(p));
     }
 
     #[test]
     fn from_histogram_splits_by_peak_bytes() {
-        let h = SizeHistogram {
-            requests: [9; 7],
-            peak_live: [100, 0, 0, 200, 0, 0, 0],
-            larger: 0,
-        };
+        let h = SizeHistogram { requests: [9; 7], peak_live: [100, 0, 0, 200, 0, 0, 0], larger: 0 };
         let c = SmallObjectConfig::from_histogram(&h, 800 + 9600);
         assert_eq!(c.slots, [100, 0, 0, 200, 0, 0, 0]);
-        let by_requests = SizeHistogram {
-            requests: [1, 0, 0, 0, 0, 0, 1],
-            ..Default::default()
-        };
-        assert_eq!(
-            SmallObjectConfig::from_histogram(&by_requests, 272).slots,
-            [2, 0, 0, 0, 0, 0, 2]
-        );
-        assert_eq!(
-            SmallObjectConfig::from_histogram(&SizeHistogram::default(), 1),
-            SmallObjectConfig::default()
-        );
+        let by_requests = SizeHistogram { requests: [1, 0, 0, 0, 0, 0, 1], ..Default::default() };
+        assert_eq!(SmallObjectConfig::from_histogram(&by_requests, 272).slots, [2, 0, 0, 0, 0, 0, 2]);
+        assert_eq!(SmallObjectConfig::from_histogram(&SizeHistogram::default(), 1), SmallObjectConfig::default());
     }
 
     #[test]

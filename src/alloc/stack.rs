@@ -244,10 +244,7 @@ impl StackAllocator {
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<u8>> {
         let (size, align) = (layout.size(), layout.align());
         if align > MAX_ALIGN {
-            return Err(self.failed(Error::UnsupportedAlignment {
-                align,
-                max: MAX_ALIGN,
-            }));
+            return Err(self.failed(Error::UnsupportedAlignment { align, max: MAX_ALIGN }));
         }
         if size == 0 {
             return Ok(region::dangling(align));
@@ -282,8 +279,7 @@ impl StackAllocator {
         // (or dangling and aligned when the slice occupies no bytes); the source cannot
         // overlap it. The result lives as long as `&self` (see `try_alloc`).
         unsafe {
-            ptr.as_ptr()
-                .copy_from_nonoverlapping(slice.as_ptr(), slice.len());
+            ptr.as_ptr().copy_from_nonoverlapping(slice.as_ptr(), slice.len());
             std::slice::from_raw_parts_mut(ptr.as_ptr(), slice.len())
         }
     }
@@ -298,11 +294,7 @@ impl StackAllocator {
     /// ```
     #[inline]
     pub fn marker(&self) -> Marker {
-        Marker {
-            owner: self.id,
-            end: 0,
-            offset: self.top.get(),
-        }
+        Marker { owner: self.id, end: 0, offset: self.top.get() }
     }
 
     /// Frees everything allocated after `marker` was taken.
@@ -336,15 +328,11 @@ impl StackAllocator {
     /// ```
     pub fn try_free_to_marker(&mut self, marker: Marker) -> Result<()> {
         if marker.owner != self.id || marker.end != 0 {
-            return Err(Error::InvalidMarker {
-                reason: "the marker belongs to another stack",
-            });
+            return Err(Error::InvalidMarker { reason: "the marker belongs to another stack" });
         }
         let top = self.top.get();
         if marker.offset > top {
-            return Err(Error::InvalidMarker {
-                reason: "the marker is above the top of the stack",
-            });
+            return Err(Error::InvalidMarker { reason: "the marker is above the top of the stack" });
         }
         self.release(marker.offset, top);
         Ok(())
@@ -413,10 +401,7 @@ impl StackAllocator {
     #[inline(never)]
     fn out_of_memory(&self, requested: usize) -> Error {
         let available = self.region.len() - self.top.get();
-        self.failed(Error::OutOfMemory {
-            requested,
-            available,
-        })
+        self.failed(Error::OutOfMemory { requested, available })
     }
 
     #[cold]
@@ -424,10 +409,7 @@ impl StackAllocator {
     fn corrupted(&self, ptr: NonNull<u8>, size: usize) -> Error {
         // SAFETY: the caller found this block above the top: nobody references it.
         unsafe { region::fill_freed(ptr, size) };
-        self.failed(region::use_after_free(
-            "StackAllocator",
-            ptr.as_ptr() as usize,
-        ))
+        self.failed(region::use_after_free("StackAllocator", ptr.as_ptr() as usize))
     }
 }
 
@@ -463,9 +445,7 @@ unsafe impl Allocator for &StackAllocator {
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if layout.size() != 0 && !self.contains(ptr) {
-            region::fail(Error::ForeignPointer {
-                addr: ptr.as_ptr() as usize,
-            })
+            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
         }
     }
 }
@@ -490,9 +470,7 @@ mod tests {
         // m1 is now above the top.
         assert_eq!(
             s.try_free_to_marker(m1),
-            Err(Error::InvalidMarker {
-                reason: "the marker is above the top of the stack"
-            })
+            Err(Error::InvalidMarker { reason: "the marker is above the top of the stack" })
         );
         assert_eq!(s.stats().peak, 16);
     }
@@ -527,10 +505,7 @@ mod tests {
         *unit = ();
         assert_eq!(
             s.try_alloc_layout(Layout::from_size_align(1, 8192).unwrap()),
-            Err(Error::UnsupportedAlignment {
-                align: 8192,
-                max: 4096
-            })
+            Err(Error::UnsupportedAlignment { align: 8192, max: 4096 })
         );
         assert_eq!(s.stats().failures, 1);
     }
@@ -553,16 +528,8 @@ mod tests {
         // SAFETY: the region is still allocated; this simulates a stale raw pointer.
         unsafe { p.as_ptr().write(7) };
         let err = s.try_alloc(0u64).unwrap_err();
-        assert_eq!(
-            err,
-            Error::UseAfterFree {
-                addr: p.as_ptr() as usize
-            }
-        );
-        assert!(
-            s.try_alloc(0u64).is_ok(),
-            "the block is refilled after the report"
-        );
+        assert_eq!(err, Error::UseAfterFree { addr: p.as_ptr() as usize });
+        assert!(s.try_alloc(0u64).is_ok(), "the block is refilled after the report");
     }
 
     #[test]

@@ -61,21 +61,12 @@ impl AllocStats {
 
 impl fmt::Display for AllocStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "| capacity | in use | peak | live | allocations | failures | fallbacks |"
-        )?;
+        writeln!(f, "| capacity | in use | peak | live | allocations | failures | fallbacks |")?;
         writeln!(f, "|---:|---:|---:|---:|---:|---:|---:|")?;
         write!(
             f,
             "| {} | {} | {} | {} | {} | {} | {} |",
-            self.capacity,
-            self.in_use,
-            self.peak,
-            self.live,
-            self.allocations,
-            self.failures,
-            self.fallbacks
+            self.capacity, self.in_use, self.peak, self.live, self.allocations, self.failures, self.fallbacks
         )
     }
 }
@@ -102,10 +93,7 @@ impl SharedCounters {
     #[inline]
     pub(crate) fn sub(&self, bytes: usize) {
         let before = self.in_use.fetch_sub(bytes, Ordering::Relaxed);
-        debug_assert!(
-            before >= bytes,
-            "in-use counter underflow: {before} - {bytes}"
-        );
+        debug_assert!(before >= bytes, "in-use counter underflow: {before} - {bytes}");
     }
 
     #[cold]
@@ -128,11 +116,7 @@ impl SharedCounters {
         live: usize,
         allocations: u64,
     ) -> AllocStats {
-        AllocStats {
-            in_use,
-            peak,
-            ..self.snapshot(capacity, live, allocations)
-        }
+        AllocStats { in_use, peak, ..self.snapshot(capacity, live, allocations) }
     }
 
     /// Fills the byte and failure fields of a snapshot.
@@ -164,15 +148,7 @@ mod tests {
         let s = c.snapshot(100, 1, 2);
         assert_eq!(
             s,
-            AllocStats {
-                capacity: 100,
-                in_use: 5,
-                peak: 15,
-                live: 1,
-                allocations: 2,
-                failures: 1,
-                fallbacks: 1
-            }
+            AllocStats { capacity: 100, in_use: 5, peak: 15, live: 1, allocations: 2, failures: 1, fallbacks: 1 }
         );
         assert_eq!(s.available(), 95);
         assert!(s.to_string().contains("| 100 | 5 | 15 | 1 | 2 | 1 | 1 |"));
