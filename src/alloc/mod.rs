@@ -51,7 +51,7 @@
 //!
 //! # Performance characteristics
 //!
-//! `ALLOC_BENCH.md` at the repository root holds the measured table (benches A1–A4 in
+//! `BENCHMARKS.md` at the repository root holds the measured table (benches A1–A4 in
 //! `benches/allocators.rs`, each against System, mimalloc, bumpalo or a free-list limit in
 //! the same run).
 //!

@@ -120,7 +120,7 @@ pub struct SizeClassStats {
 ///   half a block (power-of-two rounding).
 /// - **Threads**: `Sync`, with one short `parking_lot::Mutex` per class around the free list,
 ///   bitmap and counters (no other atomic on the fast path). A lock-free class (tagged head
-///   against ABA) was measured against it (bench A1b, `ALLOC_BENCH.md`): the lock-free pop
+///   against ABA) was measured against it (bench A1b, `BENCHMARKS.md`): the lock-free pop
 ///   was about 25–35% faster on one thread, but it cannot read the link *inside* a free
 ///   block without racing the writes of a thread that has just taken that block (a data
 ///   race, so undefined behaviour in Rust), so it needs a side array of links (4 bytes per

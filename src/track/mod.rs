@@ -58,7 +58,7 @@
 //! - Records: plus one insert/remove in a 64-way sharded open-addressing table (spin lock
 //!   per shard).
 //!
-//! Measured overheads are in `TRACK_BENCH.md`. Peaks of tags counted through the per-thread
+//! Measured overheads are in `BENCHMARKS.md`. Peaks of tags counted through the per-thread
 //! slots are sampled (at flushes, snapshots and frame marks), so they can miss a short spike
 //! of under 64 KiB per thread.
 //! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern.
