@@ -53,21 +53,11 @@ pub(crate) fn unpack_location(location: u32) -> (u32, u32) {
 /// assert_eq!(mm.dead_count(), 1);
 /// assert_eq!(mm.collect_garbage().objects, 1);
 /// ```
-///
-/// A handle is 16 bytes: a pointer to its slot and one to its store's shared
-/// part. Its generation and local slot index are read back from those when
-/// needed (see [`generation`](Self::generation) and [`local`](Self::local)).
-///
-/// # Invariants
-///
-/// - The handle holds one counted reference to the object in `slot`, so the
-///   slot stays occupied by that object, with the generation it had when the
-///   handle was made, until the handle is dropped. (Shutdown with handles
-///   still out marks their slots vacant, generation + 1, and never reuses them.)
-/// - `slot` lies in a published segment of the store whose shared part is `shared`.
 pub struct Handle<T> {
     slot: NonNull<Slot<T>>,
     shared: NonNull<StoreShared>,
+    generation: u32,
+    local: u32,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -82,27 +72,17 @@ impl<T> Handle<T> {
     ///
     /// # Safety
     ///
-    /// `slot` must be an occupied slot in a published segment of the store
-    /// whose shared part is `shared`, and the caller must transfer one counted
-    /// reference to the new handle.
+    /// `slot` must be the occupied slot `local` of the store whose shared part
+    /// is `shared`, with the given generation, and the caller must transfer
+    /// one counted reference to the new handle.
     #[inline]
-    pub(crate) unsafe fn from_counted(slot: NonNull<Slot<T>>, shared: NonNull<StoreShared>) -> Self {
-        Handle { slot, shared, _type: PhantomData }
-    }
-
-    /// The object's generation: the slot's, which cannot change while this
-    /// handle holds its count. Only shutdown, with handles still out, marks
-    /// the slot vacant (one past, even), so an even value means one less.
-    #[inline]
-    pub(crate) fn generation(&self) -> u32 {
-        let generation = self.slot().header.generation.load(Ordering::Relaxed);
-        generation.wrapping_sub(!generation & 1)
-    }
-
-    /// The slot's local index in its store, found from the slot's address.
-    #[inline]
-    pub(crate) fn local(&self) -> u32 {
-        self.shared().local_of(self.slot.as_ptr().addr(), std::mem::size_of::<Slot<T>>())
+    pub(crate) unsafe fn from_counted(
+        slot: NonNull<Slot<T>>,
+        shared: NonNull<StoreShared>,
+        generation: u32,
+        local: u32,
+    ) -> Self {
+        Handle { slot, shared, generation, local, _type: PhantomData }
     }
 
     #[inline]
@@ -131,7 +111,7 @@ impl<T> Handle<T> {
 
     /// The object's untyped key.
     pub fn key(&self) -> ObjectKey {
-        ObjectKey::new(self.shared().global_index(self.local()), self.generation())
+        ObjectKey::new(self.shared().global_index(self.local), self.generation)
     }
 
     /// A weak handle to the same object: `Copy`, uncounted, checked on use.
@@ -139,7 +119,7 @@ impl<T> Handle<T> {
         let shared = self.shared();
         WeakHandle {
             key: self.key(),
-            location: pack_location(shared.store_index, self.local()),
+            location: pack_location(shared.store_index, self.local),
             manager: shared.manager_id,
             _type: PhantomData,
         }
@@ -158,10 +138,9 @@ impl<T> Handle<T> {
     pub fn into_raw(self) -> RawHandle {
         let shared = self.shared();
         let tag = u64::from(shared.manager_id & 0xff);
-        let local = self.local();
-        let index = u64::from(shared.global_index(local));
-        let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation()));
-        *shared.raw_refs.lock().entry(local).or_insert(0) += 1;
+        let index = u64::from(shared.global_index(self.local));
+        let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation));
+        *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
         std::mem::forget(self);
         raw
     }
@@ -194,14 +173,13 @@ impl<T> Drop for Handle<T> {
         }
         // Acquire: every other handle's uses happen before the object dies.
         fence(Ordering::Acquire);
-        self.shared().push_dead(self.local(), word);
+        self.shared().push_dead(self.local, word);
     }
 }
 
 impl<T> PartialEq for Handle<T> {
     fn eq(&self, other: &Self) -> bool {
-        // Both handles hold a count, so a shared slot holds one object.
-        self.slot == other.slot
+        self.slot == other.slot && self.generation == other.generation
     }
 }
 
@@ -210,6 +188,7 @@ impl<T> Eq for Handle<T> {}
 impl<T> Hash for Handle<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.slot.hash(state);
+        self.generation.hash(state);
     }
 }
 
@@ -357,8 +336,8 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(std::mem::size_of::<Handle<u8>>(), 16);
-        assert_eq!(std::mem::size_of::<Option<Handle<u8>>>(), 16);
+        assert_eq!(std::mem::size_of::<Handle<u8>>(), 24);
+        assert_eq!(std::mem::size_of::<Option<Handle<u8>>>(), 24);
         assert_eq!(std::mem::size_of::<WeakHandle<u8>>(), 16);
     }
 }

@@ -414,9 +414,7 @@ impl ObjectManager {
             Ok(Inserted { local, slot, generation }) => {
                 // SAFETY: `try_insert` returns an occupied slot of this store
                 // with a count of one, which the new handle takes over.
-                let handle = unsafe { Handle::from_counted(slot, store.shared_ptr()) };
-                debug_assert!(handle.local() == local && handle.generation() == generation);
-                Ok(handle)
+                Ok(unsafe { Handle::from_counted(slot, store.shared_ptr(), generation, local) })
             }
             Err((value, error)) => Err(TryCreateError { value, error }),
         }
@@ -605,13 +603,15 @@ impl ObjectManager {
     /// [`Error::RefCountOverflow`] past 2^30 references.
     pub fn try_upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<Handle<T>> {
         let slot = self.weak_slot(weak)?;
-        let (store_index, _) = unpack_location(weak.location());
+        let (store_index, local) = unpack_location(weak.location());
         let key = weak.key();
         match slot.header.try_add_ref(key.generation()) {
             Ok(()) => {
                 let store = self.store_at::<T>(store_index).expect("checked by weak_slot");
                 // SAFETY: we just counted a reference to this occupied slot.
-                Ok(unsafe { Handle::from_counted(std::ptr::NonNull::from(slot), store.shared_ptr()) })
+                Ok(unsafe {
+                    Handle::from_counted(std::ptr::NonNull::from(slot), store.shared_ptr(), key.generation(), local)
+                })
             }
             Err(AddRefError::Stale) => {
                 Err(Error::StaleHandle { type_name: T::TYPE_NAME, index: key.index(), generation: key.generation() })
@@ -727,7 +727,9 @@ impl ObjectManager {
                 let slot = store.slot(local).expect("resolved");
                 // SAFETY: the raw handle held a counted reference (checked in
                 // the raw table), which moves to the new handle.
-                Ok(unsafe { Handle::from_counted(std::ptr::NonNull::from(slot), store.shared_ptr()) })
+                Ok(unsafe {
+                    Handle::from_counted(std::ptr::NonNull::from(slot), store.shared_ptr(), raw.generation(), local)
+                })
             }
             _ => Err(Error::DoubleRelease { type_name: T::TYPE_NAME, index: raw.index() }),
         }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
-use crate::sync::{AtomicU32, AtomicUsize, Ordering};
+use crate::sync::{AtomicU32, Ordering};
 
 use super::slot::{LINK_FLAG, NIL};
 
@@ -25,10 +25,6 @@ pub(crate) const MAX_SEGMENTS: usize = 26;
 ///   the manager frees it only after proving that no handle is left, and
 ///   leaks it otherwise.
 /// - `segment_start[k]` is written before segment `k` is published, and never again.
-/// - So is `segment_addr[k]`: the address of segment `k`'s first slot, or 0
-///   while it has none. `segments_top` is one past the highest segment with
-///   an address; it only grows. A handle finds its slot's local index from
-///   these ([`local_of`](Self::local_of)), so the handle need not carry it.
 #[repr(C, align(64))]
 pub(crate) struct StoreShared {
     /// Top of the dead stack (a local index, or [`NIL`]). Alone on its cache line.
@@ -42,10 +38,6 @@ pub(crate) struct StoreShared {
     pub(crate) base_bits: u32,
     /// The manager-wide index of each segment's first slot.
     segment_start: [AtomicU32; MAX_SEGMENTS],
-    /// One past the highest segment whose address is set.
-    segments_top: AtomicU32,
-    /// The address of each segment's first slot (0: not allocated). Only compared, never dereferenced.
-    segment_addr: [AtomicUsize; MAX_SEGMENTS],
     /// Outstanding raw references, by local slot index. Raw calls check it, so
     /// a raw handle can never give back more references than it holds.
     pub(crate) raw_refs: Mutex<HashMap<u32, u32>>,
@@ -60,8 +52,6 @@ impl StoreShared {
             store_index,
             base_bits,
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
-            segments_top: AtomicU32::new(0),
-            segment_addr: std::array::from_fn(|_| AtomicUsize::new(0)),
             raw_refs: Mutex::new(HashMap::new()),
         }
     }
@@ -108,35 +98,6 @@ impl StoreShared {
 
     pub(crate) fn set_segment_start(&self, segment: usize, start: u32) {
         self.segment_start[segment].store(start, Ordering::Relaxed);
-    }
-
-    /// Records where segment `k` starts. Called under the store's grow lock,
-    /// before the segment is published.
-    pub(crate) fn set_segment_addr(&self, segment: usize, addr: usize) {
-        self.segment_addr[segment].store(addr, Ordering::Relaxed);
-        let top = self.segments_top.load(Ordering::Relaxed).max(segment as u32 + 1);
-        self.segments_top.store(top, Ordering::Release);
-    }
-
-    /// The local index of the slot at `addr`, in a published segment of slots
-    /// of `slot_size` bytes.
-    ///
-    /// Scans the segments from the highest down: the last segment holds about
-    /// half the slots, so a random slot takes about two probes. The caller
-    /// holds a reference to the slot, obtained after the segment was
-    /// published, so the segment's address is visible here.
-    #[inline]
-    pub(crate) fn local_of(&self, addr: usize, slot_size: usize) -> u32 {
-        let mut segment = self.segments_top.load(Ordering::Acquire) as usize;
-        while segment > 0 {
-            segment -= 1;
-            let base = self.segment_addr[segment].load(Ordering::Acquire);
-            let bytes = segment_len(segment, self.base_bits) as usize * slot_size;
-            if base != 0 && addr.wrapping_sub(base) < bytes {
-                return segment_first(segment, self.base_bits) + ((addr - base) / slot_size) as u32;
-            }
-        }
-        unreachable!("mmobject: a handle's slot lies in a published segment of its store")
     }
 
     /// The manager-wide index of the slot `local`, whose segment must be published.

@@ -296,7 +296,6 @@ impl<T: MMObject> Store<T> {
         self.shared().set_segment_start(segment, start);
         let slots: Box<[Slot<T>]> = (0..len).map(|_| Slot::vacant(self.config.first_generation)).collect();
         let base = Box::into_raw(slots) as *mut Slot<T>;
-        self.shared().set_segment_addr(segment, base.addr());
         let first = segment_first(segment, base_bits) as usize;
         self.biased[segment].store(base.wrapping_sub(first), Ordering::Relaxed);
         // Release: publishes the initialised slots and the segment start.
