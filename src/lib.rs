@@ -15,8 +15,8 @@ pub mod track;
 pub use error::{Error, Result};
 pub use object::{
     CollectStats, Handle, HeapSize, LeakReport, MMObject, MemoryReport, MemoryTimeline, ObjectKey, ObjectManager,
-    ObjectName, RawHandle, ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, VisitHandles,
-    WeakHandle,
+    ObjectName, ObjectView, RawHandle, ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot,
+    VisitHandles, WeakHandle,
 };
 
 /// Implements [`MMObject`] for a struct or enum.

@@ -231,6 +231,14 @@ impl<T> super::HeapSize for Handle<T> {
 /// drop(enemy);
 /// assert!(mm.upgrade(target).is_none());
 /// ```
+///
+/// # Invariants
+///
+/// A weak handle is only made by this crate, from a slot it names: `location`
+/// packs the store index and local slot index of a slot of the `T` store of
+/// the manager whose id is `manager`, in a segment published before the weak
+/// handle was made, and `key` is that slot's manager-wide index and the
+/// object's generation. (Manager ids are never reused in a process.)
 pub struct WeakHandle<T> {
     key: ObjectKey,
     location: u32,

@@ -36,7 +36,7 @@ pub use forensics::{ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
 pub use handle::{Handle, RawHandle, WeakHandle};
 pub use key::ObjectKey;
 pub use leak::{LeakEntry, LeakReport};
-pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, TryCreateError, MAX_TYPES};
+pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, ObjectView, TryCreateError, MAX_TYPES};
 #[doc(hidden)]
 pub use release::probe as release_probe;
 pub use release::ReleaseHandles;

@@ -75,10 +75,14 @@ impl SlotHeader {
     }
 
     /// True if the slot is occupied by the object with this generation and it is referenced.
+    ///
+    /// A live word is a count in `1..LINK_FLAG` (in fact at most [`MAX_REFS`]);
+    /// 0 and every link have the flag set or are 0, so one wrapping subtract
+    /// and one compare tell them apart.
     #[inline]
     pub(crate) fn is_live(&self, generation: u32) -> bool {
         self.generation.load(Ordering::Acquire) == generation
-            && matches!(self.word.load(Ordering::Acquire), w if w & LINK_FLAG == 0 && w != 0)
+            && self.word.load(Ordering::Acquire).wrapping_sub(1) < LINK_FLAG - 1
     }
 
     /// Adds a reference if the object with `generation` is live: the count only
@@ -173,5 +177,18 @@ mod tests {
         h.word.store(LINK_FLAG | 7, Ordering::Relaxed);
         assert_eq!(h.state(), SlotState::Dead);
         assert_eq!(h.try_add_ref(3), Err(AddRefError::Stale));
+    }
+
+    #[test]
+    fn is_live_is_one_range_check() {
+        let h = SlotHeader::vacant(2);
+        h.generation.store(3, Ordering::Relaxed);
+        for (word, live) in [(0, false), (1, true), (MAX_REFS, true), (LINK_FLAG - 1, true), (LINK_FLAG, false)] {
+            h.word.store(word, Ordering::Relaxed);
+            assert_eq!(h.is_live(3), live, "word {word:#x}");
+            assert!(!h.is_live(5), "another generation is never live");
+        }
+        h.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
+        assert!(!h.is_live(3));
     }
 }

@@ -46,6 +46,10 @@ pub(crate) struct StoreConfig {
 ///   `leaked` is set. It is never freed while a handle into the store exists.
 /// - `segments[k]` is null or points to `segment_len(k)` initialised slots
 ///   from `Box<[Slot<T>]>`; once published it never changes.
+/// - `biased[k]` is null or `segments[k]` moved back by `segment_first(k)`
+///   slots (with `wrapping_sub`, keeping its provenance), so that slot `local`
+///   of segment `k` is `biased[k].wrapping_add(local)`. It is written before
+///   `segments[k]` is published, and never again.
 /// - Every local index below `len` names a slot that is occupied, on the dead
 ///   list, or on the free list (or is about to be, inside `create`).
 /// - While other threads may use the store (`&self`), the free list is only
@@ -57,6 +61,8 @@ pub(crate) struct StoreConfig {
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
     segments: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
+    /// Each segment's base, moved back by the local index of its first slot.
+    biased: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
@@ -102,6 +108,7 @@ impl<T: MMObject> Store<T> {
         Store {
             shared: NonNull::from(Box::leak(shared)),
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            biased: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
             destroyed: AtomicU64::new(0),
@@ -140,6 +147,36 @@ impl<T: MMObject> Store<T> {
         // SAFETY: a published segment holds `segment_len(segment)` initialised
         // slots and `offset` is below that by construction of `locate`.
         Some(unsafe { &*base.add(offset) })
+    }
+
+    /// The slot `local`, known to lie in a published segment: the weak-read
+    /// fast path, with no bounds or null checks and one table load.
+    ///
+    /// # Safety
+    ///
+    /// `local` must be below [`MAX_INDEX`], `base_bits` must be this store's,
+    /// and the slot's segment must have been published before something this
+    /// thread has seen (as for every slot a handle or weak handle names: the
+    /// handle was made after the segment was published).
+    #[inline]
+    pub(crate) unsafe fn published_slot(&self, local: u32, base_bits: u32) -> &Slot<T> {
+        debug_assert!(local < MAX_INDEX && base_bits == self.config.base_bits);
+        let shifted = u64::from(local) + (1u64 << base_bits);
+        let segment = (63 - shifted.leading_zeros() - base_bits) as usize;
+        // SAFETY: `local < 2^24` and `base_bits <= 20`, so `shifted < 2^25`
+        // and `segment <= 24 < MAX_SEGMENTS`.
+        let biased = unsafe { self.biased.get_unchecked(segment) }.load(Ordering::Acquire);
+        debug_assert!(!biased.is_null(), "the caller guarantees the segment is published");
+        // SAFETY: the segment is published (caller), so `biased` is its base
+        // moved back by `segment_first(segment)` (type invariant), and `local`
+        // lies in it: the pointer is inside the segment's initialised slots.
+        unsafe { &*biased.wrapping_add(local as usize) }
+    }
+
+    /// This store's log2 of the first segment's slot count.
+    #[inline]
+    pub(crate) fn base_bits(&self) -> u32 {
+        self.config.base_bits
     }
 
     /// Puts `value` in a free slot, with a count of one.
@@ -259,6 +296,8 @@ impl<T: MMObject> Store<T> {
         self.shared().set_segment_start(segment, start);
         let slots: Box<[Slot<T>]> = (0..len).map(|_| Slot::vacant(self.config.first_generation)).collect();
         let base = Box::into_raw(slots) as *mut Slot<T>;
+        let first = segment_first(segment, base_bits) as usize;
+        self.biased[segment].store(base.wrapping_sub(first), Ordering::Relaxed);
         // Release: publishes the initialised slots and the segment start.
         self.segments[segment].store(base, Ordering::Release);
         Ok(())
