@@ -14,9 +14,9 @@ pub mod track;
 
 pub use error::{Error, Result};
 pub use object::{
-    CollectStats, Handle, HeapSize, LeakReport, MMObject, MemoryReport, MemoryTimeline, ObjectKey, ObjectManager,
-    ObjectName, ObjectView, RawHandle, ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot,
-    VisitHandles, WeakHandle,
+    CollectStats, Handle, HandleOrigin, HandleSite, HeapSize, LeakEntry, LeakReport, MMObject, MemoryReport,
+    MemoryTimeline, ObjectKey, ObjectManager, ObjectName, ObjectView, RawHandle, ReferenceCycle, ReleaseHandles,
+    RetentionPath, RetentionRoot, Snapshot, VisitHandles, WeakHandle,
 };
 
 /// Implements [`MMObject`] for a struct or enum.

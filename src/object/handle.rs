@@ -7,6 +7,9 @@ use std::ptr::NonNull;
 
 use crate::sync::{fence, Ordering};
 
+use super::handle_sites::HandleOrigin;
+#[cfg(feature = "handle-sites")]
+use super::handle_sites::HandleSite;
 use super::index_space::INDEX_BITS;
 use super::shared::StoreShared;
 use super::slot::{Slot, MAX_REFS};
@@ -58,6 +61,9 @@ pub struct Handle<T> {
     shared: NonNull<StoreShared>,
     generation: u32,
     local: u32,
+    /// This handle's entry in its store's table of live handles.
+    #[cfg(feature = "handle-sites")]
+    site: u32,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -74,15 +80,44 @@ impl<T> Handle<T> {
     ///
     /// `slot` must be the occupied slot `local` of the store whose shared part
     /// is `shared`, with the given generation, and the caller must transfer
-    /// one counted reference to the new handle.
+    /// one counted reference to the new handle. `origin` and `location` say
+    /// where it was made (kept only with the `handle-sites` feature).
     #[inline]
+    #[allow(unused_variables)]
     pub(crate) unsafe fn from_counted(
         slot: NonNull<Slot<T>>,
         shared: NonNull<StoreShared>,
         generation: u32,
         local: u32,
+        origin: HandleOrigin,
+        location: &'static std::panic::Location<'static>,
     ) -> Self {
-        Handle { slot, shared, generation, local, _type: PhantomData }
+        #[allow(unused_mut)]
+        let mut handle = Handle {
+            slot,
+            shared,
+            generation,
+            local,
+            #[cfg(feature = "handle-sites")]
+            site: 0,
+            _type: PhantomData,
+        };
+        #[cfg(feature = "handle-sites")]
+        handle.register_site(HandleSite { origin, location });
+        handle
+    }
+
+    #[cfg(feature = "handle-sites")]
+    #[cold]
+    fn register_site(&mut self, site: HandleSite) {
+        let index = self.shared().global_index(self.local);
+        let id = self.shared().handle_sites.lock().register(index, site);
+        self.site = id;
+    }
+
+    #[cfg(feature = "handle-sites")]
+    fn unregister_site(&self) {
+        self.shared().handle_sites.lock().remove(self.site);
     }
 
     #[inline]
@@ -141,6 +176,8 @@ impl<T> Handle<T> {
         let index = u64::from(shared.global_index(self.local));
         let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation));
         *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
+        #[cfg(feature = "handle-sites")]
+        self.unregister_site();
         std::mem::forget(self);
         raw
     }
@@ -148,12 +185,17 @@ impl<T> Handle<T> {
 
 impl<T> Clone for Handle<T> {
     #[inline]
+    #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
         let old = self.slot().header.word.fetch_add(1, Ordering::Relaxed);
         if old >= MAX_REFS {
             refcount_overflow(&self.slot().header.word);
         }
-        Handle { ..*self }
+        #[allow(unused_mut)]
+        let mut handle = Handle { ..*self };
+        #[cfg(feature = "handle-sites")]
+        handle.register_site(HandleSite { origin: HandleOrigin::Cloned, location: std::panic::Location::caller() });
+        handle
     }
 }
 
@@ -167,6 +209,8 @@ fn refcount_overflow(word: &crate::sync::AtomicU32) -> ! {
 impl<T> Drop for Handle<T> {
     #[inline]
     fn drop(&mut self) {
+        #[cfg(feature = "handle-sites")]
+        self.unregister_site();
         let word = &self.slot().header.word;
         if word.fetch_sub(1, Ordering::Release) != 1 {
             return;
@@ -336,8 +380,9 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(std::mem::size_of::<Handle<u8>>(), 24);
-        assert_eq!(std::mem::size_of::<Option<Handle<u8>>>(), 24);
+        let handle = if cfg!(feature = "handle-sites") { 32 } else { 24 };
+        assert_eq!(std::mem::size_of::<Handle<u8>>(), handle);
+        assert_eq!(std::mem::size_of::<Option<Handle<u8>>>(), handle);
         assert_eq!(std::mem::size_of::<WeakHandle<u8>>(), 16);
     }
 }

@@ -29,6 +29,16 @@ pub struct LeakEntry {
     /// [`Tracker`](crate::track::Tracker) in [`Mode::Stacks`](crate::track::Mode::Stacks).
     /// Resolved to symbols only when displayed.
     pub stack: Option<crate::track::StackTrace>,
+    /// Where each strong handle still holding it was created, cloned or
+    /// upgraded, oldest first. Filled only with the `handle-sites` feature.
+    pub handles: Vec<super::HandleSite>,
+}
+
+impl LeakEntry {
+    /// The handle sites as one line: `cloned at src/ai.rs:88:21, created at …`.
+    pub fn handle_sites_line(&self) -> Option<String> {
+        (!self.handles.is_empty()).then(|| self.handles.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+    }
 }
 
 impl fmt::Display for LeakEntry {
@@ -134,6 +144,9 @@ impl fmt::Display for LeakReport {
                 write!(f, "\n  {entry}")?;
                 if let Some(retention) = &entry.retention {
                     write!(f, "\n      kept alive by: {retention}")?;
+                }
+                if let Some(sites) = entry.handle_sites_line() {
+                    write!(f, "\n      held by handles: {sites}")?;
                 }
             }
         }

@@ -18,7 +18,7 @@ use super::leak::LeakReport;
 use super::report::MemoryReport;
 use super::slot::{AddRefError, ReleaseError, SlotHeader, SlotState};
 use super::store::{leak_entries, ErasedStore, Inserted, Store, StoreConfig};
-use super::{Handle, MMObject, RawHandle, WeakHandle};
+use super::{Handle, HandleOrigin, MMObject, RawHandle, WeakHandle};
 
 /// Most object types one manager can hold.
 pub const MAX_TYPES: usize = 256;
@@ -414,7 +414,9 @@ impl ObjectManager {
             Ok(Inserted { local, slot, generation }) => {
                 // SAFETY: `try_insert` returns an occupied slot of this store
                 // with a count of one, which the new handle takes over.
-                Ok(unsafe { Handle::from_counted(slot, store.shared_ptr(), generation, local) })
+                Ok(unsafe {
+                    Handle::from_counted(slot, store.shared_ptr(), generation, local, HandleOrigin::Created, site)
+                })
             }
             Err((value, error)) => Err(TryCreateError { value, error }),
         }
@@ -586,6 +588,7 @@ impl ObjectManager {
     /// # Panics
     ///
     /// Panics if the weak handle belongs to another manager, or on reference count overflow.
+    #[track_caller]
     pub fn upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<Handle<T>> {
         match self.try_upgrade(weak) {
             Ok(handle) => Some(handle),
@@ -601,6 +604,7 @@ impl ObjectManager {
     /// [`Error::StaleHandle`] if the object is dead or destroyed,
     /// [`Error::WrongManager`] if the handle belongs to another manager,
     /// [`Error::RefCountOverflow`] past 2^30 references.
+    #[track_caller]
     pub fn try_upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<Handle<T>> {
         let slot = self.weak_slot(weak)?;
         let (store_index, local) = unpack_location(weak.location());
@@ -610,7 +614,14 @@ impl ObjectManager {
                 let store = self.store_at::<T>(store_index).expect("checked by weak_slot");
                 // SAFETY: we just counted a reference to this occupied slot.
                 Ok(unsafe {
-                    Handle::from_counted(std::ptr::NonNull::from(slot), store.shared_ptr(), key.generation(), local)
+                    Handle::from_counted(
+                        std::ptr::NonNull::from(slot),
+                        store.shared_ptr(),
+                        key.generation(),
+                        local,
+                        HandleOrigin::Upgraded,
+                        Location::caller(),
+                    )
                 })
             }
             Err(AddRefError::Stale) => {
@@ -708,6 +719,7 @@ impl ObjectManager {
     /// [`Error::DoubleRelease`] if it holds no reference any more,
     /// [`Error::StaleHandle`], [`Error::WrongManager`], [`Error::InvalidRawHandle`].
     /// On error no count changes.
+    #[track_caller]
     pub fn handle_from_raw<T: MMObject>(&self, raw: RawHandle) -> Result<Handle<T>> {
         let (erased, local, header) = self.resolve_raw(raw)?;
         let store = erased
@@ -728,7 +740,14 @@ impl ObjectManager {
                 // SAFETY: the raw handle held a counted reference (checked in
                 // the raw table), which moves to the new handle.
                 Ok(unsafe {
-                    Handle::from_counted(std::ptr::NonNull::from(slot), store.shared_ptr(), raw.generation(), local)
+                    Handle::from_counted(
+                        std::ptr::NonNull::from(slot),
+                        store.shared_ptr(),
+                        raw.generation(),
+                        local,
+                        HandleOrigin::FromRaw,
+                        Location::caller(),
+                    )
                 })
             }
             _ => Err(Error::DoubleRelease { type_name: T::TYPE_NAME, index: raw.index() }),
@@ -876,6 +895,9 @@ impl ObjectManager {
                 match &entry.retention {
                     Some(retention) => emit(&format!("leaked {entry}; kept alive by: {retention}")),
                     None => emit(&format!("leaked {entry}")),
+                }
+                if let Some(sites) = entry.handle_sites_line() {
+                    emit(&format!("{}{} is held by handles {sites}", entry.type_name, entry.key));
                 }
                 if let Some(stack) = &entry.stack {
                     emit(&format!("creation stack of {}{}:\n{stack}", entry.type_name, entry.key));
@@ -1084,6 +1106,7 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
     ///
     /// Panics if the weak handle belongs to another manager, or on reference count overflow.
     #[inline]
+    #[track_caller]
     pub fn upgrade(&self, weak: WeakHandle<T>) -> Option<Handle<T>> {
         self.manager.upgrade(weak)
     }

@@ -17,6 +17,7 @@
 
 mod forensics;
 mod handle;
+mod handle_sites;
 mod incremental;
 mod index_space;
 mod key;
@@ -34,6 +35,7 @@ mod traits;
 
 pub use forensics::{ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
 pub use handle::{Handle, RawHandle, WeakHandle};
+pub use handle_sites::{HandleOrigin, HandleSite};
 pub use key::ObjectKey;
 pub use leak::{LeakEntry, LeakReport};
 pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, ObjectView, TryCreateError, MAX_TYPES};

@@ -41,6 +41,9 @@ pub(crate) struct StoreShared {
     /// Outstanding raw references, by local slot index. Raw calls check it, so
     /// a raw handle can never give back more references than it holds.
     pub(crate) raw_refs: Mutex<HashMap<u32, u32>>,
+    /// Where each live handle was made (feature `handle-sites`).
+    #[cfg(feature = "handle-sites")]
+    pub(crate) handle_sites: Mutex<super::handle_sites::HandleSites>,
 }
 
 impl StoreShared {
@@ -53,6 +56,8 @@ impl StoreShared {
             base_bits,
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
             raw_refs: Mutex::new(HashMap::new()),
+            #[cfg(feature = "handle-sites")]
+            handle_sites: Mutex::default(),
         }
     }
 

@@ -719,6 +719,8 @@ impl<T> std::fmt::Debug for Store<T> {
 pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
     let type_name = store.type_name();
     let mut stacks = store.creation_stacks();
+    #[cfg(feature = "handle-sites")]
+    let mut sites = store.shared().handle_sites.lock().by_index();
     store.visit_live(&mut |key, header, value| {
         let size = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value.size())).unwrap_or(0);
         // SAFETY: `visit_live` only yields occupied slots, whose site is valid.
@@ -731,6 +733,10 @@ pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
             site,
             retention: None,
             stack: stacks.remove(&key),
+            #[cfg(feature = "handle-sites")]
+            handles: sites.remove(&key.index()).unwrap_or_default(),
+            #[cfg(not(feature = "handle-sites"))]
+            handles: Vec::new(),
         });
     });
 }
