@@ -5,7 +5,7 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::sync::{fence, Ordering};
+use crate::sync::Ordering;
 
 use super::handle_sites::HandleOrigin;
 #[cfg(feature = "handle-sites")]
@@ -215,9 +215,7 @@ impl<T> Drop for Handle<T> {
         if word.fetch_sub(1, Ordering::Release) != 1 {
             return;
         }
-        // Acquire: every other handle's uses happen before the object dies.
-        fence(Ordering::Acquire);
-        self.shared().push_dead(self.local, word);
+        self.shared().release_last(self.local, word);
     }
 }
 

@@ -698,8 +698,7 @@ impl ObjectManager {
                 }
                 drop(raw_refs);
                 if last {
-                    crate::sync::fence(Ordering::Acquire);
-                    store.shared().push_dead(local, &header.word);
+                    store.shared().release_last(local, &header.word);
                 }
                 Ok(())
             }

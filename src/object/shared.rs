@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{fence, AtomicU32, Ordering};
 
 use super::slot::{LINK_FLAG, NIL};
 
@@ -77,6 +77,17 @@ impl StoreShared {
                 Err(actual) => head = actual,
             }
         }
+    }
+
+    /// Queues the slot `local` for collection after its count reached zero.
+    ///
+    /// The caller's decrement was `Release`; the `Acquire` fence here makes
+    /// every other reference's use of the object happen before it is
+    /// destroyed (the same pairing as `Arc`'s drop).
+    #[inline]
+    pub(crate) fn release_last(&self, local: u32, word: &AtomicU32) {
+        fence(Ordering::Acquire);
+        self.push_dead(local, word);
     }
 
     /// Pushes an already linked chain `first ..= last` back onto the dead stack.
