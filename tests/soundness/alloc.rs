@@ -1,0 +1,1 @@
+//! Adversarial cases for `mmobject::alloc`.

@@ -1,0 +1,1 @@
+//! Adversarial cases for the object layer: handles, stores and the manager.
