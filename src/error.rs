@@ -67,6 +67,17 @@ pub enum Error {
         limit: usize,
     },
 
+    /// The memory for a new segment of an object store was refused. Nothing
+    /// was lost: `try_create` hands the value back, and every live object,
+    /// handle and count is as it was.
+    #[error("out of memory: {bytes} bytes for a new segment of {type_name} objects were refused")]
+    StoreOutOfMemory {
+        /// The object type whose store needed the segment.
+        type_name: &'static str,
+        /// The segment's size in bytes.
+        bytes: usize,
+    },
+
     // ---- allocators ------------------------------------------------------
     /// An allocator has no room for the request.
     #[error("out of memory: requested {requested} bytes, {available} available")]

@@ -51,8 +51,10 @@
 //! dense enough for `slotmap::SecondaryMap`. Indices are 24 bits; a
 //! [`RawHandle`](crate::object::RawHandle) packs an 8-bit manager tag, the
 //! index and the 32-bit generation into one `u64`. New slots start at a
-//! per-manager generation, so even a raw handle whose tag collides is very
-//! unlikely to validate in another manager.
+//! per-manager generation below 2^22, so even a raw handle whose tag
+//! collides is unlikely to validate in another manager. Generations stay
+//! below 2^31 (see "Counters that could wrap" below), which is what
+//! `slotmap::SecondaryMap::entry` needs.
 //!
 //! # The refcount protocol
 //!
@@ -116,6 +118,85 @@
 //! push has not landed). In either case a handle may still touch the slot's
 //! header and the store's dead list, so that store's memory is leaked on
 //! purpose, and the report says how many bytes. Otherwise everything is freed.
+//!
+//! # Soundness
+//!
+//! The contract: no safe code, however adversarial, reaches undefined
+//! behaviour through this crate. Bad input gets an `Err` from the `try_`
+//! call or a panic with a clear message. `tests/soundness/` (with
+//! `tests/soundness_leaks.rs`, `tests/soundness_manager_ids.rs` and the
+//! compile-fail cases in `tests/ui/soundness/`) tries to break it, and every
+//! new public type gets its cases there. The allocators' side of the contract
+//! is in [`crate::alloc`]'s "Soundness" section.
+//!
+//! ## Variance and auto traits, per public type
+//!
+//! | type | variance in `T` | `Send`/`Sync` | why |
+//! |---|---|---|---|
+//! | [`Handle<T>`](crate::Handle) | invariant (`PhantomData<fn(T) -> T>`) | always both | `get_mut` writes a `T` into the slot, so a handle coerced to a supertype (`Callback<for<'a> fn(&'a str)>` to `Callback<fn(&'static str)>`) could store a value the slot's real type forbids. A handle touches only atomics (its count, the dead list); it never reads, writes or drops a `T` itself, and `T: MMObject` is `Send + Sync` anyway. |
+//! | [`WeakHandle<T>`](crate::WeakHandle) | invariant | always both | A coerced weak handle would name a slot of another type's store, and [`ObjectView::get_weak`](crate::ObjectView::get_weak) trusts its location without a bounds check. It holds only numbers. |
+//! | [`ObjectView<'m, T>`](crate::ObjectView), [`Iter<'m, T>`](crate::object::Iter) | invariant (they borrow the `T` store, whose atomics make it invariant); covariant in `'m` | as `&ObjectManager` | Shared borrows of the manager. |
+//! | [`TryCreateError<T>`](crate::object::TryCreateError) | covariant | as `T` | It only owns the refused value. |
+//! | [`ObjectManager`](crate::ObjectManager) | (not generic) | both | Every stored type is `Send + Sync` (a bound of [`MMObject`](crate::MMObject)): the manager hands `&T` to any thread holding `&ObjectManager` and drops values on the thread that collects. A `!Send` or `!Sync` type is refused at compile time. |
+//! | [`ObjectKey`](crate::ObjectKey), [`RawHandle`](crate::object::RawHandle) | (not generic) | both | Plain numbers, checked on every use. |
+//!
+//! The compile-fail cases `object_*_variance` and `object_not_send` pin these.
+//!
+//! ## Safe traits the unsafe code does not trust
+//!
+//! - [`MMObject`](crate::MMObject) and [`VisitHandles`](crate::VisitHandles)
+//!   are safe to implement, so their results are only ever *reports*.
+//!   `size()` may lie or panic: byte totals saturate, a panic during
+//!   collection still frees the slot (see "The dead list" above), and a panic
+//!   while writing a leak report counts the object as 0 bytes.
+//!   `visit_handles` may name keys the object does not hold, garbage keys,
+//!   or keys of another manager: forensics then answers wrongly, but
+//!   `collect_cycles` never drops a value, only calls `release_handles`
+//!   (see "Trust" below). `TYPE_NAME` and `TAG` are only printed.
+//! - `Hash`, `Eq` and `Ord` of keys and handles are this crate's own.
+//!
+//! ## Counters that could wrap
+//!
+//! | counter | bound | at the bound |
+//! |---|---|---|
+//! | strong count | 2^30 | `clone` panics after undoing its add; `upgrade`, `try_upgrade` and `add_ref_raw` refuse (`RefCountOverflow`), changing nothing |
+//! | slot generation | below 2^31 | the slot is *retired*: it keeps the even generation 2^31, which no key carries, and is never reused. A stale key can therefore never validate again, and keys stay below slotmap's `SecondaryMap` version limit |
+//! | manager id | `u32::MAX - 1` managers per process | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
+//! | manager-wide index | 2^24 slots | `try_create` returns `CapacityExceeded` |
+//! | handle-site ids (`handle-sites`) | wrap at 2^32 | ids still in use are skipped |
+//!
+//! Hidden test hooks start these counters near their bounds
+//! (`first_generation_for_tests`, `skip_manager_ids_for_tests`,
+//! `leak_refs_for_tests`). Each can only move a counter towards its bound,
+//! never back, so none of them can make a stale key or an old manager id
+//! valid again.
+//!
+//! ## Memory refused
+//!
+//! A store's segment is allocated with `std::alloc::alloc`, and a null
+//! return (or a layout too large for the address space) becomes
+//! [`Error::StoreOutOfMemory`](crate::Error::StoreOutOfMemory): `try_create`
+//! hands the value back, `try_reserve` returns the error, and `create` and
+//! `reserve` panic with its message. Slots are initialised header by header,
+//! so no `T`-sized temporary is built. The only allocations that can still
+//! abort are the small side tables (raw references, index ranges), through
+//! the global allocator's usual `handle_alloc_error`.
+//!
+//! ## `mem::forget`
+//!
+//! Forgetting a `Handle` is a leak, never UB: its count never reaches zero,
+//! so the object stays alive, is reported at shutdown, and its store's
+//! memory is leaked on purpose (as for any handle that outlives the
+//! manager). Views, iterators and snapshots are plain borrows or values.
+//!
+//! ## Raw handles and shutdown
+//!
+//! Shutdown frees a store that raw references alone hold, because a raw
+//! handle needs the manager to be used. The last touch of the store's shared
+//! part by `Handle::into_raw` is therefore its raw-count update, under the
+//! raw table's lock: with `handle-sites`, the handle's site is removed
+//! *before* that update, since once the raw count equals the slot's count a
+//! concurrent shutdown may free the shared part.
 //!
 //! # Leak forensics
 //!

@@ -64,7 +64,11 @@ pub struct Handle<T> {
     /// This handle's entry in its store's table of live handles.
     #[cfg(feature = "handle-sites")]
     site: u32,
-    _type: PhantomData<fn() -> T>,
+    /// Invariant in `T`: `mm.get_mut(&h)` writes a `T` into the slot, so a
+    /// handle coerced to a supertype (say `for<'a> fn(&'a str)` to
+    /// `fn(&'static str)`) could store a value the slot's real type forbids.
+    /// `fn(T) -> T` keeps the handle `Send + Sync` whatever `T` is.
+    _type: PhantomData<fn(T) -> T>,
 }
 
 // SAFETY: a handle only touches its slot's atomic header and its store's
@@ -149,6 +153,26 @@ impl<T> Handle<T> {
         ObjectKey::new(self.shared().global_index(self.local), self.generation)
     }
 
+    /// Test hook: adds `n` references that are never given back, so a test
+    /// can reach the count limit in one call. Sound, like `mem::forget` of
+    /// `n` clones: the object just stays alive, and is reported as leaked.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the count would pass the limit (2^30).
+    #[doc(hidden)]
+    pub fn leak_refs_for_tests(&self, n: u32) {
+        let word = &self.slot().header.word;
+        let mut count = word.load(Ordering::Relaxed);
+        loop {
+            let raised = count.checked_add(n).filter(|&c| c <= MAX_REFS).expect("the count stays within its limit");
+            match word.compare_exchange_weak(count, raised, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => count = actual,
+            }
+        }
+    }
+
     /// A weak handle to the same object: `Copy`, uncounted, checked on use.
     pub fn downgrade(&self) -> WeakHandle<T> {
         let shared = self.shared();
@@ -175,9 +199,12 @@ impl<T> Handle<T> {
         let tag = u64::from(shared.manager_id & 0xff);
         let index = u64::from(shared.global_index(self.local));
         let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation));
-        *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
+        // The site goes first: once the raw count below equals the slot's
+        // count, a concurrent shutdown may free `shared`, so the raw-count
+        // bump must be the last touch of it.
         #[cfg(feature = "handle-sites")]
         self.unregister_site();
+        *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
         std::mem::forget(self);
         raw
     }
@@ -285,7 +312,10 @@ pub struct WeakHandle<T> {
     key: ObjectKey,
     location: u32,
     manager: u32,
-    _type: PhantomData<fn() -> T>,
+    /// Invariant in `T`, for the same reason as [`Handle`]'s marker: a weak
+    /// handle coerced to another type would name a slot of the wrong store,
+    /// and the view's fast path trusts its location.
+    _type: PhantomData<fn(T) -> T>,
 }
 
 impl<T> WeakHandle<T> {

@@ -59,7 +59,14 @@ pub(crate) struct HandleSites {
 impl HandleSites {
     /// Records a new handle to the object with manager-wide index `index`.
     pub(crate) fn register(&mut self, index: u32, site: HandleSite) -> u32 {
-        self.next = self.next.wrapping_add(1).max(1);
+        // Ids wrap after 2^32 handles; skip any still in use, so a
+        // long-lived handle's entry is never overwritten.
+        loop {
+            self.next = self.next.wrapping_add(1).max(1);
+            if !self.live.contains_key(&self.next) {
+                break;
+            }
+        }
         self.live.insert(self.next, (index, site));
         self.next
     }

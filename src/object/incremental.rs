@@ -49,7 +49,7 @@ impl ObjectManager {
         loop {
             let batch = self.collect_garbage_budgeted(BATCH);
             stats.objects += batch.objects;
-            stats.bytes += batch.bytes;
+            stats.bytes = stats.bytes.saturating_add(batch.bytes);
             stats.rounds += batch.rounds;
             // Fewer than a batch means every dead list was found empty.
             if batch.objects < BATCH || start.elapsed() >= budget {

@@ -4,6 +4,7 @@ use std::any::TypeId;
 use std::hash::{Hash, Hasher};
 use std::ops::{Index, IndexMut};
 use std::panic::{catch_unwind, AssertUnwindSafe, Location};
+use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -16,7 +17,7 @@ use super::handle::{pack_location, unpack_location};
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::leak::LeakReport;
 use super::report::MemoryReport;
-use super::slot::{AddRefError, ReleaseError, SlotHeader, SlotState};
+use super::slot::{AddRefError, ReleaseError, SlotHeader, SlotState, GENERATION_LIMIT};
 use super::store::{leak_entries, ErasedStore, Inserted, Store, StoreConfig};
 use super::{Handle, HandleOrigin, MMObject, RawHandle, WeakHandle};
 
@@ -90,11 +91,20 @@ pub struct ObjectManagerBuilder {
     max_objects_per_type: u32,
     report_leaks: bool,
     tracker: Option<&'static Tracker>,
+    first_generation: Option<u32>,
+    refuse_segments_over: usize,
 }
 
 impl Default for ObjectManagerBuilder {
     fn default() -> Self {
-        ObjectManagerBuilder { segment_base: 64, max_objects_per_type: MAX_INDEX, report_leaks: true, tracker: None }
+        ObjectManagerBuilder {
+            segment_base: 64,
+            max_objects_per_type: MAX_INDEX,
+            report_leaks: true,
+            tracker: None,
+            first_generation: None,
+            refuse_segments_over: usize::MAX,
+        }
     }
 }
 
@@ -159,10 +169,41 @@ impl ObjectManagerBuilder {
         self
     }
 
+    /// Test hook: new slots start at this generation (even, below 2^31)
+    /// instead of the manager's own, so a test can reach the generation limit
+    /// in a few creates. Any start is sound; it only moves the limit closer.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `generation` is odd or not below 2^31.
+    #[doc(hidden)]
+    pub fn first_generation_for_tests(mut self, generation: u32) -> Self {
+        assert!(
+            generation & 1 == 0 && generation < GENERATION_LIMIT,
+            "a first generation is even and below 2^31, got {generation}"
+        );
+        self.first_generation = Some(generation);
+        self
+    }
+
+    /// Test hook: store segments larger than `bytes` are refused as if the
+    /// system allocator had refused them.
+    #[doc(hidden)]
+    pub fn refuse_segments_over_for_tests(mut self, bytes: usize) -> Self {
+        self.refuse_segments_over = bytes;
+        self
+    }
+
     /// Creates the manager.
+    ///
+    /// # Panics
+    ///
+    /// Panics once a process has built `u32::MAX - 1` managers. Manager ids are
+    /// never reused, because a handle of a dropped manager must never pass
+    /// another manager's check.
     pub fn build(self) -> ObjectManager {
-        let id = NEXT_MANAGER_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(id != u32::MAX, "mmobject: too many object managers created in this process");
+        let id = next_manager_id();
+        let first_generation = self.first_generation.unwrap_or_else(|| first_generation_of(id));
         ObjectManager {
             id,
             types: (0..TYPE_TABLE).map(|_| OnceLock::new()).collect(),
@@ -174,9 +215,40 @@ impl ObjectManagerBuilder {
             max_objects: self.max_objects_per_type,
             report_leaks: self.report_leaks,
             tracker: self.tracker,
+            first_generation,
+            refuse_segments_over: self.refuse_segments_over,
             shut_down: false,
         }
     }
+}
+
+/// Hands out the next manager id: each once per process, never wrapping.
+fn next_manager_id() -> u32 {
+    let next = NEXT_MANAGER_ID.fetch_update(StdOrdering::Relaxed, StdOrdering::Relaxed, |id| id.checked_add(1));
+    match next {
+        Ok(id) => id,
+        Err(_) => panic!(
+            "mmobject: object manager ids are used up: this process built {} managers, and ids are never \
+             reused (a handle of a dropped manager must never match a new one)",
+            u32::MAX - 1
+        ),
+    }
+}
+
+/// Test hook: moves the next manager id up to at least `id`, so a test can
+/// reach the end of the ids quickly. It never moves it down, so no id is ever
+/// handed out twice.
+#[doc(hidden)]
+pub fn skip_manager_ids_for_tests(id: u32) {
+    NEXT_MANAGER_ID.fetch_max(id, StdOrdering::Relaxed);
+}
+
+/// The generation a manager's new slots start at: even, spread over
+/// `0..2^22` by the id, so that a raw handle of one manager rarely matches a
+/// slot of another, while leaving each slot about 2^31 reuses before it
+/// retires.
+fn first_generation_of(id: u32) -> u32 {
+    (id.wrapping_mul(0x9E37_79B9) >> 11) << 1
 }
 
 /// Owns objects of any [`MMObject`] type and hands out refcounted [`Handle`]s to them.
@@ -226,6 +298,8 @@ pub struct ObjectManager {
     max_objects: u32,
     report_leaks: bool,
     tracker: Option<&'static Tracker>,
+    first_generation: u32,
+    refuse_segments_over: usize,
     shut_down: bool,
 }
 
@@ -332,7 +406,8 @@ impl ObjectManager {
             store_index: index as u32,
             base_bits: self.base_bits,
             max_objects: self.max_objects,
-            first_generation: self.id.wrapping_mul(0x9E37_79B9) << 1,
+            first_generation: self.first_generation,
+            refuse_segments_over: self.refuse_segments_over,
             tracker: self.tracker,
         };
         let store: Box<dyn ErasedStore> = Box::new(Store::<T>::new(config, Arc::clone(&self.index_space)));
@@ -426,12 +501,25 @@ impl ObjectManager {
     ///
     /// # Panics
     ///
-    /// Panics if the manager's index space or type table is full.
+    /// Panics with the [`try_reserve`](Self::try_reserve) error's message.
     pub fn reserve<T: MMObject>(&self, additional: usize) {
-        let store = self.store_or_register::<T>().unwrap_or_else(|e| fail(e));
-        if let Err(e) = store.reserve(additional) {
+        if let Err(e) = self.try_reserve::<T>(additional) {
             fail(e)
         }
+    }
+
+    /// Allocates slot memory for at least `additional` more objects of type
+    /// `T` up front, or says why not. Once it succeeds, the next `additional`
+    /// creates of `T` allocate no slot memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StoreOutOfMemory`] if the memory for a segment is refused;
+    /// [`Error::CapacityExceeded`] if the manager's index space or type table
+    /// is full. Segments allocated before the failure stay, and nothing else
+    /// changes.
+    pub fn try_reserve<T: MMObject>(&self, additional: usize) -> Result<()> {
+        self.store_or_register::<T>()?.reserve(additional)
     }
 
     // ---- access through strong handles ---------------------------------------

@@ -38,6 +38,8 @@ pub use handle::{Handle, RawHandle, WeakHandle};
 pub use handle_sites::{HandleOrigin, HandleSite};
 pub use key::ObjectKey;
 pub use leak::{LeakEntry, LeakReport};
+#[doc(hidden)]
+pub use manager::skip_manager_ids_for_tests;
 pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, ObjectView, TryCreateError, MAX_TYPES};
 #[doc(hidden)]
 pub use release::probe as release_probe;

@@ -12,13 +12,20 @@ pub(crate) const LINK_FLAG: u32 = 1 << 31;
 pub(crate) const NIL: u32 = LINK_FLAG - 1;
 /// Clones past this count panic: far above any real use, far below the link flag.
 pub(crate) const MAX_REFS: u32 = 1 << 30;
+/// Generations stay below this, so keys work with `slotmap::SecondaryMap`
+/// (which takes versions at or above 2^31 for older than an empty slot). A
+/// slot whose next occupied generation would reach it is *retired*: it keeps
+/// this (even, vacant) generation, which no key carries, and is never reused.
+/// So a stale key can never validate again, however often a slot is reused.
+pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 
 /// The per-object metadata: 16 bytes on 64-bit targets.
 ///
 /// # Invariants
 ///
 /// - `generation` is even while the slot is vacant and odd while it is occupied.
-///   It only ever grows (wrapping); vacant → occupied happens in `create`
+///   It only ever grows, and never past [`GENERATION_LIMIT`] (a retired slot);
+///   vacant → occupied happens in `create`
 ///   (`&ObjectManager`), occupied → vacant only in collection or shutdown
 ///   (`&mut ObjectManager`).
 /// - `word`, while the slot is occupied and referenced, is the strong count
@@ -144,12 +151,6 @@ pub(crate) enum AddRefError {
 pub(crate) enum ReleaseError {
     Stale,
     NoReferences,
-}
-
-impl<T> Slot<T> {
-    pub(crate) fn vacant(generation: u32) -> Self {
-        Slot { header: SlotHeader::vacant(generation), value: UnsafeCell::new(MaybeUninit::uninit()) }
-    }
 }
 
 #[cfg(all(test, target_pointer_width = "64"))]

@@ -6,6 +6,7 @@
 //! through their header words; `create` pops it with one CAS (no lock), and
 //! only collection, which holds `&mut`, pushes onto it.
 
+use std::alloc::Layout;
 use std::any::Any;
 use std::collections::HashMap;
 use std::panic::Location;
@@ -21,7 +22,7 @@ use crate::Error;
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::report::TypeReport;
 use super::shared::{locate, segment_first, segment_len, StoreShared, MAX_SEGMENTS};
-use super::slot::{Slot, SlotHeader, SlotState, LINK_FLAG, NIL};
+use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::tracking::Tracking;
 use super::{CollectStats, LeakEntry, MMObject, ObjectKey};
 
@@ -32,8 +33,11 @@ pub(crate) struct StoreConfig {
     pub(crate) store_index: u32,
     pub(crate) base_bits: u32,
     pub(crate) max_objects: u32,
-    /// The generation new slots start at (even).
+    /// The generation new slots start at (even, below [`GENERATION_LIMIT`]).
     pub(crate) first_generation: u32,
+    /// Segments larger than this many bytes are refused as if the system
+    /// allocator had refused them (a test hook; `usize::MAX` otherwise).
+    pub(crate) refuse_segments_over: usize,
     /// Where to report the type's bytes, if anywhere.
     pub(crate) tracker: Option<&'static crate::track::Tracker>,
 }
@@ -44,14 +48,16 @@ pub(crate) struct StoreConfig {
 ///
 /// - `shared` comes from `Box::into_raw` and is freed in `Drop` unless
 ///   `leaked` is set. It is never freed while a handle into the store exists.
-/// - `segments[k]` is null or points to `segment_len(k)` initialised slots
-///   from `Box<[Slot<T>]>`; once published it never changes.
+/// - `segments[k]` is null or points to `segment_len(k)` initialised slots,
+///   allocated with [`segment_layout`]; once published it never changes.
 /// - `biased[k]` is null or `segments[k]` moved back by `segment_first(k)`
 ///   slots (with `wrapping_sub`, keeping its provenance), so that slot `local`
 ///   of segment `k` is `biased[k].wrapping_add(local)`. It is written before
 ///   `segments[k]` is published, and never again.
 /// - Every local index below `len` names a slot that is occupied, on the dead
-///   list, or on the free list (or is about to be, inside `create`).
+///   list, on the free list (or is about to be, inside `create`), or retired
+///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
+///   `retired`).
 /// - While other threads may use the store (`&self`), the free list is only
 ///   popped; pushes happen under `&mut self`.
 /// - The free list's length is the high half of `free_head`, kept in the same
@@ -69,6 +75,8 @@ pub(crate) struct Store<T> {
     destroyed: AtomicU64,
     /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
     destroyed_in_place: u64,
+    /// Slots retired because their generation reached [`GENERATION_LIMIT`].
+    retired: AtomicU64,
     peak_resident: AtomicU64,
     grow_lock: Mutex<()>,
     index_space: Arc<IndexSpace>,
@@ -113,6 +121,7 @@ impl<T: MMObject> Store<T> {
             len: AtomicU32::new(0),
             destroyed: AtomicU64::new(0),
             destroyed_in_place: 0,
+            retired: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
             grow_lock: Mutex::new(()),
             index_space,
@@ -292,10 +301,18 @@ impl<T: MMObject> Store<T> {
         }
         let base_bits = self.config.base_bits;
         let len = segment_len(segment, base_bits);
-        let start = self.index_space.reserve(len, self.config.store_index, segment_first(segment, base_bits))?;
+        let base = allocate_segment::<T>(len as usize, self.config.first_generation, self.config.refuse_segments_over)?;
+        let start = match self.index_space.reserve(len, self.config.store_index, segment_first(segment, base_bits)) {
+            Ok(start) => start,
+            Err(error) => {
+                // SAFETY: `base` was just allocated with this length and was
+                // never published.
+                unsafe { free_segment(base, len as usize) };
+                return Err(error);
+            }
+        };
         self.shared().set_segment_start(segment, start);
-        let slots: Box<[Slot<T>]> = (0..len).map(|_| Slot::vacant(self.config.first_generation)).collect();
-        let base = Box::into_raw(slots) as *mut Slot<T>;
+        let base = base.as_ptr();
         let first = segment_first(segment, base_bits) as usize;
         self.biased[segment].store(base.wrapping_sub(first), Ordering::Relaxed);
         // Release: publishes the initialised slots and the segment start.
@@ -401,7 +418,7 @@ impl<T: MMObject> Store<T> {
                 tracking.credit(*bytes.as_ref().unwrap_or(&0));
             }
             match bytes {
-                Ok(bytes) => stats.bytes += bytes,
+                Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),
                 Err(payload) => std::panic::resume_unwind(payload),
             }
         }
@@ -413,11 +430,20 @@ impl<T: MMObject> Store<T> {
     /// The caller counts it in `destroyed` (see [`Requeue::freed`]): one plain
     /// add per collection instead of a locked add per slot, which would wait
     /// for the stores to this cold slot to drain.
+    ///
+    /// A slot whose next occupied generation would reach
+    /// [`GENERATION_LIMIT`] is retired instead: it stays vacant for good.
     #[inline]
     fn free_slot(&self, slot: &Slot<T>, local: u32) {
-        let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
+        let generation = slot.header.generation.load(Ordering::Relaxed) + 1;
         debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
+        debug_assert!(generation <= GENERATION_LIMIT, "generations never pass the limit");
         slot.header.generation.store(generation, Ordering::Release);
+        if generation >= GENERATION_LIMIT {
+            slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
+            self.retire();
+            return;
+        }
         let (head, free) = split_free(self.free_head.load(Ordering::Relaxed));
         slot.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
         self.free_head.store(free_word(local, free + 1), Ordering::Release);
@@ -426,16 +452,75 @@ impl<T: MMObject> Store<T> {
 
 impl<T> Store<T> {
     /// Objects created and not yet destroyed (live or dead): used slots that
-    /// are neither free nor destroyed in place.
+    /// are neither free, retired, nor destroyed in place.
     pub(crate) fn resident(&self) -> u64 {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
-        used.saturating_sub(free + self.destroyed_in_place)
+        let retired = self.retired.load(Ordering::Relaxed);
+        used.saturating_sub(free + retired + self.destroyed_in_place)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn retire(&self) {
+        self.retired.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Objects ever created.
     fn created(&self) -> u64 {
         self.destroyed.load(Ordering::Relaxed) + self.resident()
+    }
+}
+
+/// The memory layout of a segment of `len` slots, if it fits in `isize`.
+fn segment_layout<T>(len: usize) -> Option<Layout> {
+    Layout::array::<Slot<T>>(len).ok()
+}
+
+/// Allocates a segment of `len` vacant slots at `first_generation`.
+///
+/// A refusal (from the system allocator, from a layout too large for the
+/// address space, or from the `refuse_over` test hook) is an
+/// [`Error::StoreOutOfMemory`], never an abort.
+fn allocate_segment<T: MMObject>(
+    len: usize,
+    first_generation: u32,
+    refuse_over: usize,
+) -> Result<NonNull<Slot<T>>, Error> {
+    let refused = || Error::StoreOutOfMemory {
+        type_name: T::TYPE_NAME,
+        bytes: len.saturating_mul(std::mem::size_of::<Slot<T>>()),
+    };
+    let layout = segment_layout::<T>(len).filter(|l| l.size() <= refuse_over).ok_or_else(refused)?;
+    debug_assert!(layout.size() > 0, "a slot has a 16-byte header and a segment at least one slot");
+    // SAFETY: the layout has a non-zero size (above).
+    let base = NonNull::new(unsafe { std::alloc::alloc(layout) }.cast::<Slot<T>>()).ok_or_else(refused)?;
+    for offset in 0..len {
+        // SAFETY: `offset < len`, so the header is inside the new allocation.
+        // Only the header is written: the value is a `MaybeUninit`, and
+        // building a whole `Slot<T>` on the stack would cost a `T`-sized frame.
+        unsafe {
+            let slot = base.as_ptr().add(offset);
+            ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
+        }
+    }
+    Ok(base)
+}
+
+/// Drops and frees a segment made by [`allocate_segment`].
+///
+/// # Safety
+///
+/// `base` must come from `allocate_segment::<T>(len, ..)`, no slot value may
+/// be initialised any more, and nothing may use the segment afterwards.
+unsafe fn free_segment<T>(base: NonNull<Slot<T>>, len: usize) {
+    let layout = segment_layout::<T>(len).expect("the layout was valid when the segment was allocated");
+    // SAFETY: the caller guarantees `base` holds `len` slots that nothing else
+    // uses; a slot's drop glue only drops its header (the value is a
+    // `MaybeUninit`, destroyed earlier by the manager).
+    unsafe {
+        ptr::drop_in_place(ptr::slice_from_raw_parts_mut(base.as_ptr(), len));
+        std::alloc::dealloc(base.as_ptr().cast(), layout);
     }
 }
 
@@ -559,11 +644,11 @@ impl<T: MMObject> ErasedStore for Store<T> {
     }
 
     fn report(&self) -> TypeReport {
-        let mut bytes = 0;
+        let mut bytes = 0usize;
         self.for_each_slot(|_, slot| {
             if slot.header.generation.load(Ordering::Acquire) & 1 == 1 {
                 // SAFETY: odd generation read with Acquire; `&self` blocks collection.
-                bytes += unsafe { Self::value_unchecked(slot) }.size();
+                bytes = bytes.saturating_add(unsafe { Self::value_unchecked(slot) }.size());
             }
         });
         let dead = self.dead_count();
@@ -657,6 +742,17 @@ impl<T: MMObject> ErasedStore for Store<T> {
         let (free_head, _) = split_free(self.free_head.load(Ordering::Relaxed));
         mark(self, free_head);
         mark(self, self.shared().take_dead());
+        // Retired slots hold nothing. (An object destroyed in place above at
+        // the last generation also reaches the limit, but its word is still
+        // its count: outliving handles hold it.)
+        self.for_each_slot(|local, slot| {
+            let header = &slot.header;
+            if header.generation.load(Ordering::Relaxed) >= GENERATION_LIMIT
+                && header.word.load(Ordering::Acquire) & LINK_FLAG != 0
+            {
+                accounted[local as usize] = true;
+            }
+        });
         // A slot held only by raw references is safe to free too: a raw
         // handle is a plain number that needs the (gone) manager to be used.
         // A count equal to the raw count means no `Handle` is left, and none
@@ -691,12 +787,12 @@ impl<T> Drop for Store<T> {
         }
         for segment in 0..MAX_SEGMENTS {
             let base = self.segments[segment].load(Ordering::Relaxed);
-            if !base.is_null() {
+            if let Some(base) = NonNull::new(base) {
                 let len = segment_len(segment, self.config.base_bits) as usize;
-                // SAFETY: `base` came from `Box::<[Slot<T>]>::into_raw` with this
-                // length; values were destroyed by the manager's shutdown and
-                // `Slot` has no drop glue for its `MaybeUninit` value.
-                drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(base, len)) });
+                // SAFETY: a published segment came from `allocate_segment` with
+                // this length; the manager's shutdown destroyed every value, and
+                // `leaked` is false, so no handle into the store is left.
+                unsafe { free_segment(base, len) };
             }
         }
         // SAFETY: `shared` came from `Box::leak`, and `leaked` is false, so the

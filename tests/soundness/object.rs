@@ -1,1 +1,264 @@
 //! Adversarial cases for the object layer: handles, stores and the manager.
+//!
+//! Variance and `Send` are refused at compile time (`tests/ui/soundness/object_*`).
+//! Cases that leak on purpose (forgotten handles, a count at its limit) are in
+//! `tests/soundness_leaks.rs`, and the end of the manager ids, which is
+//! process-wide, in `tests/soundness_manager_ids.rs`.
+
+use std::collections::HashSet;
+
+use mmobject::{Error, MMObject, ObjectKey, ObjectManager, RawHandle, VisitHandles};
+use slotmap::SecondaryMap;
+
+#[derive(MMObject, Debug, PartialEq)]
+struct Item {
+    id: u32,
+    payload: Vec<u32>,
+}
+
+fn item(id: u32) -> Item {
+    Item { id, payload: vec![id; 4] }
+}
+
+/// Generations stop below 2^31: the slot is retired, not wrapped, so a stale
+/// weak or raw handle never validates again. Before the fix, generations
+/// wrapped after 2^32 uses and a stale key named the new object.
+#[test]
+fn generations_retire_a_slot_instead_of_wrapping() {
+    let limit = 1u32 << 31;
+    let mut mm = ObjectManager::builder().segment_base(1).first_generation_for_tests(limit - 4).build();
+
+    let first = mm.create(item(1));
+    let first_key = first.key();
+    let first_weak = first.downgrade();
+    assert_eq!(first_key.generation(), limit - 3);
+    drop(first);
+    mm.collect_garbage();
+
+    // The slot is reused once more, at the last generation a key can carry.
+    let second = mm.create(item(2));
+    assert_eq!(second.key().index(), first_key.index());
+    assert_eq!(second.key().generation(), limit - 1);
+    let second_weak = second.downgrade();
+    let second_raw = second.clone().into_raw();
+    assert!(mm.get_weak(first_weak).is_none());
+    mm.release_raw(second_raw).unwrap();
+    drop(second);
+    mm.collect_garbage();
+
+    // Retired: the next object gets another slot, and no old key validates.
+    let third = mm.create(item(3));
+    assert_ne!(third.key().index(), first_key.index());
+    for weak in [first_weak, second_weak] {
+        assert!(mm.get_weak(weak).is_none());
+        assert!(mm.upgrade(weak).is_none());
+        assert!(!mm.is_alive(weak));
+        assert!(mm.view::<Item>().get_weak(weak).is_none());
+    }
+    assert!(matches!(mm.release_raw(second_raw), Err(Error::StaleHandle { .. })));
+    assert!(matches!(mm.handle_from_raw::<Item>(second_raw), Err(Error::StaleHandle { .. })));
+    assert_eq!(mm.count::<Item>(), 1);
+    assert_eq!(mm.iter::<Item>().count(), 1);
+    drop(third);
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Item>(), 0);
+    assert!(mm.shutdown().is_empty());
+}
+
+/// Many retirements in a row: every slot ends retired, counts stay exact and
+/// shutdown frees everything (Miri checks the memory).
+#[test]
+fn retired_slots_are_counted_and_freed() {
+    let limit = 1u32 << 31;
+    let mut mm = ObjectManager::builder().segment_base(4).first_generation_for_tests(limit - 2).build();
+    let mut keys = HashSet::new();
+    for round in 0..3 {
+        let handles: Vec<_> = (0..4).map(|i| mm.create(item(round * 4 + i))).collect();
+        for h in &handles {
+            assert!(h.key().generation() < limit);
+            assert!(keys.insert(h.key()), "a key is never handed out twice");
+        }
+        assert_eq!(mm.count::<Item>(), 4);
+        drop(handles);
+        assert_eq!(mm.collect_garbage().objects, 4);
+        assert_eq!(mm.count::<Item>(), 0);
+        assert_eq!(mm.report().types[0].live, 0);
+    }
+    assert!(mm.shutdown().is_empty());
+}
+
+/// Keys of every manager work with `SecondaryMap::entry`, which takes versions
+/// at or above 2^31 for older than an empty slot.
+#[test]
+fn keys_of_many_managers_work_with_secondary_map_entry() {
+    let managers: Vec<ObjectManager> = (0..6).map(|_| ObjectManager::new()).collect();
+    for mm in &managers {
+        let h = mm.create(item(7));
+        assert!(h.key().generation() < 1 << 31, "generation {:#x}", h.key().generation());
+        let mut side: SecondaryMap<ObjectKey, u32> = SecondaryMap::new();
+        *side.entry(h.key()).expect("a live key has an entry").or_insert(0) += 1;
+        assert_eq!(side.get(h.key()), Some(&1));
+    }
+    let mut seeds: Vec<u32> = managers.iter().map(|mm| mm.create(item(0)).key().generation()).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    assert_eq!(seeds.len(), managers.len(), "each manager starts its generations elsewhere");
+}
+
+/// A refused segment is an `Err` with the value handed back, never an abort,
+/// and nothing that was alive changes.
+#[test]
+fn refused_segment_is_an_error_and_nothing_is_lost() {
+    let slot = std::mem::size_of::<Item>() + 16;
+    let mm = ObjectManager::builder().segment_base(2).refuse_segments_over_for_tests(2 * slot).build();
+    let a = mm.create(item(1));
+    let b = mm.create(item(2));
+    let c = b.clone();
+
+    let refused = mm.try_create(item(3)).unwrap_err();
+    assert!(
+        matches!(refused.error, Error::StoreOutOfMemory { type_name: "Item", bytes } if bytes == 4 * slot),
+        "{:?}",
+        refused.error
+    );
+    assert_eq!(refused.into_value(), item(3), "the value comes back intact");
+    assert!(matches!(mm.try_reserve::<Item>(10), Err(Error::StoreOutOfMemory { .. })));
+
+    assert_eq!((mm[&a].id, mm[&b].id), (1, 2));
+    assert_eq!((a.ref_count(), b.ref_count()), (1, 2));
+    assert_eq!(mm.count::<Item>(), 2);
+    drop((a, b, c));
+    assert!(mm.shutdown().is_empty());
+}
+
+#[test]
+fn create_panics_with_the_refusal() {
+    let mm = ObjectManager::builder().segment_base(1).refuse_segments_over_for_tests(0).build();
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(mm.create(item(1))))).unwrap_err();
+    let message = panic.downcast_ref::<String>().expect("a formatted message");
+    assert!(message.contains("out of memory") && message.contains("Item"), "{message}");
+    assert_eq!(mm.count::<Item>(), 0);
+}
+
+/// A segment whose size does not fit the address space is refused before
+/// the allocator is asked.
+#[test]
+fn segment_too_large_for_the_address_space_is_an_error() {
+    #[derive(MMObject)]
+    struct Huge {
+        bytes: [u8; 1 << 44],
+    }
+    let mm = ObjectManager::builder().segment_base(1 << 20).build();
+    assert!(matches!(mm.try_reserve::<Huge>(1), Err(Error::StoreOutOfMemory { type_name: "Huge", .. })));
+    let other = mm.create(item(1));
+    assert_eq!(mm[&other].id, 1);
+}
+
+/// The system allocator's own refusal (a petabyte) is an error too.
+#[test]
+#[cfg_attr(miri, ignore = "Miri stops on allocations it cannot serve instead of returning null")]
+fn system_refusal_is_an_error() {
+    #[derive(MMObject)]
+    struct Huge {
+        bytes: [u8; 1 << 44],
+    }
+    let mm = ObjectManager::new();
+    assert!(matches!(mm.try_reserve::<Huge>(1), Err(Error::StoreOutOfMemory { type_name: "Huge", .. })));
+}
+
+/// An object whose `visit_handles` lies (keys of live objects it does not
+/// hold, garbage keys, keys of another manager) can make the forensics wrong,
+/// but never frees a live object.
+#[test]
+fn lying_visit_handles_never_frees_a_live_object() {
+    struct Liar {
+        claims: Vec<ObjectKey>,
+    }
+    impl VisitHandles for Liar {
+        fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+            for &key in &self.claims {
+                visitor(key);
+                visitor(key);
+            }
+        }
+    }
+    impl MMObject for Liar {
+        const TYPE_NAME: &'static str = "Liar";
+        const TAG: &'static str = "Liar";
+        fn size(&self) -> usize {
+            usize::MAX
+        }
+        fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+            VisitHandles::visit_handles(self, visitor);
+        }
+    }
+
+    let other = ObjectManager::new();
+    let foreign = other.create(item(9));
+    let mut mm = ObjectManager::new();
+    let target = mm.create(item(1));
+    let garbage = slotmap::KeyData::from_ffi(u64::MAX).into();
+    let liar = mm.create(Liar { claims: vec![target.key(), garbage, foreign.key()] });
+    let target_weak = target.downgrade();
+    let liar_weak = liar.downgrade();
+    let target_raw = target.into_raw();
+    drop(liar);
+    let liar_again = mm.upgrade(liar_weak);
+    assert!(liar_again.is_none(), "the liar is dead once its last handle is gone");
+
+    let _ = mm.find_cycles();
+    mm.collect_cycles();
+    mm.collect_garbage();
+    let _ = mm.report();
+    assert_eq!(mm.get_weak(target_weak).map(|i| i.id), Some(1), "the object held by a raw handle is alive");
+    mm.release_raw(target_raw).unwrap();
+    mm.collect_garbage();
+    assert!(mm.get_weak(target_weak).is_none());
+    drop(foreign);
+    assert!(mm.shutdown().is_empty());
+}
+
+/// Raw handles made of garbage are refused, never followed.
+#[test]
+fn forged_raw_handles_are_refused() {
+    let mm = ObjectManager::new();
+    let live = mm.create(item(1));
+    let raw = live.clone().into_raw();
+    let bits = u64::from(raw);
+    for forged in [0, u64::MAX, bits ^ 1, bits ^ (1 << 33), bits + (1 << 32), bits ^ (0xff << 56), bits & 0xffff_ffff] {
+        let forged = RawHandle(forged);
+        if forged == raw {
+            continue;
+        }
+        assert!(mm.add_ref_raw(forged).is_err(), "{forged:?}");
+        assert!(mm.release_raw(forged).is_err(), "{forged:?}");
+        assert!(mm.handle_from_raw::<Item>(forged).is_err(), "{forged:?}");
+    }
+    assert_eq!(live.ref_count(), 2, "failed calls change no count");
+    mm.release_raw(raw).unwrap();
+    assert!(matches!(mm.release_raw(raw), Err(Error::DoubleRelease { .. })));
+    assert_eq!(live.ref_count(), 1);
+}
+
+/// Handles are `Send + Sync` for every object type: clones and drops on
+/// other threads, with the last drop racing the collector.
+#[test]
+fn handles_cross_threads_for_every_object_type() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<mmobject::Handle<Item>>();
+    assert_send_sync::<mmobject::WeakHandle<Item>>();
+    assert_send_sync::<ObjectManager>();
+
+    let mut mm = ObjectManager::new();
+    let handles: Vec<_> = (0..8).map(|i| mm.create(item(i))).collect();
+    std::thread::scope(|s| {
+        for h in handles {
+            s.spawn(move || {
+                let copies: Vec<_> = (0..4).map(|_| h.clone()).collect();
+                drop(copies);
+                drop(h);
+            });
+        }
+    });
+    assert_eq!(mm.collect_garbage().objects, 8);
+}

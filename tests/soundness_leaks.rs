@@ -1,0 +1,77 @@
+//! Adversarial cases that leak on purpose, so Miri runs them with leak
+//! checking off (the rest of the suite is in `tests/soundness/`).
+
+use mmobject::{Error, MMObject, ObjectManager};
+
+#[derive(MMObject)]
+struct Item {
+    id: u32,
+}
+
+/// `mem::forget` of a handle is safe: the object stays alive, is reported at
+/// shutdown, and its slot memory is leaked so nothing can dangle.
+#[test]
+fn forgotten_handle_is_a_reported_leak() {
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    let kept = mm.create(Item { id: 1 });
+    std::mem::forget(kept.clone());
+    let weak = kept.downgrade();
+    drop(kept);
+    mm.collect_garbage();
+    assert_eq!(mm.get_weak(weak).map(|i| i.id), Some(1), "a forgotten handle keeps its object alive");
+    let report = mm.shutdown();
+    assert_eq!(report.len(), 1);
+    assert_eq!(report.iter().next().map(|e| e.ref_count), Some(1));
+}
+
+/// The count never wraps: past 2^30 references, clone panics and upgrade and
+/// `add_ref_raw` fail, each leaving the count as it was.
+#[test]
+fn reference_count_stops_at_its_limit() {
+    let limit = 1u32 << 30;
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let h = mm.create(Item { id: 1 });
+    h.leak_refs_for_tests(limit - 2);
+    assert_eq!(h.ref_count(), limit - 1);
+    let last = h.clone();
+    assert_eq!(h.ref_count(), limit);
+
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.clone())).unwrap_err();
+    let message = panic.downcast_ref::<String>().map(String::as_str).unwrap_or_default();
+    assert!(message.contains("reference count overflow"), "{message}");
+    assert_eq!(h.ref_count(), limit, "a refused clone leaves the count as it was");
+    assert!(matches!(mm.try_upgrade(h.downgrade()), Err(Error::RefCountOverflow { .. })));
+    assert_eq!(h.ref_count(), limit);
+
+    drop(last);
+    let raw = h.clone().into_raw();
+    assert!(matches!(mm.add_ref_raw(raw), Err(Error::RefCountOverflow { .. })));
+    assert_eq!(h.ref_count(), limit);
+    mm.release_raw(raw).unwrap();
+    assert_eq!(h.ref_count(), limit - 1);
+}
+
+/// `into_raw` racing the manager's drop on another thread. With the
+/// `handle-sites` feature `into_raw` used to touch its store's shared part
+/// after the raw count made it look unreferenced, so a concurrent shutdown
+/// could free it first. The race window is small: this runs it many times
+/// (and Miri, which checks every access, explores other interleavings on
+/// each run).
+#[test]
+fn into_raw_racing_shutdown() {
+    let rounds = if cfg!(miri) { 8 } else { 200 };
+    for _ in 0..rounds {
+        let mm = ObjectManager::builder().report_leaks(false).build();
+        let h = mm.create(Item { id: 1 });
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                barrier.wait();
+                let raw = h.into_raw();
+                assert_ne!(u64::from(raw), 0);
+            });
+            barrier.wait();
+            drop(mm);
+        });
+    }
+}
