@@ -110,6 +110,29 @@ fn cpu_iter<O>(b: &mut Bencher, mut routine: impl FnMut() -> O) {
     })
 }
 
+/// Like [`cpu_iter`], with an untimed `setup` before each call and the
+/// routine's output dropped after the clock stops.
+fn cpu_iter_with_setup<S, O>(b: &mut Bencher, mut setup: impl FnMut() -> S, mut routine: impl FnMut(S) -> O) {
+    b.iter_custom(|iters| {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            let input = setup();
+            let start = cpu_clock();
+            let output = routine(input);
+            total += cpu_clock() - start;
+            drop(black_box(output));
+        }
+        total
+    })
+}
+
+/// A manager whose stores use `allocator_api2::alloc::Global`, as the
+/// stores' own private allocation path did before store allocators: the
+/// in-run reference for "no slower than today".
+fn manager_on_global() -> ObjectManager {
+    ObjectManager::builder().allocator(mmobject::allocator_api2::alloc::Global).build()
+}
+
 /// Walks a precomputed pick table, wrapping around.
 struct Cursor<'a> {
     picks: &'a [u32],
@@ -237,6 +260,21 @@ fn o1_frame(c: &mut Criterion) {
         let mut handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function("mmobject", |b| {
+            cpu_iter(b, || {
+                for n in 0..FRAME_CHURN {
+                    let i = cursor.next();
+                    handles[i] = mm.create(Obj(payload(n)));
+                }
+                black_box(mm.collect_garbage());
+            })
+        });
+        drop(handles);
+    }
+    {
+        let mut mm = manager_on_global();
+        let mut handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
+        let mut cursor = Cursor::new(&picks);
+        group.bench_function("mmobject_global_alloc", |b| {
             cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();
@@ -722,11 +760,79 @@ fn o6_threads(c: &mut Criterion) {
     group.finish();
 }
 
+/// O1b, a level load: 100k creates into an empty manager, handles kept in a
+/// `Vec` (slotmap: 100k inserts into an empty map, keys kept in a `Vec`).
+/// Dropping what was loaded is not timed.
+fn o1b_load(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O1b_load");
+    group.throughput(Throughput::Elements(FRAME_LIVE as u64));
+    group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    let load = |mm: ObjectManager| {
+        let handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
+        (handles, mm)
+    };
+    group.bench_function("mmobject", |b| cpu_iter_with_setup(b, ObjectManager::new, load));
+    group.bench_function("mmobject_global_alloc", |b| cpu_iter_with_setup(b, manager_on_global, load));
+    group.bench_function("slotmap_insert", |b| {
+        cpu_iter_with_setup(b, SlotMap::<DefaultKey, Payload>::new, |mut map| {
+            let keys: Vec<DefaultKey> = (0..FRAME_LIVE).map(|i| map.insert(payload(i))).collect();
+            (keys, map)
+        })
+    });
+    group.finish();
+}
+
+/// O1c, a level unload: drop 100k handles, `collect_garbage`, drop the empty
+/// manager (slotmap: remove 100k keys, drop the map). Loading is not timed.
+fn o1c_unload(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O1c_unload");
+    group.throughput(Throughput::Elements(FRAME_LIVE as u64));
+    group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    let loaded = |mm: ObjectManager| {
+        let handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
+        (handles, mm)
+    };
+    let unload = |(handles, mut mm): (Vec<Handle<Obj>>, ObjectManager)| {
+        drop(handles);
+        black_box(mm.collect_garbage());
+        drop(mm);
+    };
+    group.bench_function("mmobject", |b| cpu_iter_with_setup(b, || loaded(ObjectManager::new()), unload));
+    group.bench_function("mmobject_global_alloc", |b| cpu_iter_with_setup(b, || loaded(manager_on_global()), unload));
+    group.bench_function("slotmap_remove", |b| {
+        cpu_iter_with_setup(
+            b,
+            || {
+                let mut map = SlotMap::<DefaultKey, Payload>::new();
+                let keys: Vec<DefaultKey> = (0..FRAME_LIVE).map(|i| map.insert(payload(i))).collect();
+                (keys, map)
+            },
+            |(keys, mut map)| {
+                for key in keys {
+                    black_box(map.remove(key));
+                }
+                drop(map);
+            },
+        )
+    });
+    group.finish();
+}
+
 /// The criterion group, in a private module so its generated `pub fn` needs no docs.
 mod harness {
     use super::*;
 
-    criterion_group!(benches, o1_frame, o2_clone_drop, o3_strong_read, o4_weak_read, o5_collect, o6_threads);
+    criterion_group!(
+        benches,
+        o1_frame,
+        o1b_load,
+        o1c_unload,
+        o2_clone_drop,
+        o3_strong_read,
+        o4_weak_read,
+        o5_collect,
+        o6_threads
+    );
 }
 
 criterion_main!(harness::benches);

@@ -9,13 +9,20 @@
 //!   `collect_garbage` destroys whatever became unreachable.
 //! - Halfway through, the level is swapped: dropping one handle to the old
 //!   `Level` frees its materials and then their textures in the same collect.
+//! - All object memory comes from a 32 MiB budget the game set aside
+//!   (`ObjectManagerBuilder::allocator`), and goes back to it at shutdown.
 //! - At the end, two objects are kept alive on purpose to show the leak report.
 //!
 //! Logging goes through `env_logger` (default filter `info`; set `RUST_LOG` to change it).
 
 use std::time::{Duration, Instant};
 
+use mmobject::alloc::SegmentAlloc;
 use mmobject::{CollectStats, Handle, MMObject, MemoryTimeline, ObjectManager, WeakHandle};
+
+/// Where every object store's memory comes from: a fixed budget, as a console
+/// memory map would give the object system. Past it, `try_create` fails.
+static OBJECT_MEMORY: SegmentAlloc = SegmentAlloc::with_limit(32 << 20);
 
 // ---- Game data ----------------------------------------------------------------
 
@@ -185,7 +192,7 @@ fn main() {
     let (frames, plot) = parse_args();
     let mut timeline = MemoryTimeline::new();
 
-    let mut mm = ObjectManager::new();
+    let mut mm = ObjectManager::builder().allocator(&OBJECT_MEMORY).build();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut level = load_level(&mm, &mut rng, &LEVELS[0]);
     println!("{frames} frames; loaded level '{}': {} objects", mm[&level].name, mm.len());
@@ -265,6 +272,14 @@ fn main() {
         gc_max.as_secs_f64() * 1e6
     );
     println!("\n{}\n", mm.report());
+    let memory = OBJECT_MEMORY.stats();
+    println!(
+        "object memory: {} KiB in use in {} blocks (peak {} KiB) of a {} KiB budget\n",
+        memory.in_use >> 10,
+        memory.live,
+        memory.peak >> 10,
+        memory.capacity >> 10
+    );
 
     // Keep two objects alive past shutdown on purpose: a material and its
     // albedo texture, as raw handles (the way a script engine would hold them).
@@ -277,6 +292,7 @@ fn main() {
     // Shutdown (or dropping the manager) logs a WARN line per object still
     // alive, with its creation site; the returned `LeakReport` can be asserted in tests.
     let _leaks = mm.shutdown();
+    println!("object memory after shutdown: {} KiB in use", OBJECT_MEMORY.stats().in_use >> 10);
 }
 
 /// One status line: live objects by type, what the collect freed, and how long it took.

@@ -67,15 +67,21 @@ pub enum Error {
         limit: usize,
     },
 
-    /// The memory for a new segment of an object store was refused. Nothing
-    /// was lost: `try_create` hands the value back, and every live object,
-    /// handle and count is as it was.
-    #[error("out of memory: {bytes} bytes for a new segment of {type_name} objects were refused")]
+    /// An object store's allocator refused memory (a new segment, or room in
+    /// a side table). Nothing was lost: `try_create` hands the value back,
+    /// and every live object, handle and count is as it was.
+    #[error(
+        "out of memory: the store allocator `{allocator}` refused {bytes} bytes for {part} of the {type_name} store"
+    )]
     StoreOutOfMemory {
-        /// The object type whose store needed the segment.
+        /// The object type whose store needed the memory.
         type_name: &'static str,
-        /// The segment's size in bytes.
+        /// What the memory was for: "a new segment", "the raw-reference table", …
+        part: &'static str,
+        /// The size of the refused request in bytes.
         bytes: usize,
+        /// The type name of the allocator that refused.
+        allocator: &'static str,
     },
 
     // ---- allocators ------------------------------------------------------

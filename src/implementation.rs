@@ -5,8 +5,9 @@
 //! Each object type has one store: an array of up to 26 *segments*, where
 //! segment `k` holds `base << k` slots (`base` defaults to 64). A local slot
 //! index maps to `(segment, offset)` with one `leading_zeros`. Segments are
-//! allocated once, on demand, under a per-store lock, and are never moved or
-//! freed while the store lives, so a [`Handle`](crate::Handle) holds a plain
+//! allocated once, on demand, under a per-store lock, from the store's
+//! allocator (see "The store allocator" below), and are never moved or freed
+//! while the store lives, so a [`Handle`](crate::Handle) holds a plain
 //! pointer to its slot.
 //!
 //! A slot is a 16-byte header followed by `UnsafeCell<MaybeUninit<T>>`:
@@ -173,14 +174,27 @@
 //!
 //! ## Memory refused
 //!
-//! A store's segment is allocated with `std::alloc::alloc`, and a null
-//! return (or a layout too large for the address space) becomes
+//! A refusal by the store's allocator (or a segment layout too large for
+//! the address space) becomes
 //! [`Error::StoreOutOfMemory`](crate::Error::StoreOutOfMemory): `try_create`
-//! hands the value back, `try_reserve` returns the error, and `create` and
-//! `reserve` panic with its message. Slots are initialised header by header,
-//! so no `T`-sized temporary is built. The only allocations that can still
-//! abort are the small side tables (raw references, index ranges), through
-//! the global allocator's usual `handle_alloc_error`.
+//! hands the value back, `try_reserve` and `add_ref_raw` return the error,
+//! and `create`, `reserve` and `into_raw` panic with its message. The side
+//! tables reserve room *before* anything changes (`try_reserve` on the
+//! raw-reference map and the index ranges), so the insert that follows
+//! cannot fail, and nothing aborts. Slots are initialised header by header,
+//! so no `T`-sized temporary is built.
+//!
+//! ## The store allocator
+//!
+//! [`ObjectManagerBuilder::allocator`](crate::object::ObjectManagerBuilder::allocator)
+//! takes an implementation of an `unsafe` trait (`allocator_api2`'s
+//! `Allocator`), so its blocks are trusted to be valid, aligned and
+//! unaliased, as that contract says. The store keeps it in an `Arc` shared by
+//! the segments and the side tables, so whatever was taken from it goes back
+//! to the very same allocator. When handles outlive the manager, the store
+//! leaks its memory on purpose and keeps one reference to the allocator
+//! forever, so an allocator that owns its memory can never free it under
+//! those handles.
 //!
 //! ## `mem::forget`
 //!

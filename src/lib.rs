@@ -12,6 +12,10 @@ pub mod object;
 mod sync;
 pub mod track;
 
+/// The allocator API every allocator here implements, and that
+/// [`ObjectManagerBuilder::allocator`](object::ObjectManagerBuilder::allocator) takes: re-exported so that no extra
+/// dependency line is needed.
+pub use allocator_api2;
 pub use error::{Error, Result};
 pub use object::{
     CollectStats, Handle, HandleOrigin, HandleSite, HeapSize, LeakEntry, LeakReport, MMObject, MemoryReport,

@@ -11,7 +11,7 @@ use super::handle_sites::HandleOrigin;
 #[cfg(feature = "handle-sites")]
 use super::handle_sites::HandleSite;
 use super::index_space::INDEX_BITS;
-use super::shared::StoreShared;
+use super::shared::{reserve_raw_ref, StoreShared};
 use super::slot::{Slot, MAX_REFS};
 use super::{MMObject, ObjectKey, VisitHandles};
 
@@ -194,17 +194,28 @@ impl<T> Handle<T> {
     /// Give the reference back with [`ObjectManager::handle_from_raw`](crate::ObjectManager::handle_from_raw)
     /// or [`ObjectManager::release_raw`](crate::ObjectManager::release_raw);
     /// until then the object stays alive (and is reported as a leak at shutdown).
+    ///
+    /// # Panics
+    ///
+    /// Panics if the store's [allocator](crate::object::ObjectManagerBuilder::allocator)
+    /// refuses room in the raw-reference table (the handle is dropped as usual).
     pub fn into_raw(self) -> RawHandle {
         let shared = self.shared();
         let tag = u64::from(shared.manager_id & 0xff);
         let index = u64::from(shared.global_index(self.local));
         let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation));
-        // The site goes first: once the raw count below equals the slot's
-        // count, a concurrent shutdown may free `shared`, so the raw-count
-        // bump must be the last touch of it.
+        let mut raw_refs = shared.raw_refs.lock();
+        if let Err(error) = reserve_raw_ref(&mut raw_refs, shared.type_name) {
+            drop(raw_refs);
+            panic!("{error}");
+        }
+        // The site goes before the raw count: once the raw count equals the
+        // slot's count, a concurrent shutdown may free `shared`, so the lock
+        // release after the bump must be the last touch of it.
         #[cfg(feature = "handle-sites")]
         self.unregister_site();
-        *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
+        *raw_refs.entry(self.local).or_insert(0) += 1;
+        drop(raw_refs);
         std::mem::forget(self);
         raw
     }

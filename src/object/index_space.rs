@@ -4,8 +4,10 @@
 //! allocates a segment, so the indices of all live objects stay dense (good
 //! for `slotmap::SecondaryMap`) and a key alone names its store.
 
+use allocator_api2::vec::Vec;
 use parking_lot::RwLock;
 
+use super::store_alloc::StoreAlloc;
 use crate::Error;
 
 /// Indices are 24 bits wide: raw handles pack a manager tag into the other 8 bits.
@@ -21,25 +23,46 @@ struct Range {
     local_start: u32,
 }
 
-/// The reserved ranges, in increasing order of `start`.
-#[derive(Debug, Default)]
+/// The reserved ranges, in increasing order of `start`, in the manager's store allocator.
+#[derive(Debug)]
 pub(crate) struct IndexSpace {
     inner: RwLock<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     next: u32,
-    ranges: Vec<Range>,
+    ranges: Vec<Range, StoreAlloc>,
 }
 
 impl IndexSpace {
-    /// Reserves `len` indices for the slots `local_start..local_start + len` of `store`.
-    pub(crate) fn reserve(&self, len: u32, store: u32, local_start: u32) -> Result<u32, Error> {
+    pub(crate) fn new(alloc: StoreAlloc) -> Self {
+        IndexSpace { inner: RwLock::new(Inner { next: 0, ranges: Vec::new_in(alloc) }) }
+    }
+
+    /// Reserves `len` indices for the slots `local_start..local_start + len`
+    /// of `store`, whose objects are `type_name`s (for errors).
+    pub(crate) fn reserve(
+        &self,
+        len: u32,
+        store: u32,
+        local_start: u32,
+        type_name: &'static str,
+    ) -> Result<u32, Error> {
         let mut inner = self.inner.write();
         let start = inner.next;
         if u64::from(start) + u64::from(len) > u64::from(MAX_INDEX) {
             return Err(Error::CapacityExceeded { what: "object slots in one manager", limit: MAX_INDEX as usize });
+        }
+        if inner.ranges.try_reserve(1).is_err() {
+            let alloc = inner.ranges.allocator().name();
+            let bytes = (inner.ranges.len() + 1) * std::mem::size_of::<Range>();
+            return Err(Error::StoreOutOfMemory {
+                type_name,
+                part: "the manager's index table",
+                bytes,
+                allocator: alloc,
+            });
         }
         inner.next = start + len;
         inner.ranges.push(Range { start, len, store, local_start });
@@ -61,10 +84,10 @@ mod tests {
 
     #[test]
     fn resolves_interleaved_ranges() {
-        let space = IndexSpace::default();
-        assert_eq!(space.reserve(4, 0, 0), Ok(0));
-        assert_eq!(space.reserve(4, 1, 0), Ok(4));
-        assert_eq!(space.reserve(8, 0, 4), Ok(8));
+        let space = IndexSpace::new(StoreAlloc::default_segments());
+        assert_eq!(space.reserve(4, 0, 0, "T"), Ok(0));
+        assert_eq!(space.reserve(4, 1, 0, "T"), Ok(4));
+        assert_eq!(space.reserve(8, 0, 4, "T"), Ok(8));
         assert_eq!(space.resolve(0), Some((0, 0)));
         assert_eq!(space.resolve(5), Some((1, 1)));
         assert_eq!(space.resolve(9), Some((0, 5)));
@@ -73,8 +96,8 @@ mod tests {
 
     #[test]
     fn refuses_past_the_limit() {
-        let space = IndexSpace::default();
-        assert!(space.reserve(MAX_INDEX, 0, 0).is_ok());
-        assert!(matches!(space.reserve(1, 0, 0), Err(Error::CapacityExceeded { .. })));
+        let space = IndexSpace::new(StoreAlloc::default_segments());
+        assert!(space.reserve(MAX_INDEX, 0, 0, "T").is_ok());
+        assert!(matches!(space.reserve(1, 0, 0, "T"), Err(Error::CapacityExceeded { .. })));
     }
 }

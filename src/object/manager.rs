@@ -7,6 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, OnceLock};
 
+use allocator_api2::alloc::Allocator;
 use parking_lot::Mutex;
 
 use crate::sync::{AtomicUsize, Ordering};
@@ -17,8 +18,10 @@ use super::handle::{pack_location, unpack_location};
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::leak::LeakReport;
 use super::report::MemoryReport;
+use super::shared::reserve_raw_ref;
 use super::slot::{AddRefError, ReleaseError, SlotHeader, SlotState, GENERATION_LIMIT};
 use super::store::{leak_entries, ErasedStore, Inserted, Store, StoreConfig};
+use super::store_alloc::StoreAlloc;
 use super::{Handle, HandleOrigin, MMObject, RawHandle, WeakHandle};
 
 /// Most object types one manager can hold.
@@ -92,7 +95,8 @@ pub struct ObjectManagerBuilder {
     report_leaks: bool,
     tracker: Option<&'static Tracker>,
     first_generation: Option<u32>,
-    refuse_segments_over: usize,
+    alloc: Option<StoreAlloc>,
+    alloc_for: Vec<(TypeId, StoreAlloc)>,
 }
 
 impl Default for ObjectManagerBuilder {
@@ -103,7 +107,8 @@ impl Default for ObjectManagerBuilder {
             report_leaks: true,
             tracker: None,
             first_generation: None,
-            refuse_segments_over: usize::MAX,
+            alloc: None,
+            alloc_for: Vec::new(),
         }
     }
 }
@@ -186,11 +191,57 @@ impl ObjectManagerBuilder {
         self
     }
 
-    /// Test hook: store segments larger than `bytes` are refused as if the
-    /// system allocator had refused them.
-    #[doc(hidden)]
-    pub fn refuse_segments_over_for_tests(mut self, bytes: usize) -> Self {
-        self.refuse_segments_over = bytes;
+    /// Takes every byte of store memory from `allocator`: the segments that
+    /// hold the objects, and the side tables that grow with them (raw
+    /// references, the manager's index ranges, each store's shared header).
+    /// All of it goes back to the allocator when the manager drops, except
+    /// what handles that outlive the manager still point into (then the leak
+    /// report says how many bytes were kept on purpose).
+    ///
+    /// Any [`Allocator`](allocator_api2::alloc::Allocator) that is
+    /// `Send + Sync + 'static` works, including a `&'static` reference to one
+    /// of the crate's allocators. Without this call, store memory comes from
+    /// [`SegmentAlloc::global`](crate::alloc::SegmentAlloc::global). A store
+    /// asks for about `log2(objects)` segments over its life, each twice the
+    /// size of the one before, so the allocator sees few, large requests.
+    ///
+    /// When the allocator refuses, [`ObjectManager::try_create`] returns
+    /// [`Error::StoreOutOfMemory`] with the value, and
+    /// [`ObjectManager::create`] panics with that error's message, which names
+    /// the type and the allocator. Objects already alive are untouched.
+    ///
+    /// # Examples
+    ///
+    /// A level whose objects live under a 16 MiB cap:
+    ///
+    /// ```
+    /// use mmobject::alloc::SegmentAlloc;
+    /// use mmobject::{Error, MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Prop { transform: [f32; 16] }
+    ///
+    /// static LEVEL_MEMORY: SegmentAlloc = SegmentAlloc::with_limit(16 << 20);
+    ///
+    /// let mut level = ObjectManager::builder().allocator(&LEVEL_MEMORY).build();
+    /// let props: Vec<_> = (0..1000).map(|_| level.create(Prop { transform: [0.0; 16] })).collect();
+    /// assert!(LEVEL_MEMORY.stats().in_use > 1000 * 64);
+    /// drop(props);
+    /// level.collect_garbage();
+    /// drop(level);
+    /// assert_eq!(LEVEL_MEMORY.stats().in_use, 0, "all of it went back");
+    /// ```
+    pub fn allocator<A: Allocator + Send + Sync + 'static>(mut self, allocator: A) -> Self {
+        self.alloc = Some(StoreAlloc::new(allocator));
+        self
+    }
+
+    /// Like [`allocator`](Self::allocator), for the store of `T` alone; it
+    /// wins over `allocator` for that type. (The manager-wide index table
+    /// stays with the manager's allocator.)
+    pub fn allocator_for<T: MMObject, A: Allocator + Send + Sync + 'static>(mut self, allocator: A) -> Self {
+        self.alloc_for.retain(|(type_id, _)| *type_id != TypeId::of::<T>());
+        self.alloc_for.push((TypeId::of::<T>(), StoreAlloc::new(allocator)));
         self
     }
 
@@ -203,6 +254,7 @@ impl ObjectManagerBuilder {
     /// another manager's check.
     pub fn build(self) -> ObjectManager {
         let id = next_manager_id();
+        let alloc = self.alloc.unwrap_or_else(StoreAlloc::default_segments);
         let first_generation = self.first_generation.unwrap_or_else(|| first_generation_of(id));
         ObjectManager {
             id,
@@ -210,13 +262,14 @@ impl ObjectManagerBuilder {
             stores: (0..MAX_TYPES).map(|_| OnceLock::new()).collect(),
             store_count: AtomicUsize::new(0),
             register_lock: Mutex::new(()),
-            index_space: Arc::new(IndexSpace::default()),
+            index_space: Arc::new(IndexSpace::new(alloc.clone())),
             base_bits: self.segment_base.trailing_zeros(),
             max_objects: self.max_objects_per_type,
             report_leaks: self.report_leaks,
             tracker: self.tracker,
             first_generation,
-            refuse_segments_over: self.refuse_segments_over,
+            alloc,
+            alloc_for: self.alloc_for,
             shut_down: false,
         }
     }
@@ -299,7 +352,9 @@ pub struct ObjectManager {
     report_leaks: bool,
     tracker: Option<&'static Tracker>,
     first_generation: u32,
-    refuse_segments_over: usize,
+    /// Where store memory comes from, and the per-type overrides.
+    alloc: StoreAlloc,
+    alloc_for: Vec<(TypeId, StoreAlloc)>,
     shut_down: bool,
 }
 
@@ -407,10 +462,11 @@ impl ObjectManager {
             base_bits: self.base_bits,
             max_objects: self.max_objects,
             first_generation: self.first_generation,
-            refuse_segments_over: self.refuse_segments_over,
             tracker: self.tracker,
         };
-        let store: Box<dyn ErasedStore> = Box::new(Store::<T>::new(config, Arc::clone(&self.index_space)));
+        let alloc = self.alloc_for.iter().find(|(type_id, _)| *type_id == TypeId::of::<T>()).map(|(_, a)| a);
+        let alloc = alloc.unwrap_or(&self.alloc).clone();
+        let store: Box<dyn ErasedStore> = Box::new(Store::<T>::new(config, Arc::clone(&self.index_space), alloc)?);
         if self.stores[index].set(StoreEntry { type_id: TypeId::of::<T>(), store }).is_err() {
             unreachable!("store entries are set once, under the register lock");
         }
@@ -750,6 +806,7 @@ impl ObjectManager {
     pub fn add_ref_raw(&self, raw: RawHandle) -> Result<()> {
         let (store, local, header) = self.resolve_raw(raw)?;
         let mut raw_refs = store.shared().raw_refs.lock();
+        reserve_raw_ref(&mut raw_refs, store.type_name())?;
         match header.try_add_ref(raw.generation()) {
             Ok(()) => {
                 *raw_refs.entry(local).or_insert(0) += 1;

@@ -29,6 +29,7 @@ mod shared;
 mod slot;
 mod snapshot;
 mod store;
+mod store_alloc;
 mod timeline;
 mod tracking;
 mod traits;

@@ -6,13 +6,27 @@
 //! whole stack at once with one swap. Since nothing ever pops a single node,
 //! a successful push CAS always links the node to the true top: no ABA.
 
-use std::collections::HashMap;
-
+use hashbrown::{DefaultHashBuilder, HashMap};
 use parking_lot::Mutex;
 
 use crate::sync::{fence, AtomicU32, Ordering};
 
 use super::slot::{LINK_FLAG, NIL};
+use super::store_alloc::StoreAlloc;
+
+/// Outstanding raw references by local slot index, in the store's allocator.
+pub(crate) type RawRefs = HashMap<u32, u32, DefaultHashBuilder, StoreAlloc>;
+
+/// Makes room for one more entry in `refs`, so that the insert that follows
+/// cannot fail (and abort) in the store's allocator.
+pub(crate) fn reserve_raw_ref(refs: &mut RawRefs, type_name: &'static str) -> Result<(), crate::Error> {
+    refs.try_reserve(1).map_err(|_| crate::Error::StoreOutOfMemory {
+        type_name,
+        part: "the raw-reference table",
+        bytes: (refs.len() + 1) * std::mem::size_of::<(u32, u32)>(),
+        allocator: refs.allocator().name(),
+    })
+}
 
 /// Segments per store: enough for 2^24 slots from a base of one slot.
 pub(crate) const MAX_SEGMENTS: usize = 26;
@@ -36,26 +50,35 @@ pub(crate) struct StoreShared {
     pub(crate) store_index: u32,
     /// log2 of the first segment's slot count.
     pub(crate) base_bits: u32,
+    /// The store's object type, for messages.
+    pub(crate) type_name: &'static str,
     /// The manager-wide index of each segment's first slot.
     segment_start: [AtomicU32; MAX_SEGMENTS],
     /// Outstanding raw references, by local slot index. Raw calls check it, so
     /// a raw handle can never give back more references than it holds.
-    pub(crate) raw_refs: Mutex<HashMap<u32, u32>>,
+    pub(crate) raw_refs: Mutex<RawRefs>,
     /// Where each live handle was made (feature `handle-sites`).
     #[cfg(feature = "handle-sites")]
     pub(crate) handle_sites: Mutex<super::handle_sites::HandleSites>,
 }
 
 impl StoreShared {
-    pub(crate) fn new(manager_id: u32, store_index: u32, base_bits: u32) -> Self {
+    pub(crate) fn new(
+        manager_id: u32,
+        store_index: u32,
+        base_bits: u32,
+        type_name: &'static str,
+        alloc: StoreAlloc,
+    ) -> Self {
         StoreShared {
             dead_head: AtomicU32::new(NIL),
             _pad: [0; 60],
             manager_id,
             store_index,
             base_bits,
+            type_name,
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
-            raw_refs: Mutex::new(HashMap::new()),
+            raw_refs: Mutex::new(HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc)),
             #[cfg(feature = "handle-sites")]
             handle_sites: Mutex::default(),
         }

@@ -13,6 +13,7 @@ use std::panic::Location;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
+use allocator_api2::alloc::Allocator;
 use parking_lot::Mutex;
 
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -23,6 +24,7 @@ use super::index_space::{IndexSpace, MAX_INDEX};
 use super::report::TypeReport;
 use super::shared::{locate, segment_first, segment_len, StoreShared, MAX_SEGMENTS};
 use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
 use super::{CollectStats, LeakEntry, MMObject, ObjectKey};
 
@@ -35,9 +37,6 @@ pub(crate) struct StoreConfig {
     pub(crate) max_objects: u32,
     /// The generation new slots start at (even, below [`GENERATION_LIMIT`]).
     pub(crate) first_generation: u32,
-    /// Segments larger than this many bytes are refused as if the system
-    /// allocator had refused them (a test hook; `usize::MAX` otherwise).
-    pub(crate) refuse_segments_over: usize,
     /// Where to report the type's bytes, if anywhere.
     pub(crate) tracker: Option<&'static crate::track::Tracker>,
 }
@@ -46,10 +45,13 @@ pub(crate) struct StoreConfig {
 ///
 /// # Invariants
 ///
-/// - `shared` comes from `Box::into_raw` and is freed in `Drop` unless
-///   `leaked` is set. It is never freed while a handle into the store exists.
+/// - `shared` was allocated from `alloc` with `Layout::new::<StoreShared>()`
+///   and is freed in `Drop` unless `leaked` is set. It is never freed while a
+///   handle into the store exists.
 /// - `segments[k]` is null or points to `segment_len(k)` initialised slots,
-///   allocated with [`segment_layout`]; once published it never changes.
+///   allocated from `alloc` with [`segment_layout`]; once published it never
+///   changes. Everything the store allocates goes back to `alloc`, the same
+///   allocator, unless `leaked` is set.
 /// - `biased[k]` is null or `segments[k]` moved back by `segment_first(k)`
 ///   slots (with `wrapping_sub`, keeping its provenance), so that slot `local`
 ///   of segment `k` is `biased[k].wrapping_add(local)`. It is written before
@@ -82,6 +84,7 @@ pub(crate) struct Store<T> {
     index_space: Arc<IndexSpace>,
     config: StoreConfig,
     tracking: Option<Tracking>,
+    alloc: StoreAlloc,
     leaked: bool,
 }
 
@@ -111,10 +114,26 @@ pub(crate) struct Settled {
 }
 
 impl<T: MMObject> Store<T> {
-    pub(crate) fn new(config: StoreConfig, index_space: Arc<IndexSpace>) -> Self {
-        let shared = Box::new(StoreShared::new(config.manager_id, config.store_index, config.base_bits));
-        Store {
-            shared: NonNull::from(Box::leak(shared)),
+    /// A store whose memory comes from `alloc`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StoreOutOfMemory`] if `alloc` refuses the store's shared part.
+    pub(crate) fn new(config: StoreConfig, index_space: Arc<IndexSpace>, alloc: StoreAlloc) -> Result<Self, Error> {
+        let shared = StoreShared::new(config.manager_id, config.store_index, config.base_bits, T::TYPE_NAME, alloc.clone());
+        let layout = Layout::new::<StoreShared>();
+        let memory = alloc.allocate(layout).map_err(|_| Error::StoreOutOfMemory {
+            type_name: T::TYPE_NAME,
+            part: "its shared header",
+            bytes: layout.size(),
+            allocator: alloc.name(),
+        })?;
+        let shared_ptr = memory.cast::<StoreShared>();
+        // SAFETY: `memory` is fresh, valid for `layout` (size and alignment of
+        // a `StoreShared`) and not aliased.
+        unsafe { shared_ptr.as_ptr().write(shared) };
+        Ok(Store {
+            shared: shared_ptr,
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             biased: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             free_head: AtomicU64::new(free_word(NIL, 0)),
@@ -127,8 +146,9 @@ impl<T: MMObject> Store<T> {
             index_space,
             tracking: config.tracker.map(|tracker| Tracking::new(tracker, T::TAG)),
             config,
+            alloc,
             leaked: false,
-        }
+        })
     }
 
     #[inline]
@@ -301,13 +321,14 @@ impl<T: MMObject> Store<T> {
         }
         let base_bits = self.config.base_bits;
         let len = segment_len(segment, base_bits);
-        let base = allocate_segment::<T>(len as usize, self.config.first_generation, self.config.refuse_segments_over)?;
-        let start = match self.index_space.reserve(len, self.config.store_index, segment_first(segment, base_bits)) {
+        let base = allocate_segment::<T>(&self.alloc, len as usize, self.config.first_generation)?;
+        let first_local = segment_first(segment, base_bits);
+        let start = match self.index_space.reserve(len, self.config.store_index, first_local, T::TYPE_NAME) {
             Ok(start) => start,
             Err(error) => {
-                // SAFETY: `base` was just allocated with this length and was
-                // never published.
-                unsafe { free_segment(base, len as usize) };
+                // SAFETY: `base` was just allocated from `alloc` with this
+                // length and was never published.
+                unsafe { free_segment(&self.alloc, base, len as usize) };
                 return Err(error);
             }
         };
@@ -477,24 +498,23 @@ fn segment_layout<T>(len: usize) -> Option<Layout> {
     Layout::array::<Slot<T>>(len).ok()
 }
 
-/// Allocates a segment of `len` vacant slots at `first_generation`.
+/// Allocates a segment of `len` vacant slots at `first_generation` from `alloc`.
 ///
-/// A refusal (from the system allocator, from a layout too large for the
-/// address space, or from the `refuse_over` test hook) is an
-/// [`Error::StoreOutOfMemory`], never an abort.
+/// A refusal (by the allocator, or a layout too large for the address space)
+/// is an [`Error::StoreOutOfMemory`], never an abort.
 fn allocate_segment<T: MMObject>(
+    alloc: &StoreAlloc,
     len: usize,
     first_generation: u32,
-    refuse_over: usize,
 ) -> Result<NonNull<Slot<T>>, Error> {
     let refused = || Error::StoreOutOfMemory {
         type_name: T::TYPE_NAME,
+        part: "a new segment",
         bytes: len.saturating_mul(std::mem::size_of::<Slot<T>>()),
+        allocator: alloc.name(),
     };
-    let layout = segment_layout::<T>(len).filter(|l| l.size() <= refuse_over).ok_or_else(refused)?;
-    debug_assert!(layout.size() > 0, "a slot has a 16-byte header and a segment at least one slot");
-    // SAFETY: the layout has a non-zero size (above).
-    let base = NonNull::new(unsafe { std::alloc::alloc(layout) }.cast::<Slot<T>>()).ok_or_else(refused)?;
+    let layout = segment_layout::<T>(len).ok_or_else(refused)?;
+    let base = alloc.allocate(layout).map_err(|_| refused())?.cast::<Slot<T>>();
     for offset in 0..len {
         // SAFETY: `offset < len`, so the header is inside the new allocation.
         // Only the header is written: the value is a `MaybeUninit`, and
@@ -511,16 +531,18 @@ fn allocate_segment<T: MMObject>(
 ///
 /// # Safety
 ///
-/// `base` must come from `allocate_segment::<T>(len, ..)`, no slot value may
-/// be initialised any more, and nothing may use the segment afterwards.
-unsafe fn free_segment<T>(base: NonNull<Slot<T>>, len: usize) {
+/// `base` must come from `allocate_segment::<T>(alloc, len, ..)`, no slot
+/// value may be initialised any more, and nothing may use the segment
+/// afterwards.
+unsafe fn free_segment<T>(alloc: &StoreAlloc, base: NonNull<Slot<T>>, len: usize) {
     let layout = segment_layout::<T>(len).expect("the layout was valid when the segment was allocated");
-    // SAFETY: the caller guarantees `base` holds `len` slots that nothing else
-    // uses; a slot's drop glue only drops its header (the value is a
-    // `MaybeUninit`, destroyed earlier by the manager).
+    // SAFETY: the caller guarantees `base` holds `len` slots from `alloc`
+    // with this layout that nothing else uses; a slot's drop glue only drops
+    // its header (the value is a `MaybeUninit`, destroyed earlier by the
+    // manager).
     unsafe {
         ptr::drop_in_place(ptr::slice_from_raw_parts_mut(base.as_ptr(), len));
-        std::alloc::dealloc(base.as_ptr().cast(), layout);
+        alloc.deallocate(base.cast(), layout);
     }
 }
 
@@ -783,6 +805,9 @@ impl<T: MMObject> ErasedStore for Store<T> {
 impl<T> Drop for Store<T> {
     fn drop(&mut self) {
         if self.leaked {
+            // The leaked segments and shared part stay in the allocator, so
+            // it must outlive them: keep one reference to it forever.
+            std::mem::forget(self.alloc.clone());
             return;
         }
         for segment in 0..MAX_SEGMENTS {
@@ -790,14 +815,19 @@ impl<T> Drop for Store<T> {
             if let Some(base) = NonNull::new(base) {
                 let len = segment_len(segment, self.config.base_bits) as usize;
                 // SAFETY: a published segment came from `allocate_segment` with
-                // this length; the manager's shutdown destroyed every value, and
-                // `leaked` is false, so no handle into the store is left.
-                unsafe { free_segment(base, len) };
+                // `self.alloc` and this length; the manager's shutdown destroyed
+                // every value, and `leaked` is false, so no handle into the
+                // store is left.
+                unsafe { free_segment(&self.alloc, base, len) };
             }
         }
-        // SAFETY: `shared` came from `Box::leak`, and `leaked` is false, so the
-        // shutdown pass proved that no handle into this store is left.
-        drop(unsafe { Box::from_raw(self.shared.as_ptr()) });
+        // SAFETY: `shared` was allocated from `self.alloc` with this layout
+        // and initialised in `new`; `leaked` is false, so the shutdown pass
+        // proved that no handle into this store is left.
+        unsafe {
+            ptr::drop_in_place(self.shared.as_ptr());
+            self.alloc.deallocate(self.shared.cast(), Layout::new::<StoreShared>());
+        }
     }
 }
 

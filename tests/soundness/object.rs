@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 
+use mmobject::alloc::SegmentAlloc;
 use mmobject::{Error, MMObject, ObjectKey, ObjectManager, RawHandle, VisitHandles};
 use slotmap::SecondaryMap;
 
@@ -109,18 +110,23 @@ fn keys_of_many_managers_work_with_secondary_map_entry() {
 /// and nothing that was alive changes.
 #[test]
 fn refused_segment_is_an_error_and_nothing_is_lost() {
+    static TIGHT: SegmentAlloc = SegmentAlloc::with_limit(4096);
     let slot = std::mem::size_of::<Item>() + 16;
-    let mm = ObjectManager::builder().segment_base(2).refuse_segments_over_for_tests(2 * slot).build();
+    let mm = ObjectManager::builder().segment_base(2).allocator(&TIGHT).build();
     let a = mm.create(item(1));
     let b = mm.create(item(2));
     let c = b.clone();
+    let held = TIGHT.stats().in_use;
+    // The next segment (4 slots) no longer fits.
+    let _room = TIGHT.alloc(std::alloc::Layout::from_size_align(4096 - held - 3 * slot, 8).unwrap());
 
     let refused = mm.try_create(item(3)).unwrap_err();
     assert!(
-        matches!(refused.error, Error::StoreOutOfMemory { type_name: "Item", bytes } if bytes == 4 * slot),
+        matches!(refused.error, Error::StoreOutOfMemory { type_name: "Item", part: "a new segment", bytes, .. } if bytes == 4 * slot),
         "{:?}",
         refused.error
     );
+    assert!(refused.error.to_string().contains("SegmentAlloc"), "{}", refused.error);
     assert_eq!(refused.into_value(), item(3), "the value comes back intact");
     assert!(matches!(mm.try_reserve::<Item>(10), Err(Error::StoreOutOfMemory { .. })));
 
@@ -129,11 +135,15 @@ fn refused_segment_is_an_error_and_nothing_is_lost() {
     assert_eq!(mm.count::<Item>(), 2);
     drop((a, b, c));
     assert!(mm.shutdown().is_empty());
+    // SAFETY: the block is ours and unused.
+    unsafe { TIGHT.free(_room) };
+    assert_eq!(TIGHT.stats().in_use, 0);
 }
 
 #[test]
 fn create_panics_with_the_refusal() {
-    let mm = ObjectManager::builder().segment_base(1).refuse_segments_over_for_tests(0).build();
+    static NOTHING: SegmentAlloc = SegmentAlloc::with_limit(0);
+    let mm = ObjectManager::builder().allocator_for::<Item, _>(&NOTHING).build();
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(mm.create(item(1))))).unwrap_err();
     let message = panic.downcast_ref::<String>().expect("a formatted message");
     assert!(message.contains("out of memory") && message.contains("Item"), "{message}");
@@ -146,9 +156,10 @@ fn create_panics_with_the_refusal() {
 fn segment_too_large_for_the_address_space_is_an_error() {
     #[derive(MMObject)]
     struct Huge {
-        bytes: [u8; 1 << 44],
+        bytes: [u8; 1 << 57],
     }
-    let mm = ObjectManager::builder().segment_base(1 << 20).build();
+    // 64 slots of 2^57 bytes do not fit in `isize`.
+    let mm = ObjectManager::new();
     assert!(matches!(mm.try_reserve::<Huge>(1), Err(Error::StoreOutOfMemory { type_name: "Huge", .. })));
     let other = mm.create(item(1));
     assert_eq!(mm[&other].id, 1);

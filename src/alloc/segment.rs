@@ -1,0 +1,305 @@
+//! [`SegmentAlloc`]: large, long-lived blocks from the system allocator, at any alignment,
+//! counted and checked. The default source of object-store memory.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::ptr::NonNull;
+
+use allocator_api2::alloc::{AllocError, Allocator};
+use parking_lot::Mutex;
+
+use super::AllocStats;
+use crate::{Error, Result};
+
+/// How many freed addresses are remembered to tell a double free from a foreign pointer.
+const FREED_MEMORY: usize = 256;
+
+/// Large blocks straight from the system allocator ([`std::alloc::System`], not the global
+/// allocator), at any power-of-two alignment, with a ledger that checks every free.
+///
+/// It is what an [`ObjectManager`](crate::ObjectManager)'s stores take their segments and
+/// side tables from when the builder is given no
+/// [`allocator`](crate::object::ObjectManagerBuilder::allocator): [`SegmentAlloc::global`], whose
+/// [`stats`](Self::stats) therefore show the memory of every such store in the process.
+/// Give a manager its own `SegmentAlloc` with a [limit](Self::with_limit) to put its objects
+/// under a hard memory cap, as a console memory map does.
+///
+/// - **Cost**: one system allocation and one ledger entry (behind a lock) per block. Meant
+///   for few, large blocks (a store allocates about `log2(objects)` segments), not for
+///   small objects: use [`SizeClassPool`](super::SizeClassPool) or
+///   [`SmallObjectAllocator`](super::SmallObjectAllocator) for those.
+/// - **Alignment**: any power of two, beyond [`MAX_ALIGN`](super::MAX_ALIGN) too.
+/// - **Bad frees**: a pointer it never handed out ([`Error::ForeignPointer`]), one inside
+///   a block ([`Error::NotBlockStart`]) and a recent double free ([`Error::DoubleFree`]) are
+///   reported before any memory is touched.
+/// - **When full** (past its limit, or when the system refuses):
+///   [`Error::OutOfMemory`], counted as a failure.
+/// - **Threads**: `Send + Sync`; it holds no pointers of its own, only addresses.
+///
+/// Invariants: `ledger.live` maps the address of every block handed out and not yet freed
+/// to the layout it was allocated with from `System`; `ledger.in_use` is the sum of those
+/// layouts' sizes and never exceeds `limit`.
+///
+/// # Examples
+///
+/// ```
+/// use std::alloc::Layout;
+/// use mmobject::alloc::SegmentAlloc;
+///
+/// let segments = SegmentAlloc::with_limit(1 << 20);
+/// let layout = Layout::from_size_align(64 << 10, 64 << 10).unwrap();
+/// let block = segments.alloc(layout);
+/// assert_eq!(block.as_ptr() as usize % (64 << 10), 0);
+/// assert_eq!(segments.stats().in_use, 64 << 10);
+/// assert!(segments.try_alloc(Layout::from_size_align(1 << 20, 8).unwrap()).is_err());
+/// // SAFETY: `block` came from `segments` and is not used after this.
+/// unsafe { segments.free(block) };
+/// assert_eq!(segments.stats().in_use, 0);
+/// ```
+pub struct SegmentAlloc {
+    limit: usize,
+    ledger: Mutex<SegmentLedger>,
+}
+
+#[derive(Debug)]
+struct SegmentLedger {
+    live: BTreeMap<usize, Layout>,
+    freed: VecDeque<usize>,
+    in_use: usize,
+    peak: usize,
+    allocations: u64,
+    failures: u64,
+}
+
+static GLOBAL: SegmentAlloc = SegmentAlloc::new();
+
+impl SegmentAlloc {
+    /// An allocator with no limit of its own.
+    pub const fn new() -> SegmentAlloc {
+        SegmentAlloc::with_limit(usize::MAX)
+    }
+
+    /// An allocator that refuses to hold more than `bytes` at once.
+    pub const fn with_limit(bytes: usize) -> SegmentAlloc {
+        SegmentAlloc {
+            limit: bytes,
+            ledger: Mutex::new(SegmentLedger {
+                live: BTreeMap::new(),
+                freed: VecDeque::new(),
+                in_use: 0,
+                peak: 0,
+                allocations: 0,
+                failures: 0,
+            }),
+        }
+    }
+
+    /// The process-wide instance object stores use by default.
+    pub fn global() -> &'static SegmentAlloc {
+        &GLOBAL
+    }
+
+    /// Allocates a block for `layout`.
+    ///
+    /// # Panics
+    ///
+    /// Panics with the [`try_alloc`](Self::try_alloc) error's message.
+    #[track_caller]
+    pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
+        self.try_alloc(layout).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Allocates a block for `layout`: uninitialised, aligned to `layout.align()`. A
+    /// zero-size request gets a dangling, aligned pointer and takes no memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfMemory`] when the block would take the allocator past its limit, or
+    /// the system refuses it.
+    pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        if layout.size() == 0 {
+            return Ok(dangling(layout));
+        }
+        let mut ledger = self.ledger.lock();
+        let available = self.limit.saturating_sub(ledger.in_use);
+        let refused = Error::OutOfMemory { requested: layout.size(), available };
+        if layout.size() > available {
+            ledger.failures += 1;
+            return Err(refused);
+        }
+        // SAFETY: the layout has a non-zero size (checked above).
+        let Some(block) = NonNull::new(unsafe { System.alloc(layout) }) else {
+            ledger.failures += 1;
+            return Err(refused);
+        };
+        let addr = block.as_ptr() as usize;
+        ledger.live.insert(addr, layout);
+        ledger.freed.retain(|&freed| freed != addr);
+        ledger.in_use += layout.size();
+        ledger.peak = ledger.peak.max(ledger.in_use);
+        ledger.allocations += 1;
+        Ok(block)
+    }
+
+    /// Frees a block.
+    ///
+    /// # Safety
+    ///
+    /// If `ptr` is a live block of this allocator, nothing may use it afterwards. (Every
+    /// other pointer is refused without being touched.)
+    ///
+    /// # Panics
+    ///
+    /// Panics with the [`try_free`](Self::try_free) error's message.
+    #[track_caller]
+    pub unsafe fn free(&self, ptr: NonNull<u8>) {
+        // SAFETY: forwarded from the caller.
+        if let Err(e) = unsafe { self.try_free(ptr) } {
+            panic!("{e}")
+        }
+    }
+
+    /// Frees a block, or says why it cannot be this allocator's.
+    ///
+    /// # Safety
+    ///
+    /// As for [`free`](Self::free).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DoubleFree`] for a block freed recently, [`Error::NotBlockStart`] for a
+    /// pointer inside a live block, [`Error::ForeignPointer`] for anything else. Nothing is
+    /// freed then.
+    pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        let addr = ptr.as_ptr() as usize;
+        let mut ledger = self.ledger.lock();
+        let Some(layout) = ledger.live.remove(&addr) else {
+            return Err(ledger.bad_free(addr));
+        };
+        ledger.in_use -= layout.size();
+        if ledger.freed.len() == FREED_MEMORY {
+            ledger.freed.pop_front();
+        }
+        ledger.freed.push_back(addr);
+        // SAFETY: the ledger says `ptr` came from `System.alloc(layout)` and is live; the
+        // caller gives up every use of it.
+        unsafe { System.dealloc(ptr.as_ptr(), layout) };
+        Ok(())
+    }
+
+    /// Usage counters. `capacity` is the limit (`usize::MAX` when there is none).
+    pub fn stats(&self) -> AllocStats {
+        let ledger = self.ledger.lock();
+        AllocStats {
+            capacity: self.limit,
+            in_use: ledger.in_use,
+            peak: ledger.peak,
+            live: ledger.live.len(),
+            allocations: ledger.allocations,
+            failures: ledger.failures,
+            fallbacks: 0,
+        }
+    }
+}
+
+impl SegmentLedger {
+    #[cold]
+    fn bad_free(&self, addr: usize) -> Error {
+        if self.freed.contains(&addr) {
+            return Error::DoubleFree { addr };
+        }
+        match self.live.range(..addr).next_back() {
+            Some((&start, layout)) if addr < start + layout.size() => Error::NotBlockStart { addr, block_start: start },
+            _ => Error::ForeignPointer { addr },
+        }
+    }
+}
+
+fn dangling(layout: Layout) -> NonNull<u8> {
+    NonNull::new(std::ptr::without_provenance_mut(layout.align())).expect("an alignment is not zero")
+}
+
+impl Default for SegmentAlloc {
+    fn default() -> Self {
+        SegmentAlloc::new()
+    }
+}
+
+impl fmt::Debug for SegmentAlloc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SegmentAlloc").field("limit", &self.limit).field("stats", &self.stats()).finish()
+    }
+}
+
+// SAFETY: blocks come from `System` with the requested layout (so they are valid and
+// aligned, and stay so until freed); zero-size requests get dangling aligned pointers that
+// are never freed through the ledger; `deallocate` frees exactly the block the ledger
+// recorded for the pointer. Moving or copying the `&SegmentAlloc` changes nothing.
+unsafe impl Allocator for &SegmentAlloc {
+    fn allocate(&self, layout: Layout) -> std::result::Result<NonNull<[u8]>, AllocError> {
+        let block = self.try_alloc(layout).map_err(|_| AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(block, layout.size()))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: the caller of `deallocate` guarantees `ptr` is a live block of ours.
+            unsafe { self.free(ptr) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_alignments_and_limits() {
+        let segments = SegmentAlloc::with_limit(3 << 16);
+        let layout = Layout::from_size_align(1 << 16, 1 << 16).unwrap();
+        let a = segments.alloc(layout);
+        let b = segments.alloc(layout);
+        assert_eq!(a.as_ptr() as usize % (1 << 16), 0);
+        assert!(matches!(
+            segments.try_alloc(Layout::from_size_align(2 << 16, 8).unwrap()),
+            Err(Error::OutOfMemory { available, .. }) if available == 1 << 16
+        ));
+        let stats = segments.stats();
+        assert_eq!((stats.in_use, stats.live, stats.allocations, stats.failures), (2 << 16, 2, 2, 1));
+        // SAFETY: both blocks are ours and unused from here on.
+        unsafe {
+            segments.free(a);
+            segments.free(b);
+        }
+        assert_eq!(segments.stats().in_use, 0);
+        assert_eq!(segments.stats().peak, 2 << 16);
+    }
+
+    #[test]
+    fn bad_frees_are_reported() {
+        let segments = SegmentAlloc::new();
+        let block = segments.alloc(Layout::from_size_align(256, 16).unwrap());
+        let inside = NonNull::new(block.as_ptr().wrapping_add(8)).unwrap();
+        let mut local = 0u8;
+        // SAFETY: each call is refused before it touches memory.
+        unsafe {
+            assert!(matches!(segments.try_free(inside), Err(Error::NotBlockStart { .. })));
+            assert!(matches!(segments.try_free(NonNull::from(&mut local)), Err(Error::ForeignPointer { .. })));
+            segments.free(block);
+            assert!(matches!(segments.try_free(block), Err(Error::DoubleFree { .. })));
+        }
+        assert_eq!(segments.stats().live, 0);
+    }
+
+    #[test]
+    fn zero_size_takes_nothing() {
+        let segments = SegmentAlloc::new();
+        let mut v: allocator_api2::vec::Vec<u64, &SegmentAlloc> = allocator_api2::vec::Vec::new_in(&segments);
+        assert_eq!(segments.stats().live, 0);
+        v.extend([1, 2, 3]);
+        assert_eq!(segments.stats().live, 1);
+        drop(v);
+        assert_eq!(segments.stats().in_use, 0);
+    }
+}
