@@ -21,6 +21,9 @@ union Slot<T> {
     next: u32,
 }
 
+/// A marker type that makes its user invariant in `T` and adds no auto-trait bound.
+type Invariant<T> = fn(T) -> T;
+
 /// End of the free list.
 const NIL: u32 = u32::MAX;
 
@@ -41,9 +44,19 @@ const NIL: u32 = u32::MAX;
 /// - **Drop**: values still in the pool (leaked with `into_raw`) are dropped, and reported
 ///   with `log::warn!`.
 ///
-/// Invariants: slots `fresh..capacity` have never been used; the free list links slots below
-/// `fresh` through `Slot::next`; bit `i` of `occupied` is set exactly when slot `i` is handed
-/// out (holding a value, or raw memory through the `Allocator` impl).
+/// **Variance.** Invariant in `T`: values go in through `&self`, so a covariant pool would
+/// let `&Pool<Foo<'static>>` be used as `&Pool<Foo<'short>>`, insert a value borrowing a
+/// local, and drop it later as a `Foo<'static>`.
+///
+/// Invariants:
+/// 1. Slots `fresh..capacity` have never been used; the free list links slots below `fresh`
+///    through `Slot::next`.
+/// 2. Bit `i` of `occupied` is set exactly when slot `i` is handed out (holding a value, or
+///    raw memory through the `Allocator` impl).
+/// 3. Bit `i` of `values` is set exactly when slot `i` holds an initialised `T` written by
+///    [`try_alloc`](Self::try_alloc); it implies bit `i` of `occupied`. Only those slots are
+///    dropped by the pool's drop: a slot handed out through the `Allocator` impl holds raw
+///    bytes, and may outlive its borrow of the pool if its owner was leaked with `mem::forget`.
 ///
 /// # Examples
 ///
@@ -65,12 +78,18 @@ pub struct Pool<T> {
     capacity: u32,
     head: Cell<u32>,
     fresh: Cell<u32>,
+    /// One bit per slot: handed out (invariant 2).
     occupied: Box<[Cell<u64>]>,
+    /// One bit per slot: holds a `T` (invariant 3).
+    values: Box<[Cell<u64>]>,
     live: Cell<usize>,
     peak: Cell<usize>,
     allocations: Cell<u64>,
     failures: Cell<u64>,
-    _values: PhantomData<T>,
+    /// `T`: the pool owns `T`s (drop check), and is `Send` only when `T` is.
+    /// `fn(T) -> T`: invariant in `T`, because values are inserted through `&self` (see the
+    /// type's docs); a function pointer adds no auto-trait bound of its own.
+    _values: PhantomData<(T, Invariant<T>)>,
 }
 
 impl<T> Pool<T> {
@@ -92,6 +111,7 @@ impl<T> Pool<T> {
             head: Cell::new(NIL),
             fresh: Cell::new(0),
             occupied: (0..n.div_ceil(64)).map(|_| Cell::new(0)).collect(),
+            values: (0..n.div_ceil(64)).map(|_| Cell::new(0)).collect(),
             live: Cell::new(0),
             peak: Cell::new(0),
             allocations: Cell::new(0),
@@ -148,16 +168,19 @@ impl<T> Pool<T> {
     /// ```
     #[inline]
     pub fn try_alloc(&self, value: T) -> Result<PoolBox<'_, T>> {
-        let slot = self.take()?.cast::<T>();
+        let index = self.take()?;
+        let slot = self.slot(index).cast::<T>();
         // SAFETY: a slot handed out just now: aligned for `T` (slots are `Slot<T>`-aligned,
         // repr(C) puts `value` at offset 0) and unreferenced.
         unsafe { slot.as_ptr().write(value) };
+        flip(&self.values, index); // invariant 3: the slot now holds a `T`
         Ok(PoolBox { pool: self, ptr: slot })
     }
 
-    /// Takes a slot off the free list (or the never-used tail) and marks it occupied.
+    /// Takes a slot off the free list (or the never-used tail), marks it occupied and
+    /// returns its index.
     #[inline]
-    fn take(&self) -> Result<NonNull<u8>> {
+    fn take(&self) -> Result<u32> {
         let head = self.head.get();
         let index = if head != NIL {
             let slot = self.slot(head);
@@ -181,7 +204,7 @@ impl<T> Pool<T> {
         self.live.set(live);
         self.peak.set(self.peak.get().max(live));
         self.allocations.set(self.allocations.get() + 1);
-        Ok(self.slot(index))
+        Ok(index)
     }
 
     /// Puts a slot back (after checking it) without touching its value.
@@ -191,6 +214,11 @@ impl<T> Pool<T> {
             return Err(Error::DoubleFree { addr: ptr.as_ptr() as usize });
         }
         self.toggle(index);
+        if bit(&self.values, index) {
+            // Invariant 3: whatever `T` was there is now forgotten (a raw `deallocate` of a
+            // value slot leaks the value; `try_free` has moved it out already).
+            flip(&self.values, index);
+        }
         let slot = self.slot(index);
         // SAFETY: the slot was handed out and its owner gave it back; it is `SLOT >= 4`
         // bytes, aligned to at least 4.
@@ -223,13 +251,12 @@ impl<T> Pool<T> {
 
     #[inline]
     fn is_occupied(&self, index: u32) -> bool {
-        self.occupied[(index / 64) as usize].get() & (1 << (index % 64)) != 0
+        bit(&self.occupied, index)
     }
 
     #[inline]
     fn toggle(&self, index: u32) {
-        let word = &self.occupied[(index / 64) as usize];
-        word.set(word.get() ^ (1 << (index % 64)));
+        flip(&self.occupied, index);
     }
 
     /// Drops the value at `ptr` and frees its slot.
@@ -258,9 +285,10 @@ impl<T> Pool<T> {
     ///
     /// # Safety
     ///
-    /// Bad pointers of those three kinds are caught. If `ptr` is an occupied slot, it must
-    /// hold a `T` written by [`alloc`](Self::alloc) (not raw memory from the `Allocator`
-    /// impl), the caller must own it, and must not use it afterwards.
+    /// Bad pointers of those three kinds are caught, and so is a slot handed out as raw memory
+    /// through the `Allocator` impl (reported as [`Error::ForeignPointer`]: it holds no `T`).
+    /// If `ptr` is a slot holding a `T`, the caller must own that value (it came from
+    /// [`PoolBox::into_raw`]) and must not use it afterwards.
     ///
     /// # Examples
     ///
@@ -280,10 +308,13 @@ impl<T> Pool<T> {
         if !self.is_occupied(index) {
             return Err(Error::DoubleFree { addr: ptr.as_ptr() as usize });
         }
-        // SAFETY: the slot is occupied and (caller's contract) holds a `T` the caller owns.
-        // Move it out first, then free the slot, so a panicking `Drop` leaves the pool
-        // consistent.
-        let value = unsafe { ptr.as_ptr().read() };
+        if !bit(&self.values, index) {
+            return Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize });
+        }
+        // SAFETY: the slot holds a `T` (invariant 3) that the caller owns (contract). It is
+        // read through the pool's own pointer, whose provenance covers the whole slot. Move
+        // it out first, then free the slot, so a panicking `Drop` leaves the pool consistent.
+        let value = unsafe { self.slot(index).cast::<T>().as_ptr().read() };
         self.release(ptr.cast()).expect("checked above");
         drop(value);
         Ok(())
@@ -335,16 +366,29 @@ impl<T> Drop for Pool<T> {
             std::any::type_name::<T>()
         );
         for index in 0..self.fresh.get() {
-            if self.is_occupied(index) {
-                self.toggle(index);
-                // SAFETY: an occupied slot handed out by `alloc` holds a `T` nobody can use any
-                // more (the pool is being dropped, so no `PoolBox` borrows it). Slots handed
-                // out through the `Allocator` impl hold no `T`, but they cannot outlive the
-                // borrow of the pool either, so none is occupied here.
+            if bit(&self.values, index) {
+                flip(&self.values, index);
+                // SAFETY: invariant 3: the slot holds an initialised `T`, and nobody can use it
+                // any more (the pool is being dropped, so no `PoolBox` borrows it). Slots
+                // handed out through the `Allocator` impl hold raw bytes and have no bit in
+                // `values`, so they are skipped even when a leaked collection still owns one.
                 unsafe { self.slot(index).cast::<T>().as_ptr().drop_in_place() };
             }
         }
     }
+}
+
+/// Bit `index` of a bitmap.
+#[inline]
+fn bit(bits: &[Cell<u64>], index: u32) -> bool {
+    bits[(index / 64) as usize].get() & (1 << (index % 64)) != 0
+}
+
+/// Flips bit `index` of a bitmap.
+#[inline]
+fn flip(bits: &[Cell<u64>], index: u32) {
+    let word = &bits[(index / 64) as usize];
+    word.set(word.get() ^ (1 << (index % 64)));
 }
 
 impl<T> fmt::Debug for Pool<T> {
@@ -369,7 +413,7 @@ unsafe impl<T> Allocator for &Pool<T> {
             return Err(AllocError);
         }
         match self.take() {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
+            Ok(index) => Ok(NonNull::slice_from_raw_parts(self.slot(index), layout.size())),
             Err(_) => Err(AllocError),
         }
     }
@@ -384,6 +428,10 @@ unsafe impl<T> Allocator for &Pool<T> {
 
 /// An owning pointer to a value in a [`Pool`]; drops the value and frees the slot when it
 /// goes out of scope.
+///
+/// Covariant in `'pool` (it may be held for a shorter borrow of its pool), invariant in `T`
+/// (it borrows a `Pool<T>`, which is). Neither `Send` nor `Sync`: it borrows a pool, which
+/// is not `Sync`.
 pub struct PoolBox<'pool, T> {
     pool: &'pool Pool<T>,
     /// Points at an occupied slot of `pool` holding an initialised `T` owned by this box.
