@@ -467,8 +467,12 @@ impl SmallObjectAllocator {
         if !st.is_set(slot) {
             return Err(Error::DoubleFree { addr });
         }
-        // SAFETY: the slot was handed out and the caller no longer uses it.
-        unsafe { region::fill_freed(ptr, class.slot_size) };
+        // SAFETY: the slot was handed out and the caller no longer uses it. The fill goes
+        // through the region's own pointer, whose provenance covers the whole slot; the
+        // caller's pointer may cover only the bytes it asked for (an
+        // `allocator_api2::boxed::Box<u8>` retags it to one byte), so writing the whole slot
+        // through it would be undefined behaviour under Stacked Borrows.
+        unsafe { region::fill_freed(self.region.at(offset), class.slot_size) };
         st.clear(slot);
         st.live -= 1;
         st.demand -= 1;
