@@ -19,11 +19,22 @@ use crate::{Error, Result};
 /// made and the next one.
 ///
 /// It is a plain token (no borrow), so it can be stored in game state across the swap.
+///
+/// **Variance.** Invariant in `T`: a `FrameRef<T>` gives mutable access
+/// ([`DoubleBufferedAllocator::try_get_mut`]), so a covariant one would let a copy coerced
+/// to `FrameRef<&'short U>` write a short-lived reference that the original then reads back
+/// as `&'static U`.
+///
+/// **Threads.** `Send` and `Sync` for every `T`: it holds no pointer and no `T`, only a
+/// number, and reading through it needs the allocator, which only stores `T: Send` values
+/// behind `FrameRef`s and is not `Sync`.
 pub struct FrameRef<T> {
-    owner: u32,
+    owner: u64,
     frame: u64,
     offset: usize,
-    _type: PhantomData<fn() -> T>,
+    /// `fn(T) -> T`: invariant in `T` (see above); a function pointer is `Send + Sync` and
+    /// owns no `T`, which is right for a token.
+    _type: PhantomData<fn(T) -> T>,
 }
 
 impl<T> FrameRef<T> {
@@ -76,7 +87,12 @@ impl<T> fmt::Debug for FrameRef<T> {
 ///
 /// Values are never dropped (as in [`FrameAllocator`](super::FrameAllocator)).
 ///
-/// **Threads.** `Send`, not `Sync`.
+/// **Threads.** `Send`, not `Sync`. Values stored behind a [`FrameRef`] must be `Send`:
+/// a `FrameRef` is not tied to a borrow, so after the allocator moves to another thread the
+/// value can still be reached there through the `FrameRef` (an `Rc` cloned on the old thread
+/// and again on the new one would race on its count). Values from
+/// [`alloc_mut`](Self::alloc_mut) and the `Allocator` impl need no bound: they are reachable
+/// only through borrows of the allocator, which end before it can move.
 ///
 /// # Examples
 ///
@@ -97,7 +113,7 @@ pub struct DoubleBufferedAllocator {
     buffers: [StackAllocator; 2],
     /// The current frame; it allocates into `buffers[frame % 2]`.
     frame: u64,
-    id: u32,
+    id: u64,
 }
 
 impl DoubleBufferedAllocator {
@@ -126,7 +142,7 @@ impl DoubleBufferedAllocator {
     }
 
     /// Moves `value` into the current frame's buffer and returns a checked reference to it.
-    /// It is never dropped.
+    /// It is never dropped. `T` must be `Send` (see the type's docs on threads).
     ///
     /// # Panics
     ///
@@ -134,7 +150,7 @@ impl DoubleBufferedAllocator {
     /// [`Error::UnsupportedAlignment`]'s if `T` is aligned to more than 4096.
     #[inline]
     #[track_caller]
-    pub fn alloc<T>(&self, value: T) -> FrameRef<T> {
+    pub fn alloc<T: Send>(&self, value: T) -> FrameRef<T> {
         match self.try_alloc(value) {
             Ok(r) => r,
             Err(e) => region::fail(e),
@@ -153,7 +169,7 @@ impl DoubleBufferedAllocator {
     /// let buffers = mmobject::alloc::DoubleBufferedAllocator::with_capacity(4);
     /// assert!(buffers.try_alloc(1u64).is_err());
     /// ```
-    pub fn try_alloc<T>(&self, value: T) -> Result<FrameRef<T>> {
+    pub fn try_alloc<T: Send>(&self, value: T) -> Result<FrameRef<T>> {
         let current = self.current();
         let value = current.try_alloc(value)?;
         let addr = value as *mut T as usize;

@@ -64,7 +64,7 @@ pub struct DoubleEndedStack {
     lower: Cell<usize>,
     /// Offset of the lowest byte used by the upper stack (`region.len()` when empty).
     upper: Cell<usize>,
-    id: u32,
+    id: u64,
     allocations: Cell<u64>,
     live: Cell<usize>,
     failures: Cell<u64>,

@@ -4,7 +4,7 @@ use std::alloc::Layout;
 use std::cell::Cell;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
@@ -12,10 +12,32 @@ use super::region::{self, Region, MAX_ALIGN};
 use super::AllocStats;
 use crate::{Error, Result};
 
-/// Hands out a fresh id for each stack, so a marker from another stack is caught.
-pub(crate) fn next_stack_id() -> u32 {
-    static NEXT: AtomicU32 = AtomicU32::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+/// The next id [`next_stack_id`] hands out. It only moves forward.
+static NEXT_STACK_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Hands out a fresh id for each stack, so a marker (or a
+/// [`FrameRef`](super::FrameRef)) from another allocator is caught.
+///
+/// Ids never repeat: a repeated id would let a `FrameRef` of one
+/// [`DoubleBufferedAllocator`](super::DoubleBufferedAllocator) pass the owner check of another
+/// and read memory that holds no `T`. They are `u64`s (2^64 allocators is out of reach), and
+/// the counter refuses to wrap: once exhausted, every call panics and nothing is handed out.
+///
+/// # Panics
+///
+/// Panics when every id has been used.
+pub(crate) fn next_stack_id() -> u64 {
+    NEXT_STACK_ID
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
+        .unwrap_or_else(|_| panic!("allocator ids exhausted: 2^64 - 1 stack allocators were created"))
+}
+
+/// Test hook: moves the allocator-id counter forward to at least `next`, so a test can reach
+/// the end of the id space quickly. It can only move the counter forward, so it can make
+/// [`next_stack_id`] panic sooner but never repeat an id.
+#[doc(hidden)]
+pub fn __advance_allocator_ids(next: u64) {
+    NEXT_STACK_ID.fetch_max(next, Ordering::Relaxed);
 }
 
 /// A position in a stack, taken with [`StackAllocator::marker`] (or one end of a
@@ -24,7 +46,7 @@ pub(crate) fn next_stack_id() -> u32 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Marker {
     /// The id of the stack (and, for a double-ended stack, which end) it came from.
-    pub(crate) owner: u32,
+    pub(crate) owner: u64,
     /// The end it came from: 0 for a plain stack or the lower end, 1 for the upper end.
     pub(crate) end: u8,
     /// The offset of the top when the marker was taken.
@@ -75,7 +97,7 @@ pub struct StackAllocator {
     /// Offset of the first free byte. `top <= region.len()`.
     top: Cell<usize>,
     /// Unique id stamped into markers.
-    id: u32,
+    id: u64,
     allocations: Cell<u64>,
     /// `allocations` at the last reset (so `live` = allocations since then).
     allocations_at_reset: Cell<u64>,
