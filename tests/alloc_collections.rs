@@ -1,7 +1,11 @@
-//! Every allocator serves `allocator_api2::vec::Vec` and `hashbrown::HashMap`, as a user
-//! would write it.
+//! Every allocator serves `allocator_api2::boxed::Box`, `allocator_api2::vec::Vec` and
+//! `hashbrown::HashMap`, as a user would write it. These run under Miri's default Stacked
+//! Borrows: a `Box` narrows its pointer's provenance to its contents, so an allocator that
+//! touches anything else through the pointer it gets back (a header before the block, the
+//! rest of a slot) is caught here.
 
 use allocator_api2::alloc::Allocator;
+use allocator_api2::boxed::Box;
 use allocator_api2::vec::Vec;
 use hashbrown::HashMap;
 use mmobject::alloc::{
@@ -11,6 +15,14 @@ use mmobject::alloc::{
 
 fn exercise<A: Allocator + Copy>(alloc: A) {
     let n: usize = if cfg!(miri) { 20 } else { 200 };
+    for i in 0..3u8 {
+        let byte = Box::new_in(i, alloc);
+        let words = Box::new_in([u64::from(i); 3], alloc);
+        let mut v = Vec::with_capacity_in(5, alloc);
+        v.extend([u16::from(i); 5]);
+        let slice: Box<[u16], A> = v.into_boxed_slice();
+        assert_eq!((*byte, words[2], slice[4]), (i, u64::from(i), u16::from(i)));
+    }
     let mut v = Vec::new_in(alloc);
     for i in 0..n {
         v.push(i as u64);

@@ -65,6 +65,53 @@
 //!   start, double free) it checks before touching memory.
 //! - Unsafe code is confined to these modules; every block has a `// SAFETY:` comment and
 //!   the invariants are documented on the types. The tests run under Miri.
+//!
+//! # Soundness
+//!
+//! Safe code cannot reach undefined behaviour through these types. What holds that promise
+//! up, type by type:
+//!
+//! | type | variance | `Send` | `Sync` | why |
+//! |---|---|---|---|---|
+//! | [`Pool<T>`] | **invariant** in `T` | when `T: Send` | no | values go in through `&self`: a covariant pool would accept a `T<'short>` and drop it later as `T<'static>`. It owns its `T`s, so it moves only with them. The free list lives in `Cell`s. |
+//! | [`PoolBox<'p, T>`] | covariant in `'p`, invariant in `T` | no | no | it borrows an (invariant, `!Sync`) `Pool<T>`; holding it for a shorter borrow of the pool is sound and useful. |
+//! | [`FrameRef<T>`] | **invariant** in `T` | yes | yes | it gives mutable access ([`DoubleBufferedAllocator::try_get_mut`]), so it must not be relabelled with a shorter lifetime. It is a token (no pointer, no `T`): reading through it needs the allocator. |
+//! | [`DoubleBufferedAllocator`] | — | yes | no | a `FrameRef` is not tied to a borrow, so its value is reachable again after the allocator moves to another thread: [`alloc`](DoubleBufferedAllocator::alloc) requires `T: Send`. Values from `alloc_mut` and the `Allocator` impl are reachable only through borrows, which end before a move, so they need no bound. |
+//! | [`StackAllocator`], [`DoubleEndedStack`], [`FrameAllocator`] | — | yes | no | the top is a `Cell`. Stored values need no `Send` bound: references to them borrow the allocator, and values are never dropped, so after a move they are unreachable bytes. |
+//! | [`SizeClassPool`], [`SmallObjectAllocator`] | — | yes | yes | untyped bytes; every class's state sits behind its own lock (`&mut self` paths skip it). |
+//! | [`AlignedAlloc<A>`] | covariant in `A` | when `A: Send` | when `A: Sync` | it owns `A` like a plain field and never writes an `A` through `&self`. |
+//!
+//! **Trait implementations.** [`RawAlloc`] is an `unsafe trait`: [`AlignedAlloc`] writes its
+//! header into, and hands out, whatever `RawAlloc::alloc` returns, and no check could tell
+//! a good pointer from a bad one. Its contract (in the trait's docs) covers only the blocks
+//! it returns; an implementation may still, without undefined behaviour, report any
+//! `capacity` (used only for statistics and error messages), refuse requests it has room
+//! for (they become [`Error::OutOfMemory`](crate::Error::OutOfMemory)), or do nothing in
+//! `free` (the memory leaks, or comes back another way, as with [`StackAllocator`]). No
+//! other trait here is implemented by users.
+//!
+//! **Pointers handed back.** A pointer given to `free`, `try_free` or
+//! `Allocator::deallocate` is used only as an address: every read or write of allocator
+//! metadata (free-list links, debug fill, [`AlignedAlloc`]'s header) goes through the
+//! allocator's own pointer (its region's, or for [`AlignedAlloc`] the raw allocator's,
+//! kept in the ledger). The caller's pointer may carry provenance over only the bytes it
+//! asked for, as an `allocator_api2::boxed::Box` does, so touching anything else through it
+//! would be undefined behaviour under Stacked Borrows.
+//!
+//! **Leaks.** Forgetting a guard or a collection (`mem::forget` of a [`PoolBox`], a `Box` or
+//! a `Vec` in any allocator) leaks its memory and nothing else. [`Pool<T>`] tracks which
+//! slots hold a `T` in a bitmap of its own, so its drop never runs `T`'s destructor on raw
+//! bytes handed out through its `Allocator` impl.
+//!
+//! **Counters.** Allocator ids (checked by [`Marker`]s and [`FrameRef`]s) are `u64`s that
+//! never repeat: once exhausted, creating a stack panics. Frame numbers are `u64`s (2^64
+//! frames is out of reach). Statistics counters only count.
+//!
+//! **Tests.** `tests/soundness/alloc.rs` is the adversarial suite (forgotten guards,
+//! unhelpful `RawAlloc`s, frees on other threads, boxes under Stacked Borrows);
+//! `tests/ui/soundness/alloc_*.rs` are the compile-fail cases for variance, `Send`/`Sync`
+//! and the `unsafe trait`; `tests/alloc_ids.rs` drives the id counter to its end. All of
+//! them, and this module's unit tests, run under Miri with its default Stacked Borrows.
 
 mod aligned;
 mod double_buffered;
@@ -85,5 +132,7 @@ pub use pool::{Pool, PoolBox};
 pub use region::MAX_ALIGN;
 pub use size_class_pool::{SizeClassPool, SizeClassStats, DEFAULT_CLASSES};
 pub use small_object::{ClassFootprint, SizeHistogram, SmallObjectAllocator, SmallObjectConfig, SMALL_OBJECT_CLASSES};
+#[doc(hidden)]
+pub use stack::__advance_allocator_ids;
 pub use stack::{Marker, StackAllocator};
 pub use stats::AllocStats;
