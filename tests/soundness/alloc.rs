@@ -201,7 +201,6 @@ fn unhelpful_raw_allocator_gives_errors_not_ub() {
 /// an `Rc` behind a `FrameRef` is refused at compile time:
 /// `tests/ui/soundness/alloc_double_buffered_rc.rs`.)
 #[test]
-#[cfg_attr(miri, ignore = "spawns a thread; covered natively")]
 fn unreachable_non_send_values_may_cross_threads() {
     let local = Rc::new(1u32);
     let d = DoubleBufferedAllocator::with_capacity(256);
@@ -224,7 +223,6 @@ fn unreachable_non_send_values_may_cross_threads() {
 /// A `FrameRef` is a token (`Send + Sync`): sent alone it reaches nothing, and used with
 /// another allocator it is refused.
 #[test]
-#[cfg_attr(miri, ignore = "spawns a thread; covered natively")]
 fn frame_ref_alone_reaches_nothing() {
     let d = DoubleBufferedAllocator::with_capacity(64);
     let r: FrameRef<u64> = d.alloc(3);
