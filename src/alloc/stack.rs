@@ -98,9 +98,6 @@ pub struct StackAllocator {
     top: Cell<usize>,
     /// Unique id stamped into markers.
     id: u64,
-    allocations: Cell<u64>,
-    /// `allocations` at the last reset (so `live` = allocations since then).
-    allocations_at_reset: Cell<u64>,
     failures: Cell<u64>,
     /// Highest top seen; updated whenever the top goes down and when stats are read.
     peak: Cell<usize>,
@@ -124,8 +121,6 @@ impl StackAllocator {
             region: Region::new(bytes),
             top: Cell::new(0),
             id: next_stack_id(),
-            allocations: Cell::new(0),
-            allocations_at_reset: Cell::new(0),
             failures: Cell::new(0),
             peak: Cell::new(0),
         }
@@ -239,12 +234,15 @@ impl StackAllocator {
     }
 
     /// The fast path: bump the top if the block fits. Returns `None` for anything unusual
-    /// (zero size, alignment above 4096, not enough room) and always in debug builds, so
-    /// that [`alloc_slow`](Self::alloc_slow) handles it with every check.
+    /// (zero size, alignment above 4096, not enough room), so that
+    /// [`alloc_slow`](Self::alloc_slow) handles it with every check. It runs in every
+    /// build; debug builds add the use-after-free check after the bump arithmetic (and
+    /// leave a block that fails it to the slow path, which reports it), so `cargo test`
+    /// exercises the same path as a release build.
     #[inline(always)]
     fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
         let (size, align) = (layout.size(), layout.align());
-        if cfg!(debug_assertions) || size == 0 || align > MAX_ALIGN {
+        if size == 0 || align > MAX_ALIGN {
             return None;
         }
         let top = self.top.get();
@@ -255,15 +253,21 @@ impl StackAllocator {
         if end > self.region.len() {
             return None;
         }
+        let ptr = self.region.at(start);
+        // SAFETY: `start..end` lies inside the region above the top: nobody references it.
+        if cfg!(debug_assertions) && !unsafe { region::freed_intact(ptr, size) } {
+            return None;
+        }
         self.top.set(end);
-        self.allocations.set(self.allocations.get() + 1);
-        Some(self.region.at(start))
+        Some(ptr)
     }
 
     /// The checked path: zero-size requests, errors, and the debug fill check.
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<u8>> {
+        #[cfg(test)]
+        tests::SLOW_CALLS.with(|c| c.set(c.get() + 1));
         let (size, align) = (layout.size(), layout.align());
         if align > MAX_ALIGN {
             return Err(self.failed(Error::UnsupportedAlignment { align, max: MAX_ALIGN }));
@@ -283,7 +287,6 @@ impl StackAllocator {
             return Err(self.corrupted(ptr, size));
         }
         self.top.set(end);
-        self.allocations.set(self.allocations.get() + 1);
         Ok(ptr)
     }
 
@@ -373,12 +376,13 @@ impl StackAllocator {
         // still borrowed.
         unsafe { region::fill_freed(self.region.at(to), top - to) };
         self.top.set(to);
-        if to == 0 {
-            self.allocations_at_reset.set(self.allocations.get());
-        }
     }
 
-    /// A snapshot of the stack's usage (`live` counts allocations since the last reset).
+    /// A snapshot of the stack's usage.
+    ///
+    /// Everything is derived from the top: `in_use` is the top's offset, `peak` the highest
+    /// top seen. Blocks are not counted one by one (that would cost a store on the bump
+    /// path), so `live` and `allocations` are 0.
     pub fn stats(&self) -> AllocStats {
         let top = self.top.get();
         self.peak.set(self.peak.get().max(top));
@@ -386,11 +390,31 @@ impl StackAllocator {
             capacity: self.region.len(),
             in_use: top,
             peak: self.peak.get(),
-            live: (self.allocations.get() - self.allocations_at_reset.get()) as usize,
-            allocations: self.allocations.get(),
+            live: 0,
+            allocations: 0,
             failures: self.failures.get(),
             fallbacks: 0,
         }
+    }
+
+    /// Grows `block` (the last block, of `old_size` bytes) in place to `new_size` bytes, if
+    /// it is the last block on the stack, `new_align` divides its address, and the region
+    /// has room. Returns the block, with the region's provenance, or `None`.
+    #[inline]
+    fn grow_last(&self, block: NonNull<u8>, old_size: usize, new_size: usize, new_align: usize) -> Option<NonNull<u8>> {
+        let offset = (block.as_ptr() as usize).wrapping_sub(self.region.addr());
+        let top = self.top.get();
+        let is_last = old_size != 0 && offset.checked_add(old_size) == Some(top);
+        if !is_last || offset % new_align != 0 || new_size > self.region.len() - offset {
+            return None;
+        }
+        let end = offset + new_size;
+        // SAFETY: `top..end` lies inside the region above the top: nobody references it.
+        if !unsafe { region::freed_intact(self.region.at(top), end - top) } {
+            return None; // a stale write: leave it to `allocate`, which reports it
+        }
+        self.top.set(end);
+        Some(self.region.at(offset))
     }
 
     /// Whether `ptr` points into this stack's region.
@@ -460,6 +484,22 @@ unsafe impl Allocator for &StackAllocator {
         }
     }
 
+    /// Grows the block in place when it is the last one on the stack (the common case for a
+    /// collection filled in a loop), otherwise allocates a new block and copies.
+    #[inline]
+    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        debug_assert!(new.size() >= old.size(), "grow to a smaller size");
+        if let Some(block) = self.grow_last(ptr, old.size(), new.size(), new.align()) {
+            return Ok(NonNull::slice_from_raw_parts(block, new.size()));
+        }
+        let block = self.allocate(new)?;
+        // SAFETY: the `Allocator` contract: `ptr` is a live block of `old.size()` bytes, and
+        // the new block is fresh memory of at least that many bytes, so they do not overlap.
+        // (The old block stays where it is until `free_to_marker`/`reset`.)
+        unsafe { block.cast::<u8>().as_ptr().copy_from_nonoverlapping(ptr.as_ptr(), old.size()) };
+        Ok(block)
+    }
+
     /// Individual blocks are not freed: memory comes back with `free_to_marker` or `reset`.
     ///
     /// Panics with [`Error::ForeignPointer`]'s message if a non-empty block is not from this
@@ -476,6 +516,35 @@ unsafe impl Allocator for &StackAllocator {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    thread_local! {
+        /// How many times this thread entered `alloc_slow`.
+        pub(super) static SLOW_CALLS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// Issue 10: the fast path runs in debug builds too (it used to be compiled out under
+    /// `debug_assertions`, so `cargo test` only ever ran the slow path), and the debug
+    /// use-after-free check still reports through the slow path.
+    #[test]
+    fn ordinary_allocations_take_the_fast_path() {
+        let mut s = StackAllocator::with_capacity(1024);
+        let before = SLOW_CALLS.with(Cell::get);
+        for i in 0..64u64 {
+            assert_eq!(*s.alloc(i), i);
+        }
+        assert_eq!(SLOW_CALLS.with(Cell::get), before, "no slow-path call for ordinary requests");
+        s.alloc(());
+        assert!(s.try_alloc_layout(Layout::from_size_align(2048, 8).unwrap()).is_err());
+        assert_eq!(SLOW_CALLS.with(Cell::get), before + 2, "zero size and out of memory go slow");
+        s.reset();
+        if cfg!(debug_assertions) {
+            let p = s.alloc_layout(Layout::new::<u64>());
+            s.reset();
+            // SAFETY: the region is still allocated; this simulates a stale raw pointer.
+            unsafe { p.as_ptr().write(7) };
+            assert_eq!(s.try_alloc(0u64).unwrap_err(), Error::UseAfterFree { addr: p.as_ptr() as usize });
+        }
+    }
 
     #[test]
     fn markers_nest() {
