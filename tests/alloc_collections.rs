@@ -69,3 +69,32 @@ fn aligned_and_pool() {
     exercise(&pool);
     assert!(pool.is_empty());
 }
+
+/// Issue 10, A5: a `Vec` growing to 4 KB in a stack or frame allocator grows in place while
+/// it is the last block, so the allocator holds at most 1.1× its final size (it held 2×
+/// when every growth copied to a new block).
+#[test]
+fn vec_grows_in_place_while_it_is_the_last_block() {
+    fn grow_to_4k<A: Allocator + Copy>(alloc: A, used: impl Fn() -> usize) {
+        let before = used();
+        let mut v = Vec::new_in(alloc);
+        for i in 0..4096u32 {
+            v.push(i as u8);
+        }
+        assert_eq!(v.capacity(), 4096);
+        let grown = used() - before;
+        assert!(grown * 10 <= 4096 * 11, "a 4 KB Vec took {grown} bytes");
+        // Another block on top: the next growth must copy, and keep the contents.
+        let mut other = Vec::new_in(alloc);
+        other.push(1u8);
+        v.push(0);
+        assert!(v.iter().take(4096).enumerate().all(|(i, &b)| b == i as u8));
+    }
+    let stack = StackAllocator::with_capacity(16 * 1024);
+    stack.alloc(1u8); // an odd top below the Vec
+    grow_to_4k(&stack, || stack.allocated_bytes());
+    let frame = FrameAllocator::with_capacity(16 * 1024);
+    grow_to_4k(&frame, || frame.allocated_bytes());
+    let buffers = DoubleBufferedAllocator::with_capacity(16 * 1024);
+    grow_to_4k(&buffers, || buffers.allocated_bytes());
+}

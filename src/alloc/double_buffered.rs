@@ -293,6 +293,15 @@ unsafe impl Allocator for &DoubleBufferedAllocator {
             region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
         }
     }
+
+    #[inline]
+    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: the block came from one of the two buffers and is live. The current
+        // buffer grows it in place only if it is that buffer's last block; otherwise it
+        // allocates in the current buffer and copies (the stack's `grow` reads the old
+        // block only through `ptr`, so a block of the previous frame works as well).
+        unsafe { self.current().grow(ptr, old, new) }
+    }
 }
 
 #[cfg(test)]
