@@ -12,6 +12,9 @@ pub mod object;
 mod sync;
 pub mod track;
 
+/// The `allocator_api2` crate every allocator in [`alloc`] implements `Allocator` from, so
+/// `mmobject::allocator_api2::vec::Vec::new_in(&frame)` needs no dependency line of its own.
+pub use allocator_api2;
 pub use error::{Error, Result};
 pub use object::{
     CollectStats, Handle, HandleOrigin, HandleSite, HeapSize, LeakEntry, LeakReport, MMObject, MemoryReport,

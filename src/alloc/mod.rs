@@ -5,8 +5,10 @@
 //! `try_` calls, a panic with the same message from the plain ones), or falls back where
 //! its docs say so. Each one:
 //!
-//! - implements [`allocator_api2::alloc::Allocator`] for `&A`, so
-//!   `allocator_api2::vec::Vec::new_in(&a)` and `hashbrown::HashMap::new_in(&a)` work;
+//! - implements [`allocator_api2::alloc::Allocator`] for `&A` (the crate is re-exported as
+//!   [`mmobject::allocator_api2`](crate::allocator_api2)), so
+//!   `allocator_api2::vec::Vec::new_in(&a)` and `hashbrown::HashMap::new_in(&a)` work (see
+//!   "When an allocator is full" below for what a collection does when the allocator is);
 //! - honours any power-of-two alignment up to [`MAX_ALIGN`] (4096), and zero-size requests;
 //! - detects bad frees (a pointer from elsewhere, into the middle of a block, or freed
 //!   twice) and reports them as errors, never as undefined behaviour;
@@ -35,16 +37,35 @@
 //!
 //! # Choosing an allocator
 //!
-//! | allocator | for | alloc / free cost | per-block overhead | threads | when full |
+//! | allocator | for | alloc / free cost | per-block overhead | threads | when full (`try_` calls) |
 //! |---|---|---|---|---|---|
 //! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget | class lookup + lock + free-list pop / push | 1 bit (+ up to 2× rounding) | `Sync` (lock per class; no lock via `&mut self`) | next larger class (a *fallback*), then `OutOfMemory` |
 //! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | lock + bitmap scan, 64 slots per step / clear a bit | exactly 1 bit | `Sync` (lock per class) | the system allocator (a *fallback*), counted |
 //! | [`StackAllocator`] | nested lifetimes: level data, loading | bump / free everything above a [`Marker`] | alignment padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end | padding only | `Send` | `OutOfMemory` when the ends would meet |
 //! | [`FrameAllocator`] | scratch data for one frame | bump / `reset` once per frame | padding only | `Send` | `OutOfMemory` |
-//! | [`DoubleBufferedAllocator`] | results produced in frame *i*, read in frame *i + 1* | bump / `swap` per frame; [`FrameRef`] reads check the frame | padding only | `Send` | `OutOfMemory` |
+//! | [`DoubleBufferedAllocator`] | results produced in frame *i*, read in frame *i + 1* | bump / `swap` per frame; [`FrameRef`] reads check the frame | padding only | `Send` (values behind a `FrameRef` must be `Send`) | `OutOfMemory` |
 //! | [`AlignedAlloc`] | alignment over a raw allocator that has none | raw alloc + header write; ledger lookup on free | `2 + align − 1` bytes + a ledger entry | `Sync` if the raw allocator is | the raw allocator's failure, as `OutOfMemory` |
-//! | [`Pool<T>`] | many values of one type with stable addresses | free-list pop / push | 1 bit (+ padding to 4 bytes) | `Send` | `OutOfMemory` |
+//! | [`Pool<T>`] | many values of one type with stable addresses | free-list pop / push | 1 bit (+ padding to 4 bytes) | `Send` when `T` is | `OutOfMemory` |
+//!
+//! **When an allocator is full.** The "when full" column is what the `try_` calls
+//! return. A collection sees only `AllocError`: an `allocator_api2` (or
+//! `hashbrown`) collection that outgrows its allocator in `push`, `insert` or
+//! `reserve` aborts the process through `handle_alloc_error`, as `std`'s
+//! collections do. Reserve with `try_reserve` where running out is possible:
+//!
+//! ```rust
+//! use mmobject::alloc::FrameAllocator;
+//! use mmobject::allocator_api2::vec::Vec;
+//!
+//! let frame = FrameAllocator::with_capacity(64);
+//! let mut v: Vec<u8, _> = Vec::new_in(&frame);
+//! // `v.extend([0; 1024])` would abort the process here; `try_reserve` reports it.
+//! assert!(v.try_reserve(1024).is_err());
+//! v.try_reserve(32).expect("fits");
+//! v.extend([7; 32]); // within the reserved capacity: no allocation
+//! assert_eq!(frame.allocated_bytes(), 32);
+//! ```
 //!
 //! Values moved into the stacks and frames are **never dropped** (as with bumpalo): their
 //! memory is reclaimed without running destructors. [`Pool<T>`] drops its values.

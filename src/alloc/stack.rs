@@ -74,6 +74,9 @@ impl Marker {
 /// **Drop.** Values are never dropped (as in bumpalo): memory is reclaimed without running
 /// destructors. Allocate plain data, or drop values yourself with `ptr::drop_in_place`.
 ///
+/// **Growth.** Through the `Allocator` impl, the last block grows in place: a collection
+/// filled while nothing else is allocated above it uses no more than its final capacity.
+///
 /// **Threads.** `Send` but not `Sync`: the top is a `Cell`.
 ///
 /// Invariants: `top <= region.len()`; in debug builds every byte in `top..len` holds the
