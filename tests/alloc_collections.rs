@@ -1,8 +1,9 @@
 //! Every allocator serves `allocator_api2::boxed::Box`, `allocator_api2::vec::Vec` and
 //! `hashbrown::HashMap`, as a user would write it. These run under Miri's default Stacked
-//! Borrows: a `Box` narrows its pointer's provenance to its contents, so an allocator that
-//! touches anything else through the pointer it gets back (a header before the block, the
-//! rest of a slot) is caught here.
+//! Borrows: a box rebuilt from a reference (`Box::from_raw_in(Box::leak(b), a)`) hands back a
+//! pointer whose provenance covers only its contents, so an allocator that touches anything
+//! else through the pointer it gets back (a header before the block, the rest of a slot) is
+//! caught here.
 
 use allocator_api2::alloc::Allocator;
 use allocator_api2::boxed::Box;
@@ -16,7 +17,12 @@ use mmobject::alloc::{
 fn exercise<A: Allocator + Copy>(alloc: A) {
     let n: usize = if cfg!(miri) { 20 } else { 200 };
     for i in 0..3u8 {
+        // `Box::leak` then `Box::from_raw_in` (the round trip `leak`'s docs suggest): the
+        // pointer handed back to `deallocate` now comes from a `&mut u8`, whose provenance
+        // covers one byte.
         let byte = Box::new_in(i, alloc);
+        // SAFETY: the reference came from `Box::leak` of a box in the same allocator.
+        let byte = unsafe { Box::from_raw_in(Box::leak(byte), alloc) };
         let words = Box::new_in([u64::from(i); 3], alloc);
         let mut v = Vec::with_capacity_in(5, alloc);
         v.extend([u16::from(i); 5]);
@@ -68,6 +74,9 @@ fn aligned_and_pool() {
     let pool: Pool<Page> = Pool::with_capacity(8);
     exercise(&pool);
     assert!(pool.is_empty());
+    let mut too_big: Vec<u8, _> = Vec::new_in(&pool);
+    assert!(too_big.try_reserve(4097).is_err(), "a block larger than a slot is refused");
+    assert!(too_big.try_reserve(4096).is_ok());
 }
 
 /// Issue 10, A5: a `Vec` growing to 4 KB in a stack or frame allocator grows in place while

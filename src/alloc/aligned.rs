@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 use parking_lot::Mutex;
 
 use super::region::{self, MAX_ALIGN};
@@ -188,10 +188,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
     /// Panics with the message of the error [`try_alloc`](Self::try_alloc) would return.
     #[track_caller]
     pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        match self.try_alloc(layout) {
-            Ok(p) => p,
-            Err(e) => region::fail(e),
-        }
+        Shell::alloc(self, layout)
     }
 
     /// Allocates a block for `layout` (zero-size requests get a real block).
@@ -245,9 +242,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
     #[track_caller]
     pub unsafe fn free(&self, ptr: NonNull<u8>) {
         // SAFETY: forwarded contract.
-        if let Err(e) = unsafe { self.try_free(ptr) } {
-            region::fail(e)
-        }
+        unsafe { Shell::free(self, ptr) }
     }
 
     /// Frees a block: finds its raw block in the ledger and frees it.
@@ -357,25 +352,27 @@ impl<A: fmt::Debug> fmt::Debug for AlignedAlloc<A> {
     }
 }
 
-// SAFETY:
-// 1. `allocate` returns `layout.size()` bytes aligned to `layout.align()` inside a raw block
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` returns `layout.size()` bytes aligned to `layout.align()` inside a raw block
 //    that `RawAlloc` contracts 1 and 2 make valid and owned by nobody else until freed.
-// 2. The block stays valid until `deallocate` (`RawAlloc` contract 3; the wrapper can only
-//    be dropped when unborrowed). 3. Copies of the reference are the same allocator.
-unsafe impl<A: RawAlloc> Allocator for &AlignedAlloc<A> {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match self.try_alloc(layout) {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
-        }
+// 2. The block stays valid until `try_free` (`RawAlloc` contract 3; the wrapper can only be
+//    dropped when unborrowed).
+// 3. `try_free` checks the ledger before touching memory, and then touches only the raw
+//    block, through the raw allocator's pointer.
+unsafe impl<A: RawAlloc> Shell for AlignedAlloc<A> {
+    #[inline]
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        AlignedAlloc::try_alloc(self, layout)
     }
 
-    /// Panics with the error's message on a bad free.
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, _layout: Layout) {
-        // SAFETY: the `Allocator` contract: `ptr` came from this allocator, not used again.
-        unsafe { self.free(ptr) }
+    #[inline]
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { AlignedAlloc::try_free(self, ptr) }
     }
 }
+
+shell::impl_allocator!(<A: RawAlloc> AlignedAlloc<A>);
 
 #[cfg(test)]
 mod tests {
@@ -461,16 +458,6 @@ mod tests {
         assert_eq!(a.stats().capacity, 256);
         // SAFETY: ours, freed once.
         unsafe { a.free(p) };
-    }
-
-    #[test]
-    fn collections() {
-        let a = AlignedAlloc::new(SystemRaw);
-        let mut v = allocator_api2::vec::Vec::new_in(&a);
-        v.extend(0..100u64);
-        let mut m = hashbrown::HashMap::new_in(&a);
-        m.insert(1u32, "one");
-        assert_eq!((v[10], m[&1]), (10, "one"));
     }
 
     proptest! {

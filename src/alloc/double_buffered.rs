@@ -8,7 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 
 use super::region;
 use super::stack::next_stack_id;
@@ -151,10 +151,7 @@ impl DoubleBufferedAllocator {
     #[inline]
     #[track_caller]
     pub fn alloc<T: Send>(&self, value: T) -> FrameRef<T> {
-        match self.try_alloc(value) {
-            Ok(r) => r,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_alloc(value))
     }
 
     /// Moves `value` into the current frame's buffer, or fails if it is full.
@@ -199,10 +196,7 @@ impl DoubleBufferedAllocator {
     #[inline]
     #[track_caller]
     pub fn get<T>(&self, r: FrameRef<T>) -> &T {
-        match self.try_get(r) {
-            Ok(v) => v,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_get(r))
     }
 
     /// Reads a value from the current or the previous frame.
@@ -278,35 +272,40 @@ impl fmt::Debug for DoubleBufferedAllocator {
     }
 }
 
-// SAFETY: allocates from the current buffer via `&StackAllocator`'s implementation. Buffers
-// are only reset by `swap(&mut self)` (or drop), which cannot happen while
-// `&DoubleBufferedAllocator` is borrowed, so blocks stay valid for the allocator's life.
-unsafe impl Allocator for &DoubleBufferedAllocator {
+// SAFETY: `Shell` contract: allocates from the current buffer through the stack's
+// implementation. Buffers are only reset by `swap(&mut self)` (or the drop), so blocks stay
+// valid while `&DoubleBufferedAllocator` is borrowed; frees touch no memory; the current
+// buffer grows a block in place only if it is that buffer's last block.
+unsafe impl Shell for DoubleBufferedAllocator {
     #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.current().allocate(layout)
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        self.current().try_alloc_layout(layout)
     }
 
+    /// Individual blocks are not freed; a pointer from neither buffer (and not a zero-size
+    /// block) is [`Error::ForeignPointer`].
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 && !self.buffers.iter().any(|b| b.contains(ptr)) {
-            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        if self.buffers.iter().any(|b| b.contains(ptr)) || region::is_dangling(ptr) {
+            return Ok(());
         }
+        Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
     }
 
     #[inline]
-    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: the block came from one of the two buffers and is live. The current
-        // buffer grows it in place only if it is that buffer's last block; otherwise it
-        // allocates in the current buffer and copies (the stack's `grow` reads the old
-        // block only through `ptr`, so a block of the previous frame works as well).
-        unsafe { self.current().grow(ptr, old, new) }
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        // SAFETY: forwarded contract: a block of the previous frame's buffer is never the
+        // current buffer's last block, so it is left to the copying path.
+        unsafe { Shell::grow_in_place(self.current(), ptr, old, new) }
     }
 }
+
+shell::impl_allocator!(DoubleBufferedAllocator);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allocator_api2::alloc::Allocator;
     use proptest::prelude::*;
 
     #[test]
@@ -356,16 +355,6 @@ mod tests {
         let mut x = 0u64;
         // SAFETY: deliberately wrong; the allocator detects it before touching the pointer.
         unsafe { (&a).deallocate(NonNull::from(&mut x).cast(), Layout::new::<u64>()) };
-    }
-
-    #[test]
-    fn collections() {
-        let d = DoubleBufferedAllocator::with_capacity(64 * 1024);
-        let mut v = allocator_api2::vec::Vec::new_in(&d);
-        v.extend(0..100u16);
-        let mut m = hashbrown::HashMap::new_in(&d);
-        m.insert(1u8, 2u8);
-        assert_eq!((v[50], m[&1]), (50, 2));
     }
 
     proptest! {

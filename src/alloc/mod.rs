@@ -24,7 +24,7 @@
 //!
 //! // Per-frame scratch memory: allocate freely, reset once a frame.
 //! let mut frame = FrameAllocator::with_capacity(1 << 20);
-//! let visible: &mut [u32] = frame.alloc_slice(&[3, 1, 4]);
+//! let visible: &mut [u32] = frame.alloc_slice_copy(&[3, 1, 4]);
 //! visible.sort();
 //! frame.reset();
 //!
@@ -140,6 +140,7 @@ mod double_ended_stack;
 mod frame;
 mod pool;
 mod region;
+mod shell;
 mod size_class_pool;
 mod small_object;
 mod stack;

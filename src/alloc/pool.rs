@@ -8,7 +8,7 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 
 use super::region::{self, Region, MAX_ALIGN};
 use super::AllocStats;
@@ -146,10 +146,7 @@ impl<T> Pool<T> {
     #[inline]
     #[track_caller]
     pub fn alloc(&self, value: T) -> PoolBox<'_, T> {
-        match self.try_alloc(value) {
-            Ok(b) => b,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_alloc(value))
     }
 
     /// Moves `value` into a free slot, or fails if the pool is full.
@@ -271,9 +268,7 @@ impl<T> Pool<T> {
     #[track_caller]
     pub unsafe fn free(&self, ptr: NonNull<T>) {
         // SAFETY: forwarded contract.
-        if let Err(e) = unsafe { self.try_free(ptr) } {
-            region::fail(e)
-        }
+        shell::ok_or_fail(unsafe { self.try_free(ptr) })
     }
 
     /// Drops the value at `ptr` (from [`PoolBox::into_raw`]) and frees its slot.
@@ -401,30 +396,33 @@ impl<T> fmt::Debug for Pool<T> {
     }
 }
 
-// SAFETY:
-// 1. `allocate` hands out a whole slot, only when the layout fits in it (size and alignment),
-//    to nobody else until it comes back through `deallocate`.
-// 2. Slots stay valid until `deallocate` or the pool's drop (which needs it unborrowed).
-// 3. Copies of `&Pool<T>` are the same allocator.
-unsafe impl<T> Allocator for &Pool<T> {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if layout.size() > Pool::<T>::SLOT || layout.align() > align_of::<Slot<T>>() {
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` hands out a whole slot (from the region's pointer), only when the layout
+//    fits in it (size and alignment), to nobody else until it comes back through `try_free`.
+// 2. Slots stay valid until `try_free` or the pool's drop (which needs it unborrowed).
+// 3. `try_free` (`release`) checks range, slot start and the occupied bit before touching
+//    memory, and then writes only through the region's pointer.
+unsafe impl<T> Shell for Pool<T> {
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        let slot_align = align_of::<Slot<T>>();
+        if layout.align() > slot_align {
             self.failures.set(self.failures.get() + 1);
-            return Err(AllocError);
+            return Err(Error::UnsupportedAlignment { align: layout.align(), max: slot_align });
         }
-        match self.take() {
-            Ok(index) => Ok(NonNull::slice_from_raw_parts(self.slot(index), layout.size())),
-            Err(_) => Err(AllocError),
+        if layout.size() > Self::SLOT {
+            self.failures.set(self.failures.get() + 1);
+            return Err(Error::OutOfMemory { requested: layout.size(), available: Self::SLOT });
         }
+        Ok(self.slot(self.take()?))
     }
 
-    /// Panics with the error's message on a bad free.
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, _layout: Layout) {
-        if let Err(e) = self.release(ptr) {
-            region::fail(e)
-        }
+    #[inline]
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        self.release(ptr).map(drop)
     }
 }
+
+shell::impl_allocator!(<T> Pool<T>);
 
 /// An owning pointer to a value in a [`Pool`]; drops the value and frees the slot when it
 /// goes out of scope.
@@ -555,26 +553,6 @@ mod tests {
         assert_eq!(pool.try_alloc(2).map(|_| ()), Err(Error::UseAfterFree { addr: raw.as_ptr() as usize }));
         assert_eq!(pool.len(), 0);
         assert!(pool.try_alloc(3).is_ok());
-    }
-
-    #[repr(align(64))]
-    struct Block(#[allow(dead_code)] [u8; 512]);
-
-    #[test]
-    fn collections() {
-        let pool: Pool<Block> = Pool::with_capacity(8);
-        let mut v = allocator_api2::vec::Vec::new_in(&pool);
-        v.extend(0..100u32);
-        let mut m = hashbrown::HashMap::new_in(&pool);
-        for i in 0..10u16 {
-            m.insert(i, i);
-        }
-        assert_eq!((v[99], m[&9]), (99, 9));
-        let too_big: allocator_api2::vec::Vec<u8, _> = allocator_api2::vec::Vec::new_in(&pool);
-        let mut too_big = too_big;
-        assert!(too_big.try_reserve(1000).is_err());
-        drop((v, m));
-        assert!(pool.is_empty());
     }
 
     proptest! {

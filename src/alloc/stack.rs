@@ -6,7 +6,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 
 use super::region::{self, Region, MAX_ALIGN};
 use super::AllocStats;
@@ -159,10 +159,7 @@ impl StackAllocator {
     #[inline(always)]
     #[track_caller]
     pub fn alloc<T>(&self, value: T) -> &mut T {
-        match self.try_alloc(value) {
-            Ok(r) => r,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_alloc(value))
     }
 
     /// Moves `value` onto the stack, or returns an error if it does not fit.
@@ -203,10 +200,7 @@ impl StackAllocator {
     #[inline]
     #[track_caller]
     pub fn alloc_layout(&self, layout: Layout) -> NonNull<u8> {
-        match self.try_alloc_layout(layout) {
-            Ok(p) => p,
-            Err(e) => region::fail(e),
-        }
+        Shell::alloc(self, layout)
     }
 
     /// Reserves a block for `layout` and returns its (uninitialised) start.
@@ -333,9 +327,7 @@ impl StackAllocator {
     /// or lies above the current top.
     #[track_caller]
     pub fn free_to_marker(&mut self, marker: Marker) {
-        if let Err(e) = self.try_free_to_marker(marker) {
-            region::fail(e)
-        }
+        shell::ok_or_fail(self.try_free_to_marker(marker))
     }
 
     /// Frees everything allocated after `marker` was taken.
@@ -472,52 +464,43 @@ impl fmt::Debug for StackAllocator {
     }
 }
 
-// SAFETY:
-// 1. `allocate` returns blocks above the top, which no other live block overlaps, aligned as
-//    asked (`try_alloc_layout`).
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` returns a block above the top (from the region's pointer), which no other
+//    live block overlaps, aligned as asked (`try_alloc_layout`).
 // 2. Blocks stay valid until a `&mut self` call (`free_to_marker`, `reset`) or the drop of
-//    the stack; neither can happen while `&StackAllocator` (the allocator) is borrowed.
-// 3. Copies of `&StackAllocator` are the same allocator.
-unsafe impl Allocator for &StackAllocator {
+//    the stack.
+// 3. `try_free` touches no memory: individual blocks are not freed.
+// 4. `grow_in_place` extends the last block into free bytes above the top (`grow_last`).
+unsafe impl Shell for StackAllocator {
     #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match self.try_alloc_layout(layout) {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
-        }
-    }
-
-    /// Grows the block in place when it is the last one on the stack (the common case for a
-    /// collection filled in a loop), otherwise allocates a new block and copies.
-    #[inline]
-    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        debug_assert!(new.size() >= old.size(), "grow to a smaller size");
-        if let Some(block) = self.grow_last(ptr, old.size(), new.size(), new.align()) {
-            return Ok(NonNull::slice_from_raw_parts(block, new.size()));
-        }
-        let block = self.allocate(new)?;
-        // SAFETY: the `Allocator` contract: `ptr` is a live block of `old.size()` bytes, and
-        // the new block is fresh memory of at least that many bytes, so they do not overlap.
-        // (The old block stays where it is until `free_to_marker`/`reset`.)
-        unsafe { block.cast::<u8>().as_ptr().copy_from_nonoverlapping(ptr.as_ptr(), old.size()) };
-        Ok(block)
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        self.try_alloc_layout(layout)
     }
 
     /// Individual blocks are not freed: memory comes back with `free_to_marker` or `reset`.
-    ///
-    /// Panics with [`Error::ForeignPointer`]'s message if a non-empty block is not from this
-    /// stack.
+    /// A pointer that is neither in the region nor a zero-size block is
+    /// [`Error::ForeignPointer`].
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 && !self.contains(ptr) {
-            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        if self.contains(ptr) || region::is_dangling(ptr) {
+            return Ok(());
         }
+        Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
+    }
+
+    #[inline]
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        debug_assert!(new.size() >= old.size(), "grow to a smaller size");
+        self.grow_last(ptr, old.size(), new.size(), new.align())
     }
 }
+
+shell::impl_allocator!(StackAllocator);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allocator_api2::alloc::Allocator;
     use proptest::prelude::*;
 
     thread_local! {
@@ -624,19 +607,6 @@ mod tests {
         let err = s.try_alloc(0u64).unwrap_err();
         assert_eq!(err, Error::UseAfterFree { addr: p.as_ptr() as usize });
         assert!(s.try_alloc(0u64).is_ok(), "the block is refilled after the report");
-    }
-
-    #[test]
-    fn collections() {
-        let s = StackAllocator::with_capacity(64 * 1024);
-        let mut v = allocator_api2::vec::Vec::new_in(&s);
-        v.extend(0..100u32);
-        assert_eq!(v.iter().sum::<u32>(), 4950);
-        let mut m = hashbrown::HashMap::new_in(&s);
-        for i in 0..50u32 {
-            m.insert(i, i * 2);
-        }
-        assert_eq!(m[&7], 14);
     }
 
     #[derive(Debug, Clone)]
