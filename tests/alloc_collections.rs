@@ -5,6 +5,8 @@
 //! else through the pointer it gets back (a header before the block, the rest of a slot) is
 //! caught here.
 
+use std::alloc::Layout;
+
 use allocator_api2::alloc::Allocator;
 use allocator_api2::boxed::Box;
 use allocator_api2::vec::Vec;
@@ -106,4 +108,22 @@ fn vec_grows_in_place_while_it_is_the_last_block() {
     grow_to_4k(&frame, || frame.allocated_bytes());
     let buffers = DoubleBufferedAllocator::with_capacity(16 * 1024);
     grow_to_4k(&buffers, || buffers.allocated_bytes());
+}
+
+/// Growing the last block to a larger alignment keeps it in place only when its address
+/// already has that alignment; otherwise (and above 4096) the block moves or the growth fails.
+#[test]
+fn grow_to_a_larger_alignment() {
+    let stack = StackAllocator::with_capacity(3 * 4096);
+    let a = &stack;
+    let small = Layout::from_size_align(8, 8).unwrap();
+    let p = a.allocate(small).unwrap().cast::<u8>();
+    // SAFETY: `p` is a live block of 8 bytes; each layout is at least as large as the last.
+    unsafe {
+        p.as_ptr().write(42);
+        let page = a.grow(p, small, Layout::from_size_align(64, 4096).unwrap()).unwrap().cast::<u8>();
+        assert_eq!((page.as_ptr() as usize % 4096, page.as_ptr().read()), (0, 42));
+        let huge = Layout::from_size_align(128, 8192).unwrap();
+        assert!(a.grow(page, Layout::from_size_align(64, 4096).unwrap(), huge).is_err());
+    }
 }

@@ -399,8 +399,13 @@ impl StackAllocator {
     fn grow_last(&self, block: NonNull<u8>, old_size: usize, new_size: usize, new_align: usize) -> Option<NonNull<u8>> {
         let offset = (block.as_ptr() as usize).wrapping_sub(self.region.addr());
         let top = self.top.get();
+        // A pointer from elsewhere gives a meaningless (wrapped) offset, which cannot end at
+        // the top unless the pointer is this stack's last block.
         let is_last = old_size != 0 && offset.checked_add(old_size) == Some(top);
-        if !is_last || offset % new_align != 0 || new_size > self.region.len() - offset {
+        // The region is only `MAX_ALIGN`-aligned: above that, an aligned offset is not an
+        // aligned address.
+        let aligned = new_align <= MAX_ALIGN && offset % new_align == 0;
+        if !is_last || !aligned || new_size > self.region.len() - offset {
             return None;
         }
         let end = offset + new_size;
