@@ -1,9 +1,8 @@
 //! Every allocator serves `allocator_api2::boxed::Box`, `allocator_api2::vec::Vec` and
 //! `hashbrown::HashMap`, as a user would write it. These run under Miri's default Stacked
-//! Borrows: a box rebuilt from a reference (`Box::from_raw_in(Box::leak(b), a)`) hands back a
-//! pointer whose provenance covers only its contents, so an allocator that touches anything
-//! else through the pointer it gets back (a header before the block, the rest of a slot) is
-//! caught here.
+//! Borrows: a boxed slice from `Vec::into_boxed_slice` hands back a pointer whose provenance
+//! covers only its contents, so an allocator that touches anything else through the pointer
+//! it gets back (a header before the block, the rest of a slot) is caught here.
 
 use std::alloc::Layout;
 
@@ -19,15 +18,16 @@ use mmobject::alloc::{
 fn exercise<A: Allocator + Copy>(alloc: A) {
     let n: usize = if cfg!(miri) { 20 } else { 200 };
     for i in 0..3u8 {
-        // `Box::leak` then `Box::from_raw_in` (the round trip `leak`'s docs suggest): the
-        // pointer handed back to `deallocate` now comes from a `&mut u8`, whose provenance
-        // covers one byte.
+        // `Box::leak` then `Box::from_raw_in`, the round trip `leak`'s docs suggest.
         let byte = Box::new_in(i, alloc);
         // SAFETY: the reference came from `Box::leak` of a box in the same allocator.
         let byte = unsafe { Box::from_raw_in(Box::leak(byte), alloc) };
         let words = Box::new_in([u64::from(i); 3], alloc);
         let mut v = Vec::with_capacity_in(5, alloc);
         v.extend([u16::from(i); 5]);
+        // The pointer this box hands back to `deallocate` was retagged by `into_boxed_slice`
+        // to the slice's 10 bytes: before the fixes, Miri reported `AlignedAlloc` reading its
+        // header and `SmallObjectAllocator` refilling its slot through it.
         let slice: Box<[u16], A> = v.into_boxed_slice();
         assert_eq!((*byte, words[2], slice[4]), (i, u64::from(i), u16::from(i)));
     }
