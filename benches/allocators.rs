@@ -1,4 +1,4 @@
-//! Allocator benchmarks A1–A4 (see `BENCHMARKS.md`). Each group runs our allocator and its
+//! Allocator benchmarks A1–A5 (see `BENCHMARKS.md`). Each group runs our allocator and its
 //! peers on the same workload, so criterion's report gives the ratio directly.
 //!
 //! Run: `cargo bench --bench allocators -- --warm-up-time 1 --measurement-time 3`.
@@ -339,10 +339,64 @@ fn a4_stack(c: &mut Criterion) {
     g.finish();
 }
 
+/// A5: an `allocator_api2` `Vec<u8>` pushed to 4 KB in a `FrameAllocator`, then `reset`.
+/// The Vec is the last block, so every growth is in place; the bytes the frame holds at the
+/// end (the A5 target, at most 1.1× the final 4,096) are printed once, and checked in
+/// `tests/alloc_collections.rs`.
+///
+/// Peer: the same `Vec` in a bumpalo `Bump` (whose `grow` is also in place for the last
+/// block), then `reset`.
+fn a5_vec_grow(c: &mut Criterion) {
+    const BYTES: usize = 4096;
+    let mut g = c.benchmark_group("A5_vec_grow_to_4KB");
+    g.throughput(Throughput::Bytes(BYTES as u64));
+    let mut frame = FrameAllocator::with_capacity(4 * BYTES);
+    {
+        let mut v = allocator_api2::vec::Vec::new_in(&frame);
+        v.extend((0..BYTES).map(|i| i as u8));
+        eprintln!("A5: a {BYTES}-byte Vec holds {} bytes of the frame", frame.allocated_bytes());
+    }
+    frame.reset();
+    g.bench_function(BenchmarkId::new("FrameAllocator", BYTES), |b| {
+        b.iter(|| {
+            {
+                let mut v = allocator_api2::vec::Vec::new_in(&frame);
+                for i in 0..BYTES {
+                    v.push(i as u8);
+                }
+                black_box(&v);
+            }
+            frame.reset();
+        })
+    });
+    let mut bump = Bump::with_capacity(4 * BYTES);
+    g.bench_function(BenchmarkId::new("bumpalo", BYTES), |b| {
+        b.iter(|| {
+            {
+                let mut v = allocator_api2::vec::Vec::new_in(&bump);
+                for i in 0..BYTES {
+                    v.push(i as u8);
+                }
+                black_box(&v);
+            }
+            bump.reset();
+        })
+    });
+    g.finish();
+}
+
 /// The generated group function carries no docs of its own.
 #[allow(missing_docs)]
 mod run {
     use super::*;
-    criterion_group!(benches, a1_size_class_pool, a1b_lock_vs_lock_free, a2_small_object, a3_frame, a4_stack);
+    criterion_group!(
+        benches,
+        a1_size_class_pool,
+        a1b_lock_vs_lock_free,
+        a2_small_object,
+        a3_frame,
+        a4_stack,
+        a5_vec_grow
+    );
 }
 criterion_main!(run::benches);

@@ -57,7 +57,7 @@ fn main() {
         }
         live_particles.retain(|p| p.life > 0.0);
 
-        let visible = frame.alloc_slice(&[n, n + 1, n + 2]);
+        let visible = frame.alloc_slice_copy(&[n, n + 1, n + 2]);
         let label = frame.alloc_str("frame");
         let mark = level_stack.marker();
         let temp = level_stack.alloc([n; 16]);

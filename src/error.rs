@@ -143,7 +143,7 @@ pub enum Error {
         /// The frame the reference was made in.
         frame: u64,
         /// The id of the allocator the reference came from.
-        owner: u32,
+        owner: u64,
         /// The current frame of the allocator it was used with.
         current: u64,
     },

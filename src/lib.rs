@@ -12,9 +12,10 @@ pub mod object;
 mod sync;
 pub mod track;
 
-/// The allocator API every allocator here implements, and that
-/// [`ObjectManagerBuilder::allocator`](object::ObjectManagerBuilder::allocator) takes: re-exported so that no extra
-/// dependency line is needed.
+/// The `allocator_api2` crate every allocator in [`alloc`] implements `Allocator` from, and
+/// whose `Allocator` [`ObjectManagerBuilder::allocator`](object::ObjectManagerBuilder::allocator)
+/// takes, so `mmobject::allocator_api2::vec::Vec::new_in(&frame)` needs no dependency line
+/// of its own.
 pub use allocator_api2;
 pub use error::{Error, Result};
 pub use object::{

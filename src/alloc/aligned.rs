@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 use parking_lot::Mutex;
 
 use super::region::{self, MAX_ALIGN};
@@ -26,7 +26,24 @@ pub const HEADER: usize = size_of::<u16>();
 const FREED_MEMORY: usize = 4096;
 
 /// A raw allocator with no alignment guarantee: the kind [`AlignedAlloc`] wraps.
-pub trait RawAlloc {
+///
+/// # Safety
+///
+/// The trait is `unsafe` because [`AlignedAlloc`] writes its header into, and hands out,
+/// whatever `alloc` returns; it cannot check a pointer's validity, so a lying implementation
+/// would turn safe calls into out-of-bounds writes. An implementation must guarantee:
+///
+/// 1. `alloc(size)` returns `None`, or a pointer valid for reads and writes of `size` bytes
+///    (any address, no alignment needed), whose provenance covers those `size` bytes.
+/// 2. Those bytes are used by nobody else (no other live block overlaps them) until the
+///    block is given back with `free`, or the allocator is dropped.
+/// 3. The block stays valid while `&self` is borrowed: it is not reclaimed by anything
+///    other than `free`, drop, or a call that takes the allocator by `&mut self`.
+///
+/// What an implementation may get wrong without undefined behaviour: `capacity` (only used
+/// for statistics and error messages), failing when it has room, or doing nothing in `free`
+/// (the memory then leaks, or, as for [`StackAllocator`], comes back another way).
+pub unsafe trait RawAlloc {
     /// Allocates `size` bytes (`size > 0`) at any address, or returns `None` when out of
     /// memory.
     fn alloc(&self, size: usize) -> Option<NonNull<u8>>;
@@ -49,7 +66,9 @@ pub trait RawAlloc {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemRaw;
 
-impl RawAlloc for SystemRaw {
+// SAFETY: blocks come from `System.alloc` with a layout of `size` bytes (1), are owned by the
+// caller until `free` (2), and `System` never reclaims them on its own (3).
+unsafe impl RawAlloc for SystemRaw {
     fn alloc(&self, size: usize) -> Option<NonNull<u8>> {
         let layout = Layout::from_size_align(size, 1).ok()?;
         debug_assert!(size > 0, "RawAlloc::alloc takes a non-zero size");
@@ -67,7 +86,10 @@ impl RawAlloc for SystemRaw {
 
 /// A [`StackAllocator`] is a raw allocator too: byte-aligned bumps out of its region, and
 /// `free` does nothing (memory comes back with `free_to_marker`/`reset`).
-impl RawAlloc for StackAllocator {
+// SAFETY: `try_alloc_layout` returns `size` fresh bytes above the top, from the region's own
+// pointer (1, 2); they are reclaimed only by `free_to_marker`/`reset`, which take
+// `&mut self` (3).
+unsafe impl RawAlloc for StackAllocator {
     fn alloc(&self, size: usize) -> Option<NonNull<u8>> {
         self.try_alloc_layout(Layout::from_size_align(size, 1).ok()?).ok()
     }
@@ -79,11 +101,27 @@ impl RawAlloc for StackAllocator {
     }
 }
 
+/// A live block: what the caller asked for, and the raw block holding it.
+#[derive(Debug)]
+struct LiveBlock {
+    layout: Layout,
+    /// The pointer the raw allocator returned, with its provenance over the whole raw block
+    /// (header included). Frees go through it, never through the caller's pointer, whose
+    /// provenance may cover only the caller's bytes (see [`AlignedAlloc::try_free`]).
+    raw: NonNull<u8>,
+}
+
+// SAFETY: `raw` is only an address with provenance, kept to free the block later; the ledger
+// never reads or writes through it while the block is live, and frees happen under the
+// ledger's lock, from whichever thread owns the block. Whether the raw allocator itself may
+// be used from several threads is `A`'s bound on `AlignedAlloc<A>`'s `Send`/`Sync`.
+unsafe impl Send for LiveBlock {}
+
 /// Live and recently freed blocks, to check frees.
 #[derive(Debug, Default)]
 struct Ledger {
-    /// Aligned address → requested layout.
-    live: BTreeMap<usize, Layout>,
+    /// Aligned address → the block.
+    live: BTreeMap<usize, LiveBlock>,
     freed: HashSet<usize>,
     freed_order: VecDeque<usize>,
     allocations: u64,
@@ -95,15 +133,19 @@ struct Ledger {
 /// To allocate `size` bytes aligned to `align`, it asks the raw allocator for
 /// `size + HEADER + align - 1` bytes at `raw`, returns `aligned = align_up(raw + HEADER,
 /// align)`, and writes the adjustment `aligned - raw` (2 ..= 4097) as a `u16` in the
-/// [`HEADER`] bytes just before `aligned`. Freeing reads it back to find `raw`.
+/// [`HEADER`] bytes just before `aligned`.
 ///
 /// A header alone cannot tell a bad pointer from a good one (reading "the header" of a
 /// foreign pointer is itself out of bounds), so the wrapper also keeps a ledger of live
 /// blocks (and the last 4,096 freed addresses) behind a mutex: bad frees are reported as
 /// [`Error::ForeignPointer`], [`Error::NotBlockStart`] or [`Error::DoubleFree`] before any
-/// header is read. The ledger costs one ordered-map entry per live block.
+/// memory is read. The ledger entry also keeps the raw pointer, so a free reaches the raw
+/// block (and reads the header back, as a check) through the raw allocator's own pointer,
+/// never through the pointer the caller hands back. The ledger costs one ordered-map entry
+/// per live block.
 ///
-/// Thread-safe (`Sync`) when the raw allocator is.
+/// **Variance and threads.** Covariant in `A`, which it owns like a field of a struct (no
+/// `A` is ever written through `&self`). `Send`/`Sync` exactly when `A` is.
 ///
 /// # Examples
 ///
@@ -146,10 +188,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
     /// Panics with the message of the error [`try_alloc`](Self::try_alloc) would return.
     #[track_caller]
     pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        match self.try_alloc(layout) {
-            Ok(p) => p,
-            Err(e) => region::fail(e),
-        }
+        Shell::alloc(self, layout)
     }
 
     /// Allocates a block for `layout` (zero-size requests get a real block).
@@ -181,7 +220,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         };
         let addr = aligned.as_ptr() as usize;
         let mut ledger = self.ledger.lock();
-        ledger.live.insert(addr, layout);
+        ledger.live.insert(addr, LiveBlock { layout, raw });
         if ledger.freed.remove(&addr) {
             ledger.freed_order.retain(|&a| a != addr);
         }
@@ -203,12 +242,10 @@ impl<A: RawAlloc> AlignedAlloc<A> {
     #[track_caller]
     pub unsafe fn free(&self, ptr: NonNull<u8>) {
         // SAFETY: forwarded contract.
-        if let Err(e) = unsafe { self.try_free(ptr) } {
-            region::fail(e)
-        }
+        unsafe { Shell::free(self, ptr) }
     }
 
-    /// Frees a block: reads the adjustment before it and frees the raw block.
+    /// Frees a block: finds its raw block in the ledger and frees it.
     ///
     /// # Errors
     ///
@@ -238,7 +275,7 @@ impl<A: RawAlloc> AlignedAlloc<A> {
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let mut ledger = self.ledger.lock();
-        let Some(layout) = ledger.live.remove(&addr) else {
+        let Some(LiveBlock { layout, raw }) = ledger.live.remove(&addr) else {
             return Err(Self::bad_free(&ledger, addr));
         };
         ledger.freed.insert(addr);
@@ -249,13 +286,19 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         }
         drop(ledger);
         let raw_size = Self::raw_size(layout);
-        // SAFETY: the ledger says `ptr` is a live block from `try_alloc`, so its header holds
-        // the adjustment back to the raw block of `raw_size` bytes, which is freed once (its
-        // ledger entry is gone).
+        let adjustment = addr - raw.as_ptr() as usize;
+        // SAFETY: the ledger says `ptr` is a live block from `try_alloc`, whose raw block of
+        // `raw_size` bytes starts at `raw`; it is freed once (its ledger entry is gone).
+        // 1. The header is read through `raw`, not `ptr`: `raw` carries the raw allocator's
+        //    provenance over the whole raw block (`RawAlloc` contract 1), while `ptr` may
+        //    have been retagged by the caller (an `allocator_api2::boxed::Box` narrows it to
+        //    the block's contents), so under Stacked Borrows a read before `ptr` through it
+        //    would be undefined behaviour.
+        // 2. `adjustment - HEADER .. adjustment` lies inside the raw block (see `try_alloc`).
         unsafe {
-            let adjustment = ptr.sub(HEADER).cast::<u16>().as_ptr().read_unaligned() as usize;
-            debug_assert!((HEADER..HEADER + layout.align()).contains(&adjustment), "corrupt header");
-            self.inner.free(ptr.sub(adjustment), raw_size);
+            let header = raw.add(adjustment - HEADER).cast::<u16>().as_ptr().read_unaligned() as usize;
+            debug_assert_eq!(header, adjustment, "the header before {addr:#x} was overwritten");
+            self.inner.free(raw, raw_size);
         }
         self.counters.sub(raw_size);
         Ok(())
@@ -266,8 +309,8 @@ impl<A: RawAlloc> AlignedAlloc<A> {
         if ledger.freed.contains(&addr) {
             return Error::DoubleFree { addr };
         }
-        if let Some((&start, layout)) = ledger.live.range(..addr).next_back() {
-            if addr < start + layout.size() {
+        if let Some((&start, block)) = ledger.live.range(..addr).next_back() {
+            if addr < start + block.layout.size() {
                 return Error::NotBlockStart { addr, block_start: start };
             }
         }
@@ -309,25 +352,27 @@ impl<A: fmt::Debug> fmt::Debug for AlignedAlloc<A> {
     }
 }
 
-// SAFETY:
-// 1. `allocate` returns `layout.size()` bytes aligned to `layout.align()` inside a raw block
-//    owned by nobody else until freed.
-// 2. The block stays valid until `deallocate` (the raw allocator keeps it; the wrapper can
-//    only be dropped when unborrowed). 3. Copies of the reference are the same allocator.
-unsafe impl<A: RawAlloc> Allocator for &AlignedAlloc<A> {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match self.try_alloc(layout) {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
-        }
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` returns `layout.size()` bytes aligned to `layout.align()` inside a raw block
+//    that `RawAlloc` contracts 1 and 2 make valid and owned by nobody else until freed.
+// 2. The block stays valid until `try_free` (`RawAlloc` contract 3; the wrapper can only be
+//    dropped when unborrowed).
+// 3. `try_free` checks the ledger before touching memory, and then touches only the raw
+//    block, through the raw allocator's pointer.
+unsafe impl<A: RawAlloc> Shell for AlignedAlloc<A> {
+    #[inline]
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        AlignedAlloc::try_alloc(self, layout)
     }
 
-    /// Panics with the error's message on a bad free.
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, _layout: Layout) {
-        // SAFETY: the `Allocator` contract: `ptr` came from this allocator, not used again.
-        unsafe { self.free(ptr) }
+    #[inline]
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { AlignedAlloc::try_free(self, ptr) }
     }
 }
+
+shell::impl_allocator!(<A: RawAlloc> AlignedAlloc<A>);
 
 #[cfg(test)]
 mod tests {
@@ -341,7 +386,9 @@ mod tests {
         bytes: Cell<usize>,
     }
 
-    impl RawAlloc for Misaligned {
+    // SAFETY: blocks are one byte into `SystemRaw` blocks of `size + 1` bytes, derived from
+    // their pointer, and freed only by `free`.
+    unsafe impl RawAlloc for Misaligned {
         fn alloc(&self, size: usize) -> Option<NonNull<u8>> {
             let p = SystemRaw.alloc(size + 1)?;
             self.bytes.set(self.bytes.get() + size);
@@ -411,16 +458,6 @@ mod tests {
         assert_eq!(a.stats().capacity, 256);
         // SAFETY: ours, freed once.
         unsafe { a.free(p) };
-    }
-
-    #[test]
-    fn collections() {
-        let a = AlignedAlloc::new(SystemRaw);
-        let mut v = allocator_api2::vec::Vec::new_in(&a);
-        v.extend(0..100u64);
-        let mut m = hashbrown::HashMap::new_in(&a);
-        m.insert(1u32, "one");
-        assert_eq!((v[10], m[&1]), (10, "one"));
     }
 
     proptest! {

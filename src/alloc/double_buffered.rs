@@ -8,7 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 
 use super::region;
 use super::stack::next_stack_id;
@@ -19,11 +19,22 @@ use crate::{Error, Result};
 /// made and the next one.
 ///
 /// It is a plain token (no borrow), so it can be stored in game state across the swap.
+///
+/// **Variance.** Invariant in `T`: a `FrameRef<T>` gives mutable access
+/// ([`DoubleBufferedAllocator::try_get_mut`]), so a covariant one would let a copy coerced
+/// to `FrameRef<&'short U>` write a short-lived reference that the original then reads back
+/// as `&'static U`.
+///
+/// **Threads.** `Send` and `Sync` for every `T`: it holds no pointer and no `T`, only a
+/// number, and reading through it needs the allocator, which only stores `T: Send` values
+/// behind `FrameRef`s and is not `Sync`.
 pub struct FrameRef<T> {
-    owner: u32,
+    owner: u64,
     frame: u64,
     offset: usize,
-    _type: PhantomData<fn() -> T>,
+    /// `fn(T) -> T`: invariant in `T` (see above); a function pointer is `Send + Sync` and
+    /// owns no `T`, which is right for a token.
+    _type: PhantomData<fn(T) -> T>,
 }
 
 impl<T> FrameRef<T> {
@@ -76,7 +87,12 @@ impl<T> fmt::Debug for FrameRef<T> {
 ///
 /// Values are never dropped (as in [`FrameAllocator`](super::FrameAllocator)).
 ///
-/// **Threads.** `Send`, not `Sync`.
+/// **Threads.** `Send`, not `Sync`. Values stored behind a [`FrameRef`] must be `Send`:
+/// a `FrameRef` is not tied to a borrow, so after the allocator moves to another thread the
+/// value can still be reached there through the `FrameRef` (an `Rc` cloned on the old thread
+/// and again on the new one would race on its count). Values from
+/// [`alloc_mut`](Self::alloc_mut) and the `Allocator` impl need no bound: they are reachable
+/// only through borrows of the allocator, which end before it can move.
 ///
 /// # Examples
 ///
@@ -97,7 +113,7 @@ pub struct DoubleBufferedAllocator {
     buffers: [StackAllocator; 2],
     /// The current frame; it allocates into `buffers[frame % 2]`.
     frame: u64,
-    id: u32,
+    id: u64,
 }
 
 impl DoubleBufferedAllocator {
@@ -126,7 +142,7 @@ impl DoubleBufferedAllocator {
     }
 
     /// Moves `value` into the current frame's buffer and returns a checked reference to it.
-    /// It is never dropped.
+    /// It is never dropped. `T` must be `Send` (see the type's docs on threads).
     ///
     /// # Panics
     ///
@@ -134,11 +150,8 @@ impl DoubleBufferedAllocator {
     /// [`Error::UnsupportedAlignment`]'s if `T` is aligned to more than 4096.
     #[inline]
     #[track_caller]
-    pub fn alloc<T>(&self, value: T) -> FrameRef<T> {
-        match self.try_alloc(value) {
-            Ok(r) => r,
-            Err(e) => region::fail(e),
-        }
+    pub fn alloc<T: Send>(&self, value: T) -> FrameRef<T> {
+        shell::ok_or_fail(self.try_alloc(value))
     }
 
     /// Moves `value` into the current frame's buffer, or fails if it is full.
@@ -153,7 +166,7 @@ impl DoubleBufferedAllocator {
     /// let buffers = mmobject::alloc::DoubleBufferedAllocator::with_capacity(4);
     /// assert!(buffers.try_alloc(1u64).is_err());
     /// ```
-    pub fn try_alloc<T>(&self, value: T) -> Result<FrameRef<T>> {
+    pub fn try_alloc<T: Send>(&self, value: T) -> Result<FrameRef<T>> {
         let current = self.current();
         let value = current.try_alloc(value)?;
         let addr = value as *mut T as usize;
@@ -183,10 +196,7 @@ impl DoubleBufferedAllocator {
     #[inline]
     #[track_caller]
     pub fn get<T>(&self, r: FrameRef<T>) -> &T {
-        match self.try_get(r) {
-            Ok(v) => v,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_get(r))
     }
 
     /// Reads a value from the current or the previous frame.
@@ -262,26 +272,40 @@ impl fmt::Debug for DoubleBufferedAllocator {
     }
 }
 
-// SAFETY: allocates from the current buffer via `&StackAllocator`'s implementation. Buffers
-// are only reset by `swap(&mut self)` (or drop), which cannot happen while
-// `&DoubleBufferedAllocator` is borrowed, so blocks stay valid for the allocator's life.
-unsafe impl Allocator for &DoubleBufferedAllocator {
+// SAFETY: `Shell` contract: allocates from the current buffer through the stack's
+// implementation. Buffers are only reset by `swap(&mut self)` (or the drop), so blocks stay
+// valid while `&DoubleBufferedAllocator` is borrowed; frees touch no memory; the current
+// buffer grows a block in place only if it is that buffer's last block.
+unsafe impl Shell for DoubleBufferedAllocator {
     #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.current().allocate(layout)
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        self.current().try_alloc_layout(layout)
+    }
+
+    /// Individual blocks are not freed; a pointer from neither buffer (and not a zero-size
+    /// block) is [`Error::ForeignPointer`].
+    #[inline]
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        if self.buffers.iter().any(|b| b.contains(ptr)) || region::is_dangling(ptr) {
+            return Ok(());
+        }
+        Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
     }
 
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 && !self.buffers.iter().any(|b| b.contains(ptr)) {
-            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
-        }
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        // SAFETY: forwarded contract: a block of the previous frame's buffer is never the
+        // current buffer's last block, so it is left to the copying path.
+        unsafe { Shell::grow_in_place(self.current(), ptr, old, new) }
     }
 }
+
+shell::impl_allocator!(DoubleBufferedAllocator);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allocator_api2::alloc::Allocator;
     use proptest::prelude::*;
 
     #[test]
@@ -331,16 +355,6 @@ mod tests {
         let mut x = 0u64;
         // SAFETY: deliberately wrong; the allocator detects it before touching the pointer.
         unsafe { (&a).deallocate(NonNull::from(&mut x).cast(), Layout::new::<u64>()) };
-    }
-
-    #[test]
-    fn collections() {
-        let d = DoubleBufferedAllocator::with_capacity(64 * 1024);
-        let mut v = allocator_api2::vec::Vec::new_in(&d);
-        v.extend(0..100u16);
-        let mut m = hashbrown::HashMap::new_in(&d);
-        m.insert(1u8, 2u8);
-        assert_eq!((v[50], m[&1]), (50, 2));
     }
 
     proptest! {

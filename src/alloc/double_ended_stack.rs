@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 
 use super::region::{self, Region, MAX_ALIGN};
 use super::stack::next_stack_id;
@@ -64,7 +64,7 @@ pub struct DoubleEndedStack {
     lower: Cell<usize>,
     /// Offset of the lowest byte used by the upper stack (`region.len()` when empty).
     upper: Cell<usize>,
-    id: u32,
+    id: u64,
     allocations: Cell<u64>,
     live: Cell<usize>,
     failures: Cell<u64>,
@@ -120,10 +120,7 @@ impl DoubleEndedStack {
     #[inline]
     #[track_caller]
     pub fn alloc<T>(&self, end: End, value: T) -> &mut T {
-        match self.try_alloc(end, value) {
-            Ok(r) => r,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_alloc(end, value))
     }
 
     /// Moves `value` onto one end, or fails if the stacks would meet.
@@ -223,9 +220,7 @@ impl DoubleEndedStack {
     /// or lies beyond that end's current top.
     #[track_caller]
     pub fn free_to_marker(&mut self, marker: Marker) {
-        if let Err(e) = self.try_free_to_marker(marker) {
-            region::fail(e)
-        }
+        shell::ok_or_fail(self.try_free_to_marker(marker))
     }
 
     /// Frees everything allocated on the marker's end after it was taken.
@@ -330,32 +325,33 @@ impl fmt::Debug for DoubleEndedStack {
     }
 }
 
-// SAFETY: allocates from the lower end. Blocks never overlap (the two tops never cross),
-// are aligned as asked, and stay valid until a `&mut self` call or drop, which cannot happen
-// while `&DoubleEndedStack` is borrowed. Copies of the reference are the same allocator.
-unsafe impl Allocator for &DoubleEndedStack {
+// SAFETY: `Shell` contract: `try_alloc` returns a block of the lower stack, in the free gap,
+// from the region's pointer (1); blocks stay valid until a `&mut self` call
+// (`free_to_marker`, `reset`) or the drop (2); `try_free` touches no memory (3).
+unsafe impl Shell for DoubleEndedStack {
     #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match self.try_alloc_layout(End::Lower, layout) {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
-        }
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        self.try_alloc_layout(End::Lower, layout)
     }
 
-    /// Individual blocks are not freed. Panics with [`Error::ForeignPointer`]'s message if a
-    /// non-empty block is not from this stack.
+    /// Individual blocks are not freed; a pointer that is neither in the region nor a
+    /// zero-size block is [`Error::ForeignPointer`].
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 && !self.region.contains(ptr.as_ptr() as usize) {
-            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        if self.region.contains(ptr.as_ptr() as usize) || region::is_dangling(ptr) {
+            return Ok(());
         }
+        Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
     }
 }
+
+shell::impl_allocator!(DoubleEndedStack);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::alloc::StackAllocator;
+    use allocator_api2::alloc::Allocator;
     use proptest::prelude::*;
 
     #[test]
@@ -410,17 +406,6 @@ mod tests {
         let mut x = 0u64;
         // SAFETY: deliberately wrong; the allocator detects it before touching the pointer.
         unsafe { (&a).deallocate(NonNull::from(&mut x).cast(), Layout::new::<u64>()) };
-    }
-
-    #[test]
-    fn collections() {
-        let s = DoubleEndedStack::with_capacity(64 * 1024);
-        let mut v = allocator_api2::vec::Vec::new_in(&s);
-        v.extend(0..100u8);
-        let mut m = hashbrown::HashMap::new_in(&s);
-        m.insert("a", 1);
-        assert_eq!(v[99], 99);
-        assert_eq!(m["a"], 1);
     }
 
     proptest! {

@@ -5,8 +5,10 @@
 //! `try_` calls, a panic with the same message from the plain ones), or falls back where
 //! its docs say so. Each one:
 //!
-//! - implements [`allocator_api2::alloc::Allocator`] for `&A`, so
-//!   `allocator_api2::vec::Vec::new_in(&a)` and `hashbrown::HashMap::new_in(&a)` work;
+//! - implements [`allocator_api2::alloc::Allocator`] for `&A` (the crate is re-exported as
+//!   [`mmobject::allocator_api2`](crate::allocator_api2)), so
+//!   `allocator_api2::vec::Vec::new_in(&a)` and `hashbrown::HashMap::new_in(&a)` work (see
+//!   "When an allocator is full" below for what a collection does when the allocator is);
 //! - honours any power-of-two alignment up to [`MAX_ALIGN`] (4096), and zero-size requests;
 //! - detects bad frees (a pointer from elsewhere, into the middle of a block, or freed
 //!   twice) and reports them as errors, never as undefined behaviour;
@@ -22,7 +24,7 @@
 //!
 //! // Per-frame scratch memory: allocate freely, reset once a frame.
 //! let mut frame = FrameAllocator::with_capacity(1 << 20);
-//! let visible: &mut [u32] = frame.alloc_slice(&[3, 1, 4]);
+//! let visible: &mut [u32] = frame.alloc_slice_copy(&[3, 1, 4]);
 //! visible.sort();
 //! frame.reset();
 //!
@@ -35,16 +37,36 @@
 //!
 //! # Choosing an allocator
 //!
-//! | allocator | for | alloc / free cost | per-block overhead | threads | when full |
+//! | allocator | for | alloc / free cost | per-block overhead | threads | when full (`try_` calls) |
 //! |---|---|---|---|---|---|
 //! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget | class lookup + lock + free-list pop / push | 1 bit (+ up to 2× rounding) | `Sync` (lock per class; no lock via `&mut self`) | next larger class (a *fallback*), then `OutOfMemory` |
 //! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | lock + bitmap scan, 64 slots per step / clear a bit | exactly 1 bit | `Sync` (lock per class) | the system allocator (a *fallback*), counted |
 //! | [`StackAllocator`] | nested lifetimes: level data, loading | bump / free everything above a [`Marker`] | alignment padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end | padding only | `Send` | `OutOfMemory` when the ends would meet |
 //! | [`FrameAllocator`] | scratch data for one frame | bump / `reset` once per frame | padding only | `Send` | `OutOfMemory` |
-//! | [`DoubleBufferedAllocator`] | results produced in frame *i*, read in frame *i + 1* | bump / `swap` per frame; [`FrameRef`] reads check the frame | padding only | `Send` | `OutOfMemory` |
+//! | [`DoubleBufferedAllocator`] | results produced in frame *i*, read in frame *i + 1* | bump / `swap` per frame; [`FrameRef`] reads check the frame | padding only | `Send` (values behind a `FrameRef` must be `Send`) | `OutOfMemory` |
 //! | [`AlignedAlloc`] | alignment over a raw allocator that has none | raw alloc + header write; ledger lookup on free | `2 + align − 1` bytes + a ledger entry | `Sync` if the raw allocator is | the raw allocator's failure, as `OutOfMemory` |
-//! | [`Pool<T>`] | many values of one type with stable addresses | free-list pop / push | 1 bit (+ padding to 4 bytes) | `Send` | `OutOfMemory` |
+//! | [`SegmentAlloc`] | few large blocks at any alignment: object-store segments (its default) | a system allocation + a ledger entry under a lock | a ledger entry | `Sync` | `OutOfMemory` past its limit or when the system refuses |
+//! | [`Pool<T>`] | many values of one type with stable addresses | free-list pop / push | 1 bit (+ padding to 4 bytes) | `Send` when `T` is | `OutOfMemory` |
+//!
+//! **When an allocator is full.** The "when full" column is what the `try_` calls
+//! return. A collection sees only `AllocError`: an `allocator_api2` (or
+//! `hashbrown`) collection that outgrows its allocator in `push`, `insert` or
+//! `reserve` aborts the process through `handle_alloc_error`, as `std`'s
+//! collections do. Reserve with `try_reserve` where running out is possible:
+//!
+//! ```rust
+//! use mmobject::alloc::FrameAllocator;
+//! use mmobject::allocator_api2::vec::Vec;
+//!
+//! let frame = FrameAllocator::with_capacity(64);
+//! let mut v: Vec<u8, _> = Vec::new_in(&frame);
+//! // `v.extend([0; 1024])` would abort the process here; `try_reserve` reports it.
+//! assert!(v.try_reserve(1024).is_err());
+//! v.try_reserve(32).expect("fits");
+//! v.extend([7; 32]); // within the reserved capacity: no allocation
+//! assert_eq!(frame.allocated_bytes(), 32);
+//! ```
 //!
 //! Values moved into the stacks and frames are **never dropped** (as with bumpalo): their
 //! memory is reclaimed without running destructors. [`Pool<T>`] drops its values.
@@ -65,6 +87,54 @@
 //!   start, double free) it checks before touching memory.
 //! - Unsafe code is confined to these modules; every block has a `// SAFETY:` comment and
 //!   the invariants are documented on the types. The tests run under Miri.
+//!
+//! # Soundness
+//!
+//! Safe code cannot reach undefined behaviour through these types. What holds that promise
+//! up, type by type:
+//!
+//! | type | variance | `Send` | `Sync` | why |
+//! |---|---|---|---|---|
+//! | [`Pool<T>`] | **invariant** in `T` | when `T: Send` | no | values go in through `&self`: a covariant pool would accept a `T<'short>` and drop it later as `T<'static>`. It owns its `T`s, so it moves only with them. The free list lives in `Cell`s. |
+//! | [`PoolBox<'p, T>`] | covariant in `'p`, invariant in `T` | no | no | it borrows an (invariant, `!Sync`) `Pool<T>`; holding it for a shorter borrow of the pool is sound and useful. |
+//! | [`FrameRef<T>`] | **invariant** in `T` | yes | yes | it gives mutable access ([`DoubleBufferedAllocator::try_get_mut`]), so it must not be relabelled with a shorter lifetime. It is a token (no pointer, no `T`): reading through it needs the allocator. |
+//! | [`DoubleBufferedAllocator`] | — | yes | no | a `FrameRef` is not tied to a borrow, so its value is reachable again after the allocator moves to another thread: [`alloc`](DoubleBufferedAllocator::alloc) requires `T: Send`. Values from `alloc_mut` and the `Allocator` impl are reachable only through borrows, which end before a move, so they need no bound. |
+//! | [`StackAllocator`], [`DoubleEndedStack`], [`FrameAllocator`] | — | yes | no | the top is a `Cell`. Stored values need no `Send` bound: references to them borrow the allocator, and values are never dropped, so after a move they are unreachable bytes. |
+//! | [`SizeClassPool`], [`SmallObjectAllocator`] | — | yes | yes | untyped bytes; every class's state sits behind its own lock (`&mut self` paths skip it). |
+//! | [`AlignedAlloc<A>`] | covariant in `A` | when `A: Send` | when `A: Sync` | it owns `A` like a plain field and never writes an `A` through `&self`. |
+//! | [`SegmentAlloc`] | — | yes | yes | untyped bytes from `System`; its ledger sits behind a lock and holds addresses only. |
+//!
+//! **Trait implementations.** [`RawAlloc`] is an `unsafe trait`: [`AlignedAlloc`] writes its
+//! header into, and hands out, whatever `RawAlloc::alloc` returns, and no check could tell
+//! a good pointer from a bad one. Its contract (in the trait's docs) covers only the blocks
+//! it returns; an implementation may still, without undefined behaviour, report any
+//! `capacity` (used only for statistics and error messages), refuse requests it has room
+//! for (they become [`Error::OutOfMemory`](crate::Error::OutOfMemory)), or do nothing in
+//! `free` (the memory leaks, or comes back another way, as with [`StackAllocator`]). No
+//! other trait here is implemented by users.
+//!
+//! **Pointers handed back.** A pointer given to `free`, `try_free` or
+//! `Allocator::deallocate` is used only as an address: every read or write of allocator
+//! metadata (free-list links, debug fill, [`AlignedAlloc`]'s header) goes through the
+//! allocator's own pointer (its region's, or for [`AlignedAlloc`] the raw allocator's,
+//! kept in the ledger). The caller's pointer may carry provenance over only the bytes it
+//! asked for, as an `allocator_api2::boxed::Box` does, so touching anything else through it
+//! would be undefined behaviour under Stacked Borrows.
+//!
+//! **Leaks.** Forgetting a guard or a collection (`mem::forget` of a [`PoolBox`], a `Box` or
+//! a `Vec` in any allocator) leaks its memory and nothing else. [`Pool<T>`] tracks which
+//! slots hold a `T` in a bitmap of its own, so its drop never runs `T`'s destructor on raw
+//! bytes handed out through its `Allocator` impl.
+//!
+//! **Counters.** Allocator ids (checked by [`Marker`]s and [`FrameRef`]s) are `u64`s that
+//! never repeat: once exhausted, creating a stack panics. Frame numbers are `u64`s (2^64
+//! frames is out of reach). Statistics counters only count.
+//!
+//! **Tests.** `tests/soundness/alloc.rs` is the adversarial suite (forgotten guards,
+//! unhelpful `RawAlloc`s, frees on other threads, boxes under Stacked Borrows);
+//! `tests/ui/soundness/alloc_*.rs` are the compile-fail cases for variance, `Send`/`Sync`
+//! and the `unsafe trait`; `tests/alloc_ids.rs` drives the id counter to its end. All of
+//! them, and this module's unit tests, run under Miri with its default Stacked Borrows.
 
 mod aligned;
 mod double_buffered;
@@ -73,6 +143,7 @@ mod frame;
 mod pool;
 mod region;
 mod segment;
+mod shell;
 mod size_class_pool;
 mod small_object;
 mod stack;
@@ -87,5 +158,7 @@ pub use region::MAX_ALIGN;
 pub use segment::SegmentAlloc;
 pub use size_class_pool::{SizeClassPool, SizeClassStats, DEFAULT_CLASSES};
 pub use small_object::{ClassFootprint, SizeHistogram, SmallObjectAllocator, SmallObjectConfig, SMALL_OBJECT_CLASSES};
+#[doc(hidden)]
+pub use stack::__advance_allocator_ids;
 pub use stack::{Marker, StackAllocator};
 pub use stats::AllocStats;

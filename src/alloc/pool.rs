@@ -8,7 +8,7 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 
 use super::region::{self, Region, MAX_ALIGN};
 use super::AllocStats;
@@ -20,6 +20,9 @@ union Slot<T> {
     value: ManuallyDrop<T>,
     next: u32,
 }
+
+/// A marker type that makes its user invariant in `T` and adds no auto-trait bound.
+type Invariant<T> = fn(T) -> T;
 
 /// End of the free list.
 const NIL: u32 = u32::MAX;
@@ -41,9 +44,19 @@ const NIL: u32 = u32::MAX;
 /// - **Drop**: values still in the pool (leaked with `into_raw`) are dropped, and reported
 ///   with `log::warn!`.
 ///
-/// Invariants: slots `fresh..capacity` have never been used; the free list links slots below
-/// `fresh` through `Slot::next`; bit `i` of `occupied` is set exactly when slot `i` is handed
-/// out (holding a value, or raw memory through the `Allocator` impl).
+/// **Variance.** Invariant in `T`: values go in through `&self`, so a covariant pool would
+/// let `&Pool<Foo<'static>>` be used as `&Pool<Foo<'short>>`, insert a value borrowing a
+/// local, and drop it later as a `Foo<'static>`.
+///
+/// Invariants:
+/// 1. Slots `fresh..capacity` have never been used; the free list links slots below `fresh`
+///    through `Slot::next`.
+/// 2. Bit `i` of `occupied` is set exactly when slot `i` is handed out (holding a value, or
+///    raw memory through the `Allocator` impl).
+/// 3. Bit `i` of `values` is set exactly when slot `i` holds an initialised `T` written by
+///    [`try_alloc`](Self::try_alloc); it implies bit `i` of `occupied`. Only those slots are
+///    dropped by the pool's drop: a slot handed out through the `Allocator` impl holds raw
+///    bytes, and may outlive its borrow of the pool if its owner was leaked with `mem::forget`.
 ///
 /// # Examples
 ///
@@ -65,12 +78,18 @@ pub struct Pool<T> {
     capacity: u32,
     head: Cell<u32>,
     fresh: Cell<u32>,
+    /// One bit per slot: handed out (invariant 2).
     occupied: Box<[Cell<u64>]>,
+    /// One bit per slot: holds a `T` (invariant 3).
+    values: Box<[Cell<u64>]>,
     live: Cell<usize>,
     peak: Cell<usize>,
     allocations: Cell<u64>,
     failures: Cell<u64>,
-    _values: PhantomData<T>,
+    /// `T`: the pool owns `T`s (drop check), and is `Send` only when `T` is.
+    /// `fn(T) -> T`: invariant in `T`, because values are inserted through `&self` (see the
+    /// type's docs); a function pointer adds no auto-trait bound of its own.
+    _values: PhantomData<(T, Invariant<T>)>,
 }
 
 impl<T> Pool<T> {
@@ -92,6 +111,7 @@ impl<T> Pool<T> {
             head: Cell::new(NIL),
             fresh: Cell::new(0),
             occupied: (0..n.div_ceil(64)).map(|_| Cell::new(0)).collect(),
+            values: (0..n.div_ceil(64)).map(|_| Cell::new(0)).collect(),
             live: Cell::new(0),
             peak: Cell::new(0),
             allocations: Cell::new(0),
@@ -126,10 +146,7 @@ impl<T> Pool<T> {
     #[inline]
     #[track_caller]
     pub fn alloc(&self, value: T) -> PoolBox<'_, T> {
-        match self.try_alloc(value) {
-            Ok(b) => b,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_alloc(value))
     }
 
     /// Moves `value` into a free slot, or fails if the pool is full.
@@ -148,16 +165,19 @@ impl<T> Pool<T> {
     /// ```
     #[inline]
     pub fn try_alloc(&self, value: T) -> Result<PoolBox<'_, T>> {
-        let slot = self.take()?.cast::<T>();
+        let index = self.take()?;
+        let slot = self.slot(index).cast::<T>();
         // SAFETY: a slot handed out just now: aligned for `T` (slots are `Slot<T>`-aligned,
         // repr(C) puts `value` at offset 0) and unreferenced.
         unsafe { slot.as_ptr().write(value) };
+        flip(&self.values, index); // invariant 3: the slot now holds a `T`
         Ok(PoolBox { pool: self, ptr: slot })
     }
 
-    /// Takes a slot off the free list (or the never-used tail) and marks it occupied.
+    /// Takes a slot off the free list (or the never-used tail), marks it occupied and
+    /// returns its index.
     #[inline]
-    fn take(&self) -> Result<NonNull<u8>> {
+    fn take(&self) -> Result<u32> {
         let head = self.head.get();
         let index = if head != NIL {
             let slot = self.slot(head);
@@ -181,7 +201,7 @@ impl<T> Pool<T> {
         self.live.set(live);
         self.peak.set(self.peak.get().max(live));
         self.allocations.set(self.allocations.get() + 1);
-        Ok(self.slot(index))
+        Ok(index)
     }
 
     /// Puts a slot back (after checking it) without touching its value.
@@ -191,6 +211,11 @@ impl<T> Pool<T> {
             return Err(Error::DoubleFree { addr: ptr.as_ptr() as usize });
         }
         self.toggle(index);
+        if bit(&self.values, index) {
+            // Invariant 3: whatever `T` was there is now forgotten (a raw `deallocate` of a
+            // value slot leaks the value; `try_free` has moved it out already).
+            flip(&self.values, index);
+        }
         let slot = self.slot(index);
         // SAFETY: the slot was handed out and its owner gave it back; it is `SLOT >= 4`
         // bytes, aligned to at least 4.
@@ -223,13 +248,12 @@ impl<T> Pool<T> {
 
     #[inline]
     fn is_occupied(&self, index: u32) -> bool {
-        self.occupied[(index / 64) as usize].get() & (1 << (index % 64)) != 0
+        bit(&self.occupied, index)
     }
 
     #[inline]
     fn toggle(&self, index: u32) {
-        let word = &self.occupied[(index / 64) as usize];
-        word.set(word.get() ^ (1 << (index % 64)));
+        flip(&self.occupied, index);
     }
 
     /// Drops the value at `ptr` and frees its slot.
@@ -244,9 +268,7 @@ impl<T> Pool<T> {
     #[track_caller]
     pub unsafe fn free(&self, ptr: NonNull<T>) {
         // SAFETY: forwarded contract.
-        if let Err(e) = unsafe { self.try_free(ptr) } {
-            region::fail(e)
-        }
+        shell::ok_or_fail(unsafe { self.try_free(ptr) })
     }
 
     /// Drops the value at `ptr` (from [`PoolBox::into_raw`]) and frees its slot.
@@ -258,9 +280,10 @@ impl<T> Pool<T> {
     ///
     /// # Safety
     ///
-    /// Bad pointers of those three kinds are caught. If `ptr` is an occupied slot, it must
-    /// hold a `T` written by [`alloc`](Self::alloc) (not raw memory from the `Allocator`
-    /// impl), the caller must own it, and must not use it afterwards.
+    /// Bad pointers of those three kinds are caught, and so is a slot handed out as raw memory
+    /// through the `Allocator` impl (reported as [`Error::ForeignPointer`]: it holds no `T`).
+    /// If `ptr` is a slot holding a `T`, the caller must own that value (it came from
+    /// [`PoolBox::into_raw`]) and must not use it afterwards.
     ///
     /// # Examples
     ///
@@ -280,10 +303,13 @@ impl<T> Pool<T> {
         if !self.is_occupied(index) {
             return Err(Error::DoubleFree { addr: ptr.as_ptr() as usize });
         }
-        // SAFETY: the slot is occupied and (caller's contract) holds a `T` the caller owns.
-        // Move it out first, then free the slot, so a panicking `Drop` leaves the pool
-        // consistent.
-        let value = unsafe { ptr.as_ptr().read() };
+        if !bit(&self.values, index) {
+            return Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize });
+        }
+        // SAFETY: the slot holds a `T` (invariant 3) that the caller owns (contract). It is
+        // read through the pool's own pointer, whose provenance covers the whole slot. Move
+        // it out first, then free the slot, so a panicking `Drop` leaves the pool consistent.
+        let value = unsafe { self.slot(index).cast::<T>().as_ptr().read() };
         self.release(ptr.cast()).expect("checked above");
         drop(value);
         Ok(())
@@ -335,16 +361,29 @@ impl<T> Drop for Pool<T> {
             std::any::type_name::<T>()
         );
         for index in 0..self.fresh.get() {
-            if self.is_occupied(index) {
-                self.toggle(index);
-                // SAFETY: an occupied slot handed out by `alloc` holds a `T` nobody can use any
-                // more (the pool is being dropped, so no `PoolBox` borrows it). Slots handed
-                // out through the `Allocator` impl hold no `T`, but they cannot outlive the
-                // borrow of the pool either, so none is occupied here.
+            if bit(&self.values, index) {
+                flip(&self.values, index);
+                // SAFETY: invariant 3: the slot holds an initialised `T`, and nobody can use it
+                // any more (the pool is being dropped, so no `PoolBox` borrows it). Slots
+                // handed out through the `Allocator` impl hold raw bytes and have no bit in
+                // `values`, so they are skipped even when a leaked collection still owns one.
                 unsafe { self.slot(index).cast::<T>().as_ptr().drop_in_place() };
             }
         }
     }
+}
+
+/// Bit `index` of a bitmap.
+#[inline]
+fn bit(bits: &[Cell<u64>], index: u32) -> bool {
+    bits[(index / 64) as usize].get() & (1 << (index % 64)) != 0
+}
+
+/// Flips bit `index` of a bitmap.
+#[inline]
+fn flip(bits: &[Cell<u64>], index: u32) {
+    let word = &bits[(index / 64) as usize];
+    word.set(word.get() ^ (1 << (index % 64)));
 }
 
 impl<T> fmt::Debug for Pool<T> {
@@ -357,33 +396,40 @@ impl<T> fmt::Debug for Pool<T> {
     }
 }
 
-// SAFETY:
-// 1. `allocate` hands out a whole slot, only when the layout fits in it (size and alignment),
-//    to nobody else until it comes back through `deallocate`.
-// 2. Slots stay valid until `deallocate` or the pool's drop (which needs it unborrowed).
-// 3. Copies of `&Pool<T>` are the same allocator.
-unsafe impl<T> Allocator for &Pool<T> {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if layout.size() > Pool::<T>::SLOT || layout.align() > align_of::<Slot<T>>() {
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` hands out a whole slot (from the region's pointer), only when the layout
+//    fits in it (size and alignment), to nobody else until it comes back through `try_free`.
+// 2. Slots stay valid until `try_free` or the pool's drop (which needs it unborrowed).
+// 3. `try_free` (`release`) checks range, slot start and the occupied bit before touching
+//    memory, and then writes only through the region's pointer.
+unsafe impl<T> Shell for Pool<T> {
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        let slot_align = align_of::<Slot<T>>();
+        if layout.align() > slot_align {
             self.failures.set(self.failures.get() + 1);
-            return Err(AllocError);
+            return Err(Error::UnsupportedAlignment { align: layout.align(), max: slot_align });
         }
-        match self.take() {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
+        if layout.size() > Self::SLOT {
+            self.failures.set(self.failures.get() + 1);
+            return Err(Error::OutOfMemory { requested: layout.size(), available: Self::SLOT });
         }
+        Ok(self.slot(self.take()?))
     }
 
-    /// Panics with the error's message on a bad free.
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, _layout: Layout) {
-        if let Err(e) = self.release(ptr) {
-            region::fail(e)
-        }
+    #[inline]
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        self.release(ptr).map(drop)
     }
 }
 
+shell::impl_allocator!(<T> Pool<T>);
+
 /// An owning pointer to a value in a [`Pool`]; drops the value and frees the slot when it
 /// goes out of scope.
+///
+/// Covariant in `'pool` (it may be held for a shorter borrow of its pool), invariant in `T`
+/// (it borrows a `Pool<T>`, which is). Neither `Send` nor `Sync`: it borrows a pool, which
+/// is not `Sync`.
 pub struct PoolBox<'pool, T> {
     pool: &'pool Pool<T>,
     /// Points at an occupied slot of `pool` holding an initialised `T` owned by this box.
@@ -507,26 +553,6 @@ mod tests {
         assert_eq!(pool.try_alloc(2).map(|_| ()), Err(Error::UseAfterFree { addr: raw.as_ptr() as usize }));
         assert_eq!(pool.len(), 0);
         assert!(pool.try_alloc(3).is_ok());
-    }
-
-    #[repr(align(64))]
-    struct Block(#[allow(dead_code)] [u8; 512]);
-
-    #[test]
-    fn collections() {
-        let pool: Pool<Block> = Pool::with_capacity(8);
-        let mut v = allocator_api2::vec::Vec::new_in(&pool);
-        v.extend(0..100u32);
-        let mut m = hashbrown::HashMap::new_in(&pool);
-        for i in 0..10u16 {
-            m.insert(i, i);
-        }
-        assert_eq!((v[99], m[&9]), (99, 9));
-        let too_big: allocator_api2::vec::Vec<u8, _> = allocator_api2::vec::Vec::new_in(&pool);
-        let mut too_big = too_big;
-        assert!(too_big.try_reserve(1000).is_err());
-        drop((v, m));
-        assert!(pool.is_empty());
     }
 
     proptest! {

@@ -116,18 +116,18 @@ pub(crate) const fn align_up(n: usize, align: usize) -> usize {
     (n + align - 1) & !(align - 1)
 }
 
-/// A dangling, well-aligned pointer for zero-size requests.
+/// A dangling, well-aligned pointer for zero-size requests: its address is `align`.
 #[inline]
 pub(crate) fn dangling(align: usize) -> NonNull<u8> {
     NonNull::new(std::ptr::without_provenance_mut::<u8>(align)).expect("alignment is never zero")
 }
 
-/// The panic path of every plain (non-`try_`) call: panics with the error's message.
-#[cold]
-#[inline(never)]
-#[track_caller]
-pub(crate) fn fail(error: Error) -> ! {
-    panic!("{error}")
+/// Whether `ptr` may be a [`dangling`] zero-size block (its address is at most
+/// [`MAX_ALIGN`], where no region lies). The stacks accept these in `free`, which touches
+/// no memory.
+#[inline]
+pub(crate) fn is_dangling(ptr: NonNull<u8>) -> bool {
+    ptr.as_ptr() as usize <= MAX_ALIGN
 }
 
 /// Fills `len` bytes at `ptr` with [`FREED_PATTERN`] (debug builds only).

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
 use parking_lot::Mutex;
 
+use super::shell::{self, Shell};
 use super::AllocStats;
 use crate::{Error, Result};
 
@@ -29,7 +29,8 @@ const FREED_MEMORY: usize = 256;
 ///   for few, large blocks (a store allocates about `log2(objects)` segments), not for
 ///   small objects: use [`SizeClassPool`](super::SizeClassPool) or
 ///   [`SmallObjectAllocator`](super::SmallObjectAllocator) for those.
-/// - **Alignment**: any power of two, beyond [`MAX_ALIGN`](super::MAX_ALIGN) too.
+/// - **Alignment**: any power of two, beyond [`MAX_ALIGN`](super::MAX_ALIGN) too. A
+///   zero-size request gets a real one-byte block.
 /// - **Bad frees**: a pointer it never handed out ([`Error::ForeignPointer`]), one inside
 ///   a block ([`Error::NotBlockStart`]) and a recent double free ([`Error::DoubleFree`]) are
 ///   reported before any memory is touched.
@@ -107,20 +108,20 @@ impl SegmentAlloc {
     /// Panics with the [`try_alloc`](Self::try_alloc) error's message.
     #[track_caller]
     pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        self.try_alloc(layout).unwrap_or_else(|e| panic!("{e}"))
+        Shell::alloc(self, layout)
     }
 
-    /// Allocates a block for `layout`: uninitialised, aligned to `layout.align()`. A
-    /// zero-size request gets a dangling, aligned pointer and takes no memory.
+    /// Allocates a block for `layout`: uninitialised, aligned to `layout.align()`.
     ///
     /// # Errors
     ///
     /// [`Error::OutOfMemory`] when the block would take the allocator past its limit, or
     /// the system refuses it.
     pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
-        if layout.size() == 0 {
-            return Ok(dangling(layout));
-        }
+        // A real block for a zero-size request, so that every pointer handed out is in the
+        // ledger and every free is checked the same way.
+        let layout = Layout::from_size_align(layout.size().max(1), layout.align())
+            .map_err(|_| Error::OutOfMemory { requested: layout.size(), available: self.limit })?;
         let mut ledger = self.ledger.lock();
         let available = self.limit.saturating_sub(ledger.in_use);
         let refused = Error::OutOfMemory { requested: layout.size(), available };
@@ -155,9 +156,7 @@ impl SegmentAlloc {
     #[track_caller]
     pub unsafe fn free(&self, ptr: NonNull<u8>) {
         // SAFETY: forwarded from the caller.
-        if let Err(e) = unsafe { self.try_free(ptr) } {
-            panic!("{e}")
-        }
+        unsafe { Shell::free(self, ptr) }
     }
 
     /// Frees a block, or says why it cannot be this allocator's.
@@ -216,10 +215,6 @@ impl SegmentLedger {
     }
 }
 
-fn dangling(layout: Layout) -> NonNull<u8> {
-    NonNull::new(std::ptr::without_provenance_mut(layout.align())).expect("an alignment is not zero")
-}
-
 impl Default for SegmentAlloc {
     fn default() -> Self {
         SegmentAlloc::new()
@@ -232,23 +227,26 @@ impl fmt::Debug for SegmentAlloc {
     }
 }
 
-// SAFETY: blocks come from `System` with the requested layout (so they are valid and
-// aligned, and stay so until freed); zero-size requests get dangling aligned pointers that
-// are never freed through the ledger; `deallocate` frees exactly the block the ledger
-// recorded for the pointer. Moving or copying the `&SegmentAlloc` changes nothing.
-unsafe impl Allocator for &SegmentAlloc {
-    fn allocate(&self, layout: Layout) -> std::result::Result<NonNull<[u8]>, AllocError> {
-        let block = self.try_alloc(layout).map_err(|_| AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(block, layout.size()))
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` returns a fresh block from `System` for (at least) `layout`, so it is valid,
+//    aligned and shared with nobody.
+// 2. A block is freed only by `try_free` (or never: the allocator does not free on drop).
+// 3. `try_free` looks the pointer up in the ledger before touching anything, and frees only
+//    a live block, with the layout it was allocated with.
+unsafe impl Shell for SegmentAlloc {
+    #[inline]
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        SegmentAlloc::try_alloc(self, layout)
     }
 
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 {
-            // SAFETY: the caller of `deallocate` guarantees `ptr` is a live block of ours.
-            unsafe { self.free(ptr) };
-        }
+    #[inline]
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { SegmentAlloc::try_free(self, ptr) }
     }
 }
+
+shell::impl_allocator!(SegmentAlloc);
 
 #[cfg(test)]
 mod tests {
@@ -293,13 +291,13 @@ mod tests {
     }
 
     #[test]
-    fn zero_size_takes_nothing() {
+    fn zero_size_gets_a_real_block() {
         let segments = SegmentAlloc::new();
-        let mut v: allocator_api2::vec::Vec<u64, &SegmentAlloc> = allocator_api2::vec::Vec::new_in(&segments);
-        assert_eq!(segments.stats().live, 0);
-        v.extend([1, 2, 3]);
+        let block = segments.alloc(Layout::from_size_align(0, 1 << 16).unwrap());
+        assert_eq!(block.as_ptr() as usize % (1 << 16), 0);
         assert_eq!(segments.stats().live, 1);
-        drop(v);
-        assert_eq!(segments.stats().in_use, 0);
+        // SAFETY: ours, unused.
+        unsafe { segments.free(block) };
+        assert_eq!(segments.stats().live, 0);
     }
 }

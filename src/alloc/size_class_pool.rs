@@ -5,7 +5,7 @@ use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 use parking_lot::Mutex;
 
 use super::region::{self, Region, MAX_ALIGN};
@@ -232,10 +232,7 @@ impl SizeClassPool {
     #[inline]
     #[track_caller]
     pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        match self.try_alloc(layout) {
-            Ok(p) => p,
-            Err(e) => region::fail(e),
-        }
+        Shell::alloc(self, layout)
     }
 
     /// Allocates a block for `layout` (a zero-size request gets a real 8-byte block).
@@ -349,10 +346,8 @@ impl SizeClassPool {
     #[inline]
     #[track_caller]
     pub unsafe fn free(&self, ptr: NonNull<u8>) {
-        // SAFETY: the caller upholds `try_free`'s contract.
-        if let Err(e) = unsafe { self.try_free(ptr) } {
-            region::fail(e)
-        }
+        // SAFETY: forwarded contract.
+        unsafe { Shell::free(self, ptr) }
     }
 
     /// Returns a block to its class.
@@ -600,28 +595,26 @@ impl fmt::Debug for SizeClassPool {
     }
 }
 
-// SAFETY:
-// 1. `allocate` returns a block of at least `layout.size()` bytes aligned to
-//    `min(block_size, 4096) >= layout.align()`, handed out to nobody else until freed.
-// 2. Blocks stay valid until `deallocate` (or the pool's drop, which needs the pool to be
-//    unborrowed). 3. Copies of `&SizeClassPool` are the same allocator.
-unsafe impl Allocator for &SizeClassPool {
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` returns a whole free block of a class whose size and alignment (`min(block
+//    size, 4096)`) cover the layout, from the region's pointer, handed to nobody else.
+// 2. Blocks stay valid until `try_free` or the pool's drop (which needs it unborrowed).
+// 3. `try_free` checks range, block start and the allocated bit before touching memory, and
+//    then writes only through the region's pointer.
+unsafe impl Shell for SizeClassPool {
     #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match self.try_alloc(layout) {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
-        }
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        SizeClassPool::try_alloc(self, layout)
     }
 
-    /// Panics with the error's message on a bad free.
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, _layout: Layout) {
-        // SAFETY: the `Allocator` contract: `ptr` came from this allocator and is not used
-        // again.
-        unsafe { self.free(ptr) }
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { SizeClassPool::try_free(self, ptr) }
     }
 }
+
+shell::impl_allocator!(SizeClassPool);
 
 #[cfg(test)]
 mod tests {
@@ -761,20 +754,6 @@ mod tests {
         }
         assert_eq!(pool.try_alloc(Layout::new::<u64>()), Err(Error::UseAfterFree { addr: p.as_ptr() as usize }));
         assert!(pool.try_alloc(Layout::new::<u64>()).is_ok(), "fresh blocks still served");
-    }
-
-    #[test]
-    fn collections() {
-        let pool = SizeClassPool::new(&[(64, 64), (256, 16), (1024, 8), (4096, 4)]);
-        let mut v = allocator_api2::vec::Vec::new_in(&pool);
-        v.extend(0..500u32);
-        let mut m = hashbrown::HashMap::new_in(&pool);
-        for i in 0..100u32 {
-            m.insert(i, i + 1);
-        }
-        assert_eq!((v[499], m[&99]), (499, 100));
-        drop((v, m));
-        assert_eq!(pool.stats().in_use, 0);
     }
 
     proptest! {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 use parking_lot::Mutex;
 
 use super::region::{self, Region, MAX_ALIGN};
@@ -328,10 +328,7 @@ impl SmallObjectAllocator {
     #[inline]
     #[track_caller]
     pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        match self.try_alloc(layout) {
-            Ok(p) => p,
-            Err(e) => region::fail(e),
-        }
+        Shell::alloc(self, layout)
     }
 
     /// Allocates a block for `layout`: a slot if one fits, otherwise a system block (a
@@ -414,10 +411,8 @@ impl SmallObjectAllocator {
     #[inline]
     #[track_caller]
     pub unsafe fn free(&self, ptr: NonNull<u8>) {
-        // SAFETY: the caller upholds `try_free`'s contract.
-        if let Err(e) = unsafe { self.try_free(ptr) } {
-            region::fail(e)
-        }
+        // SAFETY: forwarded contract.
+        unsafe { Shell::free(self, ptr) }
     }
 
     /// Frees a block.
@@ -467,8 +462,12 @@ impl SmallObjectAllocator {
         if !st.is_set(slot) {
             return Err(Error::DoubleFree { addr });
         }
-        // SAFETY: the slot was handed out and the caller no longer uses it.
-        unsafe { region::fill_freed(ptr, class.slot_size) };
+        // SAFETY: the slot was handed out and the caller no longer uses it. The fill goes
+        // through the region's own pointer, whose provenance covers the whole slot; the
+        // caller's pointer may cover only the bytes it asked for (an
+        // `allocator_api2::boxed::Box<u8>` retags it to one byte), so writing the whole slot
+        // through it would be undefined behaviour under Stacked Borrows.
+        unsafe { region::fill_freed(self.region.at(offset), class.slot_size) };
         st.clear(slot);
         st.live -= 1;
         st.demand -= 1;
@@ -601,28 +600,27 @@ impl fmt::Debug for SmallObjectAllocator {
     }
 }
 
-// SAFETY:
-// 1. `allocate` returns a slot (aligned to the class alignment, which routing made
-//    `>= layout.align()`, and at least `layout.size()` bytes) or a `System` block for the
-//    layout; either is handed to nobody else until freed.
-// 2. Blocks stay valid until `deallocate` or the allocator's drop (which needs it unborrowed).
-// 3. Copies of `&SmallObjectAllocator` are the same allocator.
-unsafe impl Allocator for &SmallObjectAllocator {
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` returns a slot (aligned to the class alignment, which routing made
+//    `>= layout.align()`, and at least `layout.size()` bytes, from the region's pointer) or a
+//    `System` block for the layout; either is handed to nobody else until freed.
+// 2. Blocks stay valid until `try_free` or the allocator's drop (which needs it unborrowed).
+// 3. `try_free` checks range, class, slot start and bit (or the fallback table) before
+//    touching memory, and then writes only through the region's pointer.
+unsafe impl Shell for SmallObjectAllocator {
     #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match self.try_alloc(layout) {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
-        }
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        SmallObjectAllocator::try_alloc(self, layout)
     }
 
-    /// Panics with the error's message on a bad free.
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, _layout: Layout) {
-        // SAFETY: the `Allocator` contract: `ptr` came from this allocator, not used again.
-        unsafe { self.free(ptr) }
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { SmallObjectAllocator::try_free(self, ptr) }
     }
 }
+
+shell::impl_allocator!(SmallObjectAllocator);
 
 #[cfg(test)]
 mod tests {
@@ -766,20 +764,6 @@ mod tests {
         let by_requests = SizeHistogram { requests: [1, 0, 0, 0, 0, 0, 1], ..Default::default() };
         assert_eq!(SmallObjectConfig::from_histogram(&by_requests, 272).slots, [2, 0, 0, 0, 0, 0, 2]);
         assert_eq!(SmallObjectConfig::from_histogram(&SizeHistogram::default(), 1), SmallObjectConfig::default());
-    }
-
-    #[test]
-    fn collections() {
-        let small = config([64, 64, 64, 64, 64, 64, 64]);
-        let mut v = allocator_api2::vec::Vec::new_in(&small);
-        v.extend(0..200u32); // grows past 128 bytes: system fallback
-        let mut m = hashbrown::HashMap::new_in(&small);
-        for i in 0..3u8 {
-            m.insert(i, i);
-        }
-        assert_eq!((v[199], m[&2]), (199, 2));
-        drop((v, m));
-        assert_eq!(small.stats().in_use, 0);
     }
 
     proptest! {

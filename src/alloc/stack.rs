@@ -4,18 +4,40 @@ use std::alloc::Layout;
 use std::cell::Cell;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use super::shell::{self, Shell};
 
 use super::region::{self, Region, MAX_ALIGN};
 use super::AllocStats;
 use crate::{Error, Result};
 
-/// Hands out a fresh id for each stack, so a marker from another stack is caught.
-pub(crate) fn next_stack_id() -> u32 {
-    static NEXT: AtomicU32 = AtomicU32::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+/// The next id [`next_stack_id`] hands out. It only moves forward.
+static NEXT_STACK_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Hands out a fresh id for each stack, so a marker (or a
+/// [`FrameRef`](super::FrameRef)) from another allocator is caught.
+///
+/// Ids never repeat: a repeated id would let a `FrameRef` of one
+/// [`DoubleBufferedAllocator`](super::DoubleBufferedAllocator) pass the owner check of another
+/// and read memory that holds no `T`. They are `u64`s (2^64 allocators is out of reach), and
+/// the counter refuses to wrap: once exhausted, every call panics and nothing is handed out.
+///
+/// # Panics
+///
+/// Panics when every id has been used.
+pub(crate) fn next_stack_id() -> u64 {
+    NEXT_STACK_ID
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
+        .unwrap_or_else(|_| panic!("allocator ids exhausted: 2^64 - 1 stack allocators were created"))
+}
+
+/// Test hook: moves the allocator-id counter forward to at least `next`, so a test can reach
+/// the end of the id space quickly. It can only move the counter forward, so it can make
+/// [`next_stack_id`] panic sooner but never repeat an id.
+#[doc(hidden)]
+pub fn __advance_allocator_ids(next: u64) {
+    NEXT_STACK_ID.fetch_max(next, Ordering::Relaxed);
 }
 
 /// A position in a stack, taken with [`StackAllocator::marker`] (or one end of a
@@ -24,7 +46,7 @@ pub(crate) fn next_stack_id() -> u32 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Marker {
     /// The id of the stack (and, for a double-ended stack, which end) it came from.
-    pub(crate) owner: u32,
+    pub(crate) owner: u64,
     /// The end it came from: 0 for a plain stack or the lower end, 1 for the upper end.
     pub(crate) end: u8,
     /// The offset of the top when the marker was taken.
@@ -52,6 +74,9 @@ impl Marker {
 /// **Drop.** Values are never dropped (as in bumpalo): memory is reclaimed without running
 /// destructors. Allocate plain data, or drop values yourself with `ptr::drop_in_place`.
 ///
+/// **Growth.** Through the `Allocator` impl, the last block grows in place: a collection
+/// filled while nothing else is allocated above it uses no more than its final capacity.
+///
 /// **Threads.** `Send` but not `Sync`: the top is a `Cell`.
 ///
 /// Invariants: `top <= region.len()`; in debug builds every byte in `top..len` holds the
@@ -75,10 +100,7 @@ pub struct StackAllocator {
     /// Offset of the first free byte. `top <= region.len()`.
     top: Cell<usize>,
     /// Unique id stamped into markers.
-    id: u32,
-    allocations: Cell<u64>,
-    /// `allocations` at the last reset (so `live` = allocations since then).
-    allocations_at_reset: Cell<u64>,
+    id: u64,
     failures: Cell<u64>,
     /// Highest top seen; updated whenever the top goes down and when stats are read.
     peak: Cell<usize>,
@@ -102,8 +124,6 @@ impl StackAllocator {
             region: Region::new(bytes),
             top: Cell::new(0),
             id: next_stack_id(),
-            allocations: Cell::new(0),
-            allocations_at_reset: Cell::new(0),
             failures: Cell::new(0),
             peak: Cell::new(0),
         }
@@ -139,10 +159,7 @@ impl StackAllocator {
     #[inline(always)]
     #[track_caller]
     pub fn alloc<T>(&self, value: T) -> &mut T {
-        match self.try_alloc(value) {
-            Ok(r) => r,
-            Err(e) => region::fail(e),
-        }
+        shell::ok_or_fail(self.try_alloc(value))
     }
 
     /// Moves `value` onto the stack, or returns an error if it does not fit.
@@ -183,10 +200,7 @@ impl StackAllocator {
     #[inline]
     #[track_caller]
     pub fn alloc_layout(&self, layout: Layout) -> NonNull<u8> {
-        match self.try_alloc_layout(layout) {
-            Ok(p) => p,
-            Err(e) => region::fail(e),
-        }
+        Shell::alloc(self, layout)
     }
 
     /// Reserves a block for `layout` and returns its (uninitialised) start.
@@ -217,12 +231,15 @@ impl StackAllocator {
     }
 
     /// The fast path: bump the top if the block fits. Returns `None` for anything unusual
-    /// (zero size, alignment above 4096, not enough room) and always in debug builds, so
-    /// that [`alloc_slow`](Self::alloc_slow) handles it with every check.
+    /// (zero size, alignment above 4096, not enough room), so that
+    /// [`alloc_slow`](Self::alloc_slow) handles it with every check. It runs in every
+    /// build; debug builds add the use-after-free check after the bump arithmetic (and
+    /// leave a block that fails it to the slow path, which reports it), so `cargo test`
+    /// exercises the same path as a release build.
     #[inline(always)]
     fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
         let (size, align) = (layout.size(), layout.align());
-        if cfg!(debug_assertions) || size == 0 || align > MAX_ALIGN {
+        if size == 0 || align > MAX_ALIGN {
             return None;
         }
         let top = self.top.get();
@@ -233,15 +250,21 @@ impl StackAllocator {
         if end > self.region.len() {
             return None;
         }
+        let ptr = self.region.at(start);
+        // SAFETY: `start..end` lies inside the region above the top: nobody references it.
+        if cfg!(debug_assertions) && !unsafe { region::freed_intact(ptr, size) } {
+            return None;
+        }
         self.top.set(end);
-        self.allocations.set(self.allocations.get() + 1);
-        Some(self.region.at(start))
+        Some(ptr)
     }
 
     /// The checked path: zero-size requests, errors, and the debug fill check.
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<u8>> {
+        #[cfg(test)]
+        tests::SLOW_CALLS.with(|c| c.set(c.get() + 1));
         let (size, align) = (layout.size(), layout.align());
         if align > MAX_ALIGN {
             return Err(self.failed(Error::UnsupportedAlignment { align, max: MAX_ALIGN }));
@@ -261,7 +284,6 @@ impl StackAllocator {
             return Err(self.corrupted(ptr, size));
         }
         self.top.set(end);
-        self.allocations.set(self.allocations.get() + 1);
         Ok(ptr)
     }
 
@@ -305,9 +327,7 @@ impl StackAllocator {
     /// or lies above the current top.
     #[track_caller]
     pub fn free_to_marker(&mut self, marker: Marker) {
-        if let Err(e) = self.try_free_to_marker(marker) {
-            region::fail(e)
-        }
+        shell::ok_or_fail(self.try_free_to_marker(marker))
     }
 
     /// Frees everything allocated after `marker` was taken.
@@ -351,12 +371,13 @@ impl StackAllocator {
         // still borrowed.
         unsafe { region::fill_freed(self.region.at(to), top - to) };
         self.top.set(to);
-        if to == 0 {
-            self.allocations_at_reset.set(self.allocations.get());
-        }
     }
 
-    /// A snapshot of the stack's usage (`live` counts allocations since the last reset).
+    /// A snapshot of the stack's usage.
+    ///
+    /// Everything is derived from the top: `in_use` is the top's offset, `peak` the highest
+    /// top seen. Blocks are not counted one by one (that would cost a store on the bump
+    /// path), so `live` and `allocations` are 0.
     pub fn stats(&self) -> AllocStats {
         let top = self.top.get();
         self.peak.set(self.peak.get().max(top));
@@ -364,11 +385,36 @@ impl StackAllocator {
             capacity: self.region.len(),
             in_use: top,
             peak: self.peak.get(),
-            live: (self.allocations.get() - self.allocations_at_reset.get()) as usize,
-            allocations: self.allocations.get(),
+            live: 0,
+            allocations: 0,
             failures: self.failures.get(),
             fallbacks: 0,
         }
+    }
+
+    /// Grows `block` (the last block, of `old_size` bytes) in place to `new_size` bytes, if
+    /// it is the last block on the stack, `new_align` divides its address, and the region
+    /// has room. Returns the block, with the region's provenance, or `None`.
+    #[inline]
+    fn grow_last(&self, block: NonNull<u8>, old_size: usize, new_size: usize, new_align: usize) -> Option<NonNull<u8>> {
+        let offset = (block.as_ptr() as usize).wrapping_sub(self.region.addr());
+        let top = self.top.get();
+        // A pointer from elsewhere gives a meaningless (wrapped) offset, which cannot end at
+        // the top unless the pointer is this stack's last block.
+        let is_last = old_size != 0 && offset.checked_add(old_size) == Some(top);
+        // The region is only `MAX_ALIGN`-aligned: above that, an aligned offset is not an
+        // aligned address.
+        let aligned = new_align <= MAX_ALIGN && offset % new_align == 0;
+        if !is_last || !aligned || new_size > self.region.len() - offset {
+            return None;
+        }
+        let end = offset + new_size;
+        // SAFETY: `top..end` lies inside the region above the top: nobody references it.
+        if !unsafe { region::freed_intact(self.region.at(top), end - top) } {
+            return None; // a stale write: leave it to `allocate`, which reports it
+        }
+        self.top.set(end);
+        Some(self.region.at(offset))
     }
 
     /// Whether `ptr` points into this stack's region.
@@ -423,37 +469,73 @@ impl fmt::Debug for StackAllocator {
     }
 }
 
-// SAFETY:
-// 1. `allocate` returns blocks above the top, which no other live block overlaps, aligned as
-//    asked (`try_alloc_layout`).
+// SAFETY: `Shell` contract:
+// 1. `try_alloc` returns a block above the top (from the region's pointer), which no other
+//    live block overlaps, aligned as asked (`try_alloc_layout`).
 // 2. Blocks stay valid until a `&mut self` call (`free_to_marker`, `reset`) or the drop of
-//    the stack; neither can happen while `&StackAllocator` (the allocator) is borrowed.
-// 3. Copies of `&StackAllocator` are the same allocator.
-unsafe impl Allocator for &StackAllocator {
+//    the stack.
+// 3. `try_free` touches no memory: individual blocks are not freed.
+// 4. `grow_in_place` extends the last block into free bytes above the top (`grow_last`).
+unsafe impl Shell for StackAllocator {
     #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match self.try_alloc_layout(layout) {
-            Ok(p) => Ok(NonNull::slice_from_raw_parts(p, layout.size())),
-            Err(_) => Err(AllocError),
-        }
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        self.try_alloc_layout(layout)
     }
 
     /// Individual blocks are not freed: memory comes back with `free_to_marker` or `reset`.
-    ///
-    /// Panics with [`Error::ForeignPointer`]'s message if a non-empty block is not from this
-    /// stack.
+    /// A pointer that is neither in the region nor a zero-size block is
+    /// [`Error::ForeignPointer`].
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 && !self.contains(ptr) {
-            region::fail(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        if self.contains(ptr) || region::is_dangling(ptr) {
+            return Ok(());
         }
+        Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
+    }
+
+    #[inline]
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        debug_assert!(new.size() >= old.size(), "grow to a smaller size");
+        self.grow_last(ptr, old.size(), new.size(), new.align())
     }
 }
+
+shell::impl_allocator!(StackAllocator);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allocator_api2::alloc::Allocator;
     use proptest::prelude::*;
+
+    thread_local! {
+        /// How many times this thread entered `alloc_slow`.
+        pub(super) static SLOW_CALLS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// Issue 10: the fast path runs in debug builds too (it used to be compiled out under
+    /// `debug_assertions`, so `cargo test` only ever ran the slow path), and the debug
+    /// use-after-free check still reports through the slow path.
+    #[test]
+    fn ordinary_allocations_take_the_fast_path() {
+        let mut s = StackAllocator::with_capacity(1024);
+        let before = SLOW_CALLS.with(Cell::get);
+        for i in 0..64u64 {
+            assert_eq!(*s.alloc(i), i);
+        }
+        assert_eq!(SLOW_CALLS.with(Cell::get), before, "no slow-path call for ordinary requests");
+        s.alloc(());
+        assert!(s.try_alloc_layout(Layout::from_size_align(2048, 8).unwrap()).is_err());
+        assert_eq!(SLOW_CALLS.with(Cell::get), before + 2, "zero size and out of memory go slow");
+        s.reset();
+        if cfg!(debug_assertions) {
+            let p = s.alloc_layout(Layout::new::<u64>());
+            s.reset();
+            // SAFETY: the region is still allocated; this simulates a stale raw pointer.
+            unsafe { p.as_ptr().write(7) };
+            assert_eq!(s.try_alloc(0u64).unwrap_err(), Error::UseAfterFree { addr: p.as_ptr() as usize });
+        }
+    }
 
     #[test]
     fn markers_nest() {
@@ -530,19 +612,6 @@ mod tests {
         let err = s.try_alloc(0u64).unwrap_err();
         assert_eq!(err, Error::UseAfterFree { addr: p.as_ptr() as usize });
         assert!(s.try_alloc(0u64).is_ok(), "the block is refilled after the report");
-    }
-
-    #[test]
-    fn collections() {
-        let s = StackAllocator::with_capacity(64 * 1024);
-        let mut v = allocator_api2::vec::Vec::new_in(&s);
-        v.extend(0..100u32);
-        assert_eq!(v.iter().sum::<u32>(), 4950);
-        let mut m = hashbrown::HashMap::new_in(&s);
-        for i in 0..50u32 {
-            m.insert(i, i * 2);
-        }
-        assert_eq!(m[&7], 14);
     }
 
     #[derive(Debug, Clone)]

@@ -16,15 +16,18 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 /// # Examples
 ///
 /// ```
-/// use mmobject::alloc::StackAllocator;
+/// use std::alloc::Layout;
+/// use mmobject::alloc::SizeClassPool;
 ///
-/// let stack = StackAllocator::with_capacity(1024);
-/// stack.alloc(7u64);
-/// let stats = stack.stats();
+/// let pool = SizeClassPool::new(&[(64, 16)]);
+/// let block = pool.alloc(Layout::new::<u64>());
+/// let stats = pool.stats();
 /// assert_eq!(stats.capacity, 1024);
-/// assert_eq!(stats.in_use, 8);
+/// assert_eq!(stats.in_use, 64);
 /// assert_eq!(stats.allocations, 1);
 /// println!("{stats}");
+/// // SAFETY: `block` is ours, freed once.
+/// unsafe { pool.free(block) };
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AllocStats {
@@ -39,9 +42,14 @@ pub struct AllocStats {
     /// locks, which saves a shared atomic on every call (per-class peaks are also what
     /// sizing a class needs).
     pub peak: usize,
-    /// Blocks live now (for the stacks and frames: allocations since the last reset).
+    /// Blocks live now. [`DoubleEndedStack`](super::DoubleEndedStack) counts allocations
+    /// since its last reset; [`StackAllocator`](super::StackAllocator),
+    /// [`FrameAllocator`](super::FrameAllocator) and
+    /// [`DoubleBufferedAllocator`](super::DoubleBufferedAllocator) derive everything from
+    /// their top and do not count blocks (0).
     pub live: usize,
-    /// Successful allocations over the allocator's life.
+    /// Successful allocations over the allocator's life (0 for the bump allocators that do
+    /// not count blocks, see `live`).
     pub allocations: u64,
     /// Requests that failed (out of memory, unsupported alignment, use-after-free detected).
     pub failures: u64,

@@ -120,7 +120,8 @@ impl<T: MMObject> Store<T> {
     ///
     /// [`Error::StoreOutOfMemory`] if `alloc` refuses the store's shared part.
     pub(crate) fn new(config: StoreConfig, index_space: Arc<IndexSpace>, alloc: StoreAlloc) -> Result<Self, Error> {
-        let shared = StoreShared::new(config.manager_id, config.store_index, config.base_bits, T::TYPE_NAME, alloc.clone());
+        let shared =
+            StoreShared::new(config.manager_id, config.store_index, config.base_bits, T::TYPE_NAME, alloc.clone());
         let layout = Layout::new::<StoreShared>();
         let memory = alloc.allocate(layout).map_err(|_| Error::StoreOutOfMemory {
             type_name: T::TYPE_NAME,

@@ -1,0 +1,157 @@
+//! The shell every allocator shares: the [`Shell`] trait (the untyped `try_alloc` /
+//! `try_free` pair, with the panicking forms provided), the one `unsafe impl Allocator for &X`
+//! (the [`impl_allocator!`] macro, with its one SAFETY argument), and the one cold failure
+//! path ([`fail`], reached through [`ok_or_fail`]).
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+use crate::{Error, Result};
+
+/// An allocator's untyped calls, from which [`impl_allocator!`] builds its `Allocator` impl.
+///
+/// # Safety
+///
+/// The `Allocator` impl the macro writes is sound only if the implementation guarantees:
+///
+/// 1. A block from `try_alloc(layout)` is valid for reads and writes of `layout.size()`
+///    bytes, aligned to `layout.align()`, carries provenance over those bytes, and overlaps
+///    no other live block.
+/// 2. It stays valid until `try_free` takes it back, or until a call through `&mut self` or
+///    the allocator's drop; neither can happen while a `&Self` (the `Allocator`) is
+///    borrowed.
+/// 3. `try_free` of a pointer that is not a live block of this allocator either returns an
+///    error or does nothing, and in both cases touches no memory through that pointer.
+/// 4. A block from `grow_in_place(ptr, old, new)` is `ptr`'s block itself, grown: valid for
+///    `new.size()` bytes, aligned to `new.align()`, its first `old.size()` bytes unchanged,
+///    and live as in 1 and 2.
+pub(crate) unsafe trait Shell {
+    /// Allocates a block for `layout`.
+    fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>>;
+
+    /// Frees a block (for the stacks: checks that it is theirs; they free by marker).
+    ///
+    /// # Safety
+    ///
+    /// If `ptr` is a live block of this allocator, the caller owns it and does not use it
+    /// afterwards.
+    unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()>;
+
+    /// Grows `ptr`'s block in place if the allocator can, or returns `None`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live block of this allocator allocated for `old`, and
+    /// `new.size() >= old.size()`.
+    #[inline]
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        let _ = (ptr, old, new);
+        None
+    }
+
+    /// [`try_alloc`](Self::try_alloc), panicking with the error's message.
+    #[inline]
+    #[track_caller]
+    fn alloc(&self, layout: Layout) -> NonNull<u8> {
+        ok_or_fail(self.try_alloc(layout))
+    }
+
+    /// [`try_free`](Self::try_free), panicking with the error's message.
+    ///
+    /// # Safety
+    ///
+    /// As [`try_free`](Self::try_free).
+    #[inline]
+    #[track_caller]
+    unsafe fn free(&self, ptr: NonNull<u8>) {
+        // SAFETY: forwarded contract.
+        ok_or_fail(unsafe { self.try_free(ptr) })
+    }
+}
+
+/// The value of `result`, or a panic with its error's message: the body of every plain
+/// (non-`try_`) call.
+#[inline]
+#[track_caller]
+pub(crate) fn ok_or_fail<T>(result: Result<T>) -> T {
+    match result {
+        Ok(value) => value,
+        Err(error) => fail(error),
+    }
+}
+
+/// The one failure path: panics with the error's message.
+#[cold]
+#[inline(never)]
+#[track_caller]
+pub(crate) fn fail(error: Error) -> ! {
+    panic!("{error}")
+}
+
+/// Implements `allocator_api2::alloc::Allocator` for `&X`, where `X:` [`Shell`].
+///
+/// `deallocate` panics with the error's message on a bad free (a foreign pointer, not a
+/// block start, a double free); `grow` grows in place when [`Shell::grow_in_place`] can,
+/// and otherwise allocates, copies and frees.
+macro_rules! impl_allocator {
+    (<$($param:ident $(: $bound:path)?),+> $ty:ty) => {
+        $crate::alloc::shell::impl_allocator!(@impl [$($param $(: $bound)?),+] $ty);
+    };
+    ($ty:ty) => {
+        $crate::alloc::shell::impl_allocator!(@impl [] $ty);
+    };
+    (@impl [$($generics:tt)*] $ty:ty) => {
+        // SAFETY: `Allocator`'s requirements follow from `Shell`'s contract (`shell.rs`):
+        // 1. `allocate` returns `try_alloc`'s block, valid, aligned and unshared (Shell 1).
+        // 2. A block stays valid until `deallocate` or until the allocator is dropped or
+        //    reset through `&mut`, which cannot happen while this `&X` is borrowed (Shell 2);
+        //    `grow` returns the same block grown (Shell 4) or a new block that holds the old
+        //    contents, and frees the old one only after the copy.
+        // 3. Copies of `&X` are the same allocator, so a block may be freed through any.
+        unsafe impl<$($generics)*> ::allocator_api2::alloc::Allocator for &$ty {
+            #[inline]
+            fn allocate(
+                &self,
+                layout: ::std::alloc::Layout,
+            ) -> ::core::result::Result<::std::ptr::NonNull<[u8]>, ::allocator_api2::alloc::AllocError> {
+                match $crate::alloc::shell::Shell::try_alloc(*self, layout) {
+                    Ok(p) => Ok(::std::ptr::NonNull::slice_from_raw_parts(p, layout.size())),
+                    Err(_) => Err(::allocator_api2::alloc::AllocError),
+                }
+            }
+
+            /// Panics with the error's message on a bad free.
+            #[inline]
+            unsafe fn deallocate(&self, ptr: ::std::ptr::NonNull<u8>, _layout: ::std::alloc::Layout) {
+                // SAFETY: the `Allocator` contract: `ptr` is a live block of this allocator,
+                // not used again.
+                unsafe { $crate::alloc::shell::Shell::free(*self, ptr) }
+            }
+
+            #[inline]
+            unsafe fn grow(
+                &self,
+                ptr: ::std::ptr::NonNull<u8>,
+                old: ::std::alloc::Layout,
+                new: ::std::alloc::Layout,
+            ) -> ::core::result::Result<::std::ptr::NonNull<[u8]>, ::allocator_api2::alloc::AllocError> {
+                // SAFETY: the `Allocator` contract: `ptr` is a live block allocated for `old`,
+                // and `new.size() >= old.size()`.
+                if let Some(p) = unsafe { $crate::alloc::shell::Shell::grow_in_place(*self, ptr, old, new) } {
+                    return Ok(::std::ptr::NonNull::slice_from_raw_parts(p, new.size()));
+                }
+                let block = ::allocator_api2::alloc::Allocator::allocate(self, new)?;
+                // SAFETY: `ptr` is live for `old.size()` bytes and the new block is fresh
+                // memory of at least that many, so they do not overlap; `ptr` is freed once,
+                // after the copy, and not used again.
+                unsafe {
+                    block.cast::<u8>().as_ptr().copy_from_nonoverlapping(ptr.as_ptr(), old.size());
+                    ::allocator_api2::alloc::Allocator::deallocate(self, ptr, old);
+                }
+                Ok(block)
+            }
+        }
+    };
+}
+
+pub(crate) use impl_allocator;
