@@ -8,6 +8,7 @@ use std::ptr::NonNull;
 
 use parking_lot::Mutex;
 
+use super::region;
 use super::shell::{self, Shell};
 use super::AllocStats;
 use crate::{Error, Result};
@@ -169,11 +170,17 @@ impl SegmentAlloc {
     ///
     /// [`Error::DoubleFree`] for a block freed recently, [`Error::NotBlockStart`] for a
     /// pointer inside a live block, [`Error::ForeignPointer`] for anything else. Nothing is
-    /// freed then.
+    /// freed then. (A dangling zero-size pointer, at an address no block can have, is
+    /// accepted and ignored, as the other allocators do.)
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let mut ledger = self.ledger.lock();
         let Some(layout) = ledger.live.remove(&addr) else {
+            if region::is_dangling(ptr) {
+                // A zero-size block a collection made up without asking (no real block
+                // lies this low): nothing to free.
+                return Ok(());
+            }
             return Err(ledger.bad_free(addr));
         };
         ledger.in_use -= layout.size();

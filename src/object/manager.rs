@@ -196,7 +196,9 @@ impl ObjectManagerBuilder {
     /// references, the manager's index ranges, each store's shared header).
     /// All of it goes back to the allocator when the manager drops, except
     /// what handles that outlive the manager still point into (then the leak
-    /// report says how many bytes were kept on purpose).
+    /// report says how many bytes were kept on purpose). What stays on the
+    /// global allocator is fixed per type, not per object: each store's
+    /// descriptor (about half a KiB, allocated when the type is first used).
     ///
     /// Any [`Allocator`](allocator_api2::alloc::Allocator) that is
     /// `Send + Sync + 'static` works, including a `&'static` reference to one

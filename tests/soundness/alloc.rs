@@ -19,7 +19,7 @@ use allocator_api2::boxed::Box as ApiBox;
 use allocator_api2::vec::Vec as ApiVec;
 use mmobject::alloc::{
     AlignedAlloc, DoubleBufferedAllocator, DoubleEndedStack, End, FrameAllocator, FrameRef, Pool, PoolBox, RawAlloc,
-    SizeClassPool, SmallObjectAllocator, SmallObjectConfig, StackAllocator, SystemRaw,
+    SegmentAlloc, SizeClassPool, SmallObjectAllocator, SmallObjectConfig, StackAllocator, SystemRaw,
 };
 use mmobject::Error;
 
@@ -252,28 +252,60 @@ fn frame_ref_alone_reaches_nothing() {
 
 /// The thread-safe block allocators under contention from scoped threads, boxes freed on
 /// another thread than the one that allocated them.
+/// `SegmentAlloc` keeps only addresses in its ledger and frees through the pointer the
+/// system gave it back, so narrowed boxes free cleanly under Stacked Borrows; bad frees
+/// through `deallocate` are refused before any memory is touched.
+#[test]
+fn segment_alloc_frees_narrowed_boxes_and_refuses_bad_frees() {
+    let segments = SegmentAlloc::with_limit(1 << 16);
+    for i in 0..3u8 {
+        let one = narrowed(i, &segments);
+        let zero_sized = narrowed((), &segments);
+        assert_eq!(one[0], i);
+        drop(zero_sized);
+    }
+    assert_eq!(segments.stats().live, 0);
+    let block = segments.alloc(Layout::from_size_align(64, 64).unwrap());
+    let inside = NonNull::new(block.as_ptr().wrapping_add(1)).unwrap();
+    // SAFETY: each bad free is refused before it touches memory; then the block is freed once.
+    unsafe {
+        assert!(matches!(segments.try_free(inside), Err(Error::NotBlockStart { .. })));
+        segments.free(block);
+        assert!(matches!(segments.try_free(block), Err(Error::DoubleFree { .. })));
+    }
+    // The limit is a hard cap that no request sequence can pass.
+    assert!(segments.try_alloc(Layout::from_size_align(usize::MAX / 2, 1).unwrap()).is_err());
+    assert_eq!(segments.stats().in_use, 0);
+}
+
 #[test]
 fn sync_allocators_free_on_other_threads() {
     let n = if cfg!(miri) { 4 } else { 200 };
     let pool = SizeClassPool::new(&[(8, 64), (64, 64)]);
     let small = SmallObjectAllocator::new(SmallObjectConfig { slots: [64; 7] });
     let aligned = AlignedAlloc::new(SystemRaw);
+    let segments = SegmentAlloc::new();
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::sync_channel(4);
-        let (pool, small, aligned) = (&pool, &small, &aligned);
+        let (pool, small, aligned, segments) = (&pool, &small, &aligned, &segments);
         s.spawn(move || {
             for i in 0..n {
-                let boxes = (ApiBox::new_in(i as u8, pool), ApiBox::new_in(i, small), ApiBox::new_in(i, aligned));
+                let boxes = (
+                    ApiBox::new_in(i as u8, pool),
+                    ApiBox::new_in(i, small),
+                    ApiBox::new_in(i, aligned),
+                    ApiBox::new_in(i, segments),
+                );
                 tx.send(boxes).unwrap();
             }
         });
         s.spawn(move || {
-            for (i, (a, b, c)) in rx.into_iter().enumerate() {
-                assert_eq!((*a as usize, *b, *c), (i % 256, i, i));
+            for (i, (a, b, c, d)) in rx.into_iter().enumerate() {
+                assert_eq!((*a as usize, *b, *c, *d), (i % 256, i, i, i));
             }
         });
     });
-    assert_eq!((pool.stats().live, small.stats().live, aligned.stats().live), (0, 0, 0));
+    assert_eq!((pool.stats().live, small.stats().live, aligned.stats().live, segments.stats().live), (0, 0, 0, 0));
 }
 
 // ---- variance that is kept on purpose ----------------------------------------------------
