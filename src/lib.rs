@@ -23,13 +23,22 @@ pub use object::{
 ///
 /// - `#[mm(tag = "Textures")]` on the type sets its memory category (default: the type name).
 /// - `#[mm(skip)]` on a field leaves it out of `size()`, `visit_handles()` and `release_handles()`.
+/// - `#[mm(visit_with = path)]` on a field visits its handles with `path(&field, visitor)`.
+/// - A field whose type names `Handle` must implement [`VisitHandles`]: a
+///   compile error otherwise, never a silent blind spot.
 pub use mmobject_macros::MMObject;
+
+/// Implements [`VisitHandles`] and [`ReleaseHandles`] for a struct or enum
+/// that is not an object but holds handles inside one (a cache, a table).
+///
+/// `#[mm(skip)]` and `#[mm(visit_with = path)]` work as on `MMObject`.
+pub use mmobject_macros::VisitHandles;
 
 /// Paths the derive's generated code uses. Not public API.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::object::probe::{NoHeapSize, NoVisitHandles, Probe, ViaHeapSize, ViaVisitHandles};
     pub use crate::object::release_probe::{NoReleaseHandles, ProbeMut, ViaReleaseHandles};
-    pub use crate::object::{MMObject, ObjectKey};
+    pub use crate::object::{MMObject, ObjectKey, ReleaseHandles, VisitHandles};
     pub use core::mem::size_of;
 }

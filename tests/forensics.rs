@@ -610,3 +610,118 @@ proptest! {
         prop_assert_eq!(drops.count(), n);
     }
 }
+
+// ---- handles inside std collections and plain structs ---------------------------------
+
+/// A resource cache, as engines keep them: handles as `HashMap` values.
+#[derive(MMObject)]
+struct Cache {
+    by_name: std::collections::HashMap<String, Handle<Asset>>,
+}
+
+/// An asset that points back at its cache: a cycle through the map.
+#[derive(MMObject)]
+struct Asset {
+    owner: Option<Handle<Cache>>,
+    peers: std::collections::HashSet<Handle<Asset>>,
+    drops: DropToken,
+}
+
+#[test]
+fn holders_and_paths_see_handles_in_a_hash_map() {
+    let mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("grass".to_string(), asset.clone())].into() });
+    let key = asset.key();
+    drop(asset);
+    assert_eq!(mm.holders(key), vec![cache.key()]);
+    let path = mm.retention_path(key).unwrap();
+    assert_eq!(path.chain[0].to_string(), format!("Cache{}", cache.key()));
+    assert_eq!(path.fields, ["by_name"]);
+    assert_eq!(
+        path.to_string(),
+        format!("Cache{0}.by_name -> Asset{key} (Cache{0} is held from outside: 1 of its 1 references)", cache.key())
+    );
+}
+
+#[test]
+fn a_cycle_through_a_hash_map_value_is_found_and_collected() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("grass".to_string(), asset.clone())].into() });
+    mm[&asset].owner = Some(cache.clone());
+    let (ka, kc) = (asset.key(), cache.key());
+    drop((asset, cache));
+    assert_eq!(mm.collect_garbage().objects, 0);
+    let cycles = mm.find_cycles();
+    assert_eq!(cycles.len(), 1);
+    let mut members = cycles[0].clone();
+    members.sort();
+    assert_eq!(members, {
+        let mut k = vec![ka, kc];
+        k.sort();
+        k
+    });
+    assert_eq!(mm.collect_cycles().objects, 2);
+    assert_eq!(drops.count(), 1);
+    assert!(mm.is_empty());
+}
+
+#[test]
+fn a_cycle_through_a_set_key_is_collected_by_clearing_the_set() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let me = asset.clone();
+    let _ = mm[&asset].peers.insert(me);
+    let key = asset.key();
+    drop(asset);
+    assert_eq!(mm.find_cycles(), vec![vec![key]]);
+    assert_eq!(mm.collect_cycles().objects, 1);
+    assert_eq!(drops.count(), 1);
+}
+
+#[test]
+fn the_shutdown_report_blames_the_cache_not_the_outside() {
+    let mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("rock".to_string(), asset.clone())].into() });
+    let (ka, kc) = (asset.key(), cache.key());
+    drop(asset);
+    let _kept = cache.into_raw();
+    let report = mm.shutdown();
+    let entry = report.iter().find(|e| e.key == ka).unwrap();
+    let path = entry.retention.as_ref().unwrap().to_string();
+    assert!(path.starts_with(&format!("Cache{kc}.by_name -> Asset{ka}")), "{path}");
+}
+
+/// Handles behind shared, locked and weak fields.
+#[derive(MMObject)]
+struct Holder {
+    shared: Arc<parking_lot::Mutex<Vec<Handle<Asset>>>>,
+    weak: Option<mmobject::WeakHandle<Asset>>,
+}
+
+#[test]
+fn locks_are_visited_without_waiting_and_weak_handles_hold_nothing() {
+    let mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let list = Arc::new(parking_lot::Mutex::new(vec![asset.clone()]));
+    let holder = mm.create(Holder { shared: Arc::clone(&list), weak: Some(asset.downgrade()) });
+    let weak_only = mm.create(Holder { shared: Arc::default(), weak: Some(asset.downgrade()) });
+    assert_eq!(mm.holders(asset.key()), vec![holder.key()], "the weak handle is not a holder");
+    assert!(!mm.holders(asset.key()).contains(&weak_only.key()));
+
+    // While the list is locked, its handle cannot be seen: it then counts as
+    // a reference from outside the manager, and nothing blocks.
+    let guard = list.lock();
+    assert!(mm.holders(asset.key()).is_empty());
+    let path = mm.retention_path(asset.key()).unwrap();
+    assert_eq!(path.root, RetentionRoot::Outside { outside: 2, total: 2 });
+    drop(guard);
+    assert_eq!(mm.retention_path(asset.key()).unwrap().root, RetentionRoot::Outside { outside: 1, total: 2 });
+}
