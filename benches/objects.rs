@@ -722,11 +722,93 @@ fn o6_threads(c: &mut Criterion) {
     group.finish();
 }
 
+// ---- O7: the leak report at 100k leaked objects -----------------------------------
+
+/// Leaked objects in O7.
+const LEAKED: usize = 100_000;
+
+/// A mesh shared by many entities.
+#[derive(MMObject)]
+struct LeakMesh {
+    vertices: Vec<[f32; 3]>,
+}
+
+/// One of the 100k leaked entities.
+#[derive(MMObject)]
+struct LeakEntity {
+    mesh: Handle<LeakMesh>,
+    hp: u32,
+}
+
+/// The root: a level a script still holds at exit.
+#[derive(MMObject)]
+struct LeakLevel {
+    entities: Vec<Handle<LeakEntity>>,
+}
+
+/// A manager holding `LEAKED` objects: 4 meshes, a level and its entities,
+/// the level held by the returned raw handle.
+fn leaky_manager() -> (ObjectManager, mmobject::RawHandle) {
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let meshes: Vec<_> = (0..4).map(|i| mm.create(LeakMesh { vertices: vec![[0.0; 3]; 16 << i] })).collect();
+    let entities =
+        (0..LEAKED - 5).map(|i| mm.create(LeakEntity { mesh: meshes[i % 4].clone(), hp: i as u32 })).collect();
+    let raw = mm.create(LeakLevel { entities }).into_raw();
+    drop(meshes);
+    (mm, raw)
+}
+
+/// O7: `shutdown` with 100k leaked objects, then the report as text (the
+/// same writer as the shutdown log); the text alone; and, as the peer, the
+/// same 100k objects released and destroyed by `collect_garbage` before a
+/// clean `shutdown` (the cost of destroying them, without any report).
+/// Wall time; each iteration builds its manager first (not timed).
+fn o7_leak_report(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O7_leak_report_100k");
+    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    group.bench_function("shutdown_and_report", |b| {
+        b.iter_batched(
+            leaky_manager,
+            |(mm, _raw)| {
+                let report = mm.shutdown();
+                assert_eq!(report.len(), LEAKED);
+                black_box(report.to_string().len())
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("report_text_only", |b| {
+        let report = leaky_manager().0.shutdown();
+        b.iter(|| black_box(report.to_string().len()))
+    });
+    group.bench_function("release_collect_shutdown_no_leaks", |b| {
+        b.iter_batched(
+            leaky_manager,
+            |(mut mm, raw)| {
+                mm.release_raw(raw).expect("held");
+                mm.collect_garbage();
+                black_box(mm.shutdown().len())
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
 /// The criterion group, in a private module so its generated `pub fn` needs no docs.
 mod harness {
     use super::*;
 
-    criterion_group!(benches, o1_frame, o2_clone_drop, o3_strong_read, o4_weak_read, o5_collect, o6_threads);
+    criterion_group!(
+        benches,
+        o1_frame,
+        o2_clone_drop,
+        o3_strong_read,
+        o4_weak_read,
+        o5_collect,
+        o6_threads,
+        o7_leak_report
+    );
 }
 
 criterion_main!(harness::benches);

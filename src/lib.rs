@@ -14,10 +14,12 @@ pub mod track;
 
 pub use error::{Error, Result};
 pub use object::{
-    CollectStats, Handle, HandleOrigin, HandleSite, HeapSize, LeakEntry, LeakReport, MMObject, MemoryReport,
-    MemoryTimeline, ObjectKey, ObjectManager, ObjectName, ObjectView, RawHandle, ReferenceCycle, ReleaseHandles,
-    RetentionPath, RetentionRoot, Snapshot, VisitHandles, WeakHandle,
+    CollectStats, Handle, HandleOrigin, HandleSite, HeapSize, Holder, LeakEntry, LeakRoot, LeakTally, MMObject,
+    MemoryTimeline, ObjectKey, ObjectLeakReport, ObjectManager, ObjectMemoryReport, ObjectName, ObjectView, RawHandle,
+    ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, VisitHandles, WeakHandle,
 };
+#[doc(hidden)]
+pub use object::{LeakReport, MemoryReport};
 
 /// Implements [`MMObject`] for a struct or enum.
 ///

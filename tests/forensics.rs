@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mmobject::{Handle, MMObject, ObjectKey, ObjectManager, RetentionRoot};
+use mmobject::{Handle, MMObject, ObjectKey, ObjectLeakReport, ObjectManager, RetentionRoot};
 use proptest::prelude::*;
 
 /// Counts its drops in a counter owned by the test, so tests can run in parallel.
@@ -482,7 +482,10 @@ fn shutdown_report_has_retention_paths_and_cycles() {
     let report = mm.shutdown();
     assert_eq!(report.len(), 5 + 2);
     let texture = report.iter().find(|e| e.type_name == "Texture").unwrap();
-    let retention = texture.retention.as_deref().unwrap();
+    let path = texture.retention.as_ref().unwrap();
+    assert_eq!(path.chain[0].key, level_key, "structured: the chain starts at the level");
+    assert_eq!(path.fields[0], "materials");
+    let retention = path.to_string();
     assert!(retention.starts_with(&format!("Level{level_key}.materials -> Material")), "{retention}");
     assert!(retention.ends_with("is held from outside: 1 of its 1 references)"), "{retention}");
     assert_eq!(report.cycles().len(), 1);
@@ -522,13 +525,19 @@ fn report_paths_match_retention_path_on_long_chains() {
     drop(at);
     let keys: Vec<ObjectKey> = mm.iter::<Node>().map(|(w, _)| w.key()).collect();
     assert_eq!(keys.len(), 20 + 11 + 12);
-    let expected: Vec<String> = keys.iter().map(|&k| mm.retention_path(k).unwrap().to_string()).collect();
+    let full: Vec<_> = keys.iter().map(|&k| mm.retention_path(k).unwrap()).collect();
+    let expected: Vec<String> = full.iter().map(ToString::to_string).collect();
     assert!(expected.iter().any(|t| t.contains("(12 more)")), "the chain of 20 is shortened");
     let _raw = head.into_raw();
     let report = mm.shutdown();
-    for (key, expected) in keys.iter().zip(&expected) {
+    for ((key, expected), full) in keys.iter().zip(&expected).zip(&full) {
         let entry = report.iter().find(|e| e.key == *key).unwrap();
-        assert_eq!(entry.retention.as_deref(), Some(expected.as_str()));
+        let path = entry.retention.as_ref().unwrap();
+        assert_eq!(path.to_string(), *expected);
+        assert_eq!(path.len(), full.chain.len(), "hidden links are counted");
+        assert_eq!(path.chain.first(), full.chain.first());
+        assert_eq!(path.chain.last(), full.chain.last());
+        assert!(path.chain.len() <= 8);
     }
 }
 
@@ -724,4 +733,79 @@ fn locks_are_visited_without_waiting_and_weak_handles_hold_nothing() {
     assert_eq!(path.root, RetentionRoot::Outside { outside: 2, total: 2 });
     drop(guard);
     assert_eq!(mm.retention_path(asset.key()).unwrap().root, RetentionRoot::Outside { outside: 1, total: 2 });
+}
+
+// ---- the leak report at scale ------------------------------------------------------------
+
+#[test]
+fn the_report_reads_summary_then_roots_then_capped_details() {
+    let mm = quiet();
+    let textures: Vec<_> = (0..30).map(|i| mm.create(Texture { pixels: vec![i as u8; 100] })).collect();
+    let site_line = line!() - 1;
+    let materials: Vec<_> = textures.iter().map(|t| mm.create(Material { albedo: t.clone(), detail: None })).collect();
+    let level = mm.create(Level { name: "Forest", materials });
+    let level_key = level.key();
+    drop(textures);
+    let _script = level.into_raw();
+    let report = mm.shutdown();
+    assert_eq!(report.len(), 61);
+
+    // As data: tallies largest first, and the root with what it retains.
+    let by_type = report.by_type();
+    assert_eq!((by_type[0].count, by_type[2].type_name, by_type[2].count), (30, "Level", 1));
+    assert_eq!((by_type[0].type_name, by_type[1].type_name), ("Texture", "Material"), "equal counts: more bytes first");
+    assert_eq!(report.roots().len(), 1);
+    let root = &report.roots()[0];
+    assert_eq!((root.object.key, root.retains, root.outside, root.total), (level_key, 60, 1, 1));
+    assert_eq!(root.retained_bytes, report.iter().filter(|e| e.key != level_key).map(|e| e.size).sum::<usize>());
+
+    let text = report.to_string();
+    let at = |needle: &str| text.find(needle).unwrap_or_else(|| panic!("{needle:?} missing from\n{text}"));
+    assert!(text.starts_with("61 leaked object(s), "), "{text}");
+    assert!(at("by type:") < at("by creation site:"));
+    assert!(at("by creation site:") < at("roots: "));
+    assert!(at(&format!("Level{level_key} retains 60 object(s)")) < at("\nleaked "));
+    assert!(text.contains("\n    30  ") && text.contains("\n     1  "), "aligned counts:\n{text}");
+    assert_eq!(text.matches("leaked Texture#").count(), ObjectLeakReport::DETAILS_PER_SITE);
+    assert!(text.contains(&format!("… and 20 more Texture created at {}:{site_line}:", file!())), "{text}");
+    assert_eq!(format!("{report:#}").matches("leaked Texture#").count(), 30, "{{:#}} lists every object");
+    assert_eq!(report.display_with(2).to_string().matches("leaked Material#").count(), 2);
+}
+
+#[test]
+fn every_holder_is_named_even_when_also_held_from_outside() {
+    let mm = quiet();
+    let texture = mm.create(Texture { pixels: vec![0; 16] });
+    let material = mm.create(Material { albedo: texture.clone(), detail: Some(texture.clone()) });
+    let (tk, mk) = (texture.key(), material.key());
+    let _kept = (texture.into_raw(), material.into_raw());
+    let report = mm.shutdown();
+    let entry = report.iter().find(|e| e.key == tk).unwrap();
+    assert_eq!(entry.ref_count, 3);
+    let holders: Vec<String> = entry.holders.iter().map(ToString::to_string).collect();
+    assert_eq!(holders, [format!("Material{mk}.albedo"), format!("Material{mk}.detail")]);
+    assert_eq!(entry.outside_refs(), 1);
+    let text = format!("{entry:#}");
+    assert!(
+        text.contains(&format!(
+            "held by: Material{mk}.albedo, Material{mk}.detail; 1 reference from outside the manager"
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn assert_released_since_uses_the_same_writer() {
+    let mm = quiet();
+    let before = mm.snapshot();
+    let level = load_level(&mm, "Cave", 3);
+    let level_key = level.key();
+    let message = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.assert_released_since(&before)))
+        .expect_err("the level is alive");
+    let message = message.downcast_ref::<String>().unwrap();
+    assert!(message.starts_with("7 object(s) created since the snapshot are still alive: "), "{message}");
+    assert!(message.contains("by creation site:"), "{message}");
+    assert!(message.contains(&format!("Level{level_key} retains 6 object(s)")), "{message}");
+    assert!(message.contains("\nleaked Texture#"), "{message}");
+    drop(level);
 }

@@ -14,8 +14,8 @@ use crate::{Error, Result};
 
 use super::handle::{pack_location, unpack_location};
 use super::index_space::{IndexSpace, MAX_INDEX};
-use super::leak::LeakReport;
-use super::report::MemoryReport;
+use super::leak::ObjectLeakReport;
+use super::report::ObjectMemoryReport;
 use super::slot::{AddRefError, ReleaseError, SlotHeader, SlotState};
 use super::store::{leak_entries, ErasedStore, Inserted, Store, StoreConfig};
 use super::{Handle, HandleOrigin, MMObject, RawHandle, WeakHandle};
@@ -119,7 +119,7 @@ impl ObjectManagerBuilder {
     }
 
     /// Whether shutdown logs each leaked object (default: on). The
-    /// [`LeakReport`] is returned either way.
+    /// [`ObjectLeakReport`] is returned either way.
     pub fn report_leaks(mut self, on: bool) -> Self {
         self.report_leaks = on;
         self
@@ -816,8 +816,8 @@ impl ObjectManager {
     }
 
     /// Per-type statistics. Costs O(live) (it sums each object's `size()`).
-    pub fn report(&self) -> MemoryReport {
-        MemoryReport { types: self.all_stores().map(|s| s.report()).collect() }
+    pub fn report(&self) -> ObjectMemoryReport {
+        ObjectMemoryReport { types: self.all_stores().map(|s| s.report()).collect() }
     }
 
     // ---- collection --------------------------------------------------------------
@@ -866,13 +866,13 @@ impl ObjectManager {
     /// If handles outlive the manager, their slot memory is leaked on purpose
     /// so they stay sound, and the report says so. Dropping the manager does
     /// the same. Panics from `Drop` impls are caught and logged here.
-    pub fn shutdown(mut self) -> LeakReport {
+    pub fn shutdown(mut self) -> ObjectLeakReport {
         self.shutdown_in_place()
     }
 
-    fn shutdown_in_place(&mut self) -> LeakReport {
+    fn shutdown_in_place(&mut self) -> ObjectLeakReport {
         self.shut_down = true;
-        let mut report = LeakReport::default();
+        let mut report = ObjectLeakReport::default();
         // Dead first. A panicking Drop leaves the manager consistent, so retry.
         loop {
             match catch_unwind(AssertUnwindSafe(|| self.collect_garbage())) {
@@ -889,22 +889,7 @@ impl ObjectManager {
             super::forensics::annotate_leaks(self, &mut report);
         }
         if self.report_leaks && !report.entries.is_empty() {
-            emit(&format!("{} object(s) still alive at shutdown of object manager #{}:", report.len(), self.id));
-            for entry in &report.entries {
-                match &entry.retention {
-                    Some(retention) => emit(&format!("leaked {entry}; kept alive by: {retention}")),
-                    None => emit(&format!("leaked {entry}")),
-                }
-                if let Some(sites) = entry.handle_sites_line() {
-                    emit(&format!("{}{} is held by handles {sites}", entry.type_name, entry.key));
-                }
-                if let Some(stack) = &entry.stack {
-                    emit(&format!("creation stack of {}{}:\n{stack}", entry.type_name, entry.key));
-                }
-            }
-            for cycle in &report.cycles {
-                emit(&format!("cycle: {cycle}"));
-            }
+            super::leak_render::log_shutdown_report(&report, self.id, &mut |block| emit(block));
         }
         let count = self.store_count.load(Ordering::Relaxed);
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {

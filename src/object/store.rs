@@ -732,6 +732,7 @@ pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
             size,
             site,
             retention: None,
+            holders: Vec::new(),
             stack: stacks.remove(&key),
             #[cfg(feature = "handle-sites")]
             handles: sites.remove(&key.index()).unwrap_or_default(),
