@@ -765,7 +765,7 @@ fn leaky_manager() -> (ObjectManager, mmobject::RawHandle) {
 /// Wall time; each iteration builds its manager first (not timed).
 fn o7_leak_report(c: &mut Criterion) {
     let mut group = c.benchmark_group("O7_leak_report_100k");
-    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
     group.bench_function("shutdown_and_report", |b| {
         b.iter_batched(
             leaky_manager,

@@ -29,6 +29,17 @@ pub(crate) struct GraphBuilder {
 }
 
 impl GraphBuilder {
+    /// A builder with room for `nodes` nodes (and as many edges).
+    pub(crate) fn with_capacity(nodes: usize) -> Self {
+        GraphBuilder {
+            keys: Vec::with_capacity(nodes),
+            type_names: Vec::with_capacity(nodes),
+            ref_counts: Vec::with_capacity(nodes),
+            raw_edges: Vec::with_capacity(nodes),
+            raw_start: Vec::with_capacity(nodes + 1),
+        }
+    }
+
     /// Adds a node; `edges` reports each key it holds, with the field holding it.
     pub(crate) fn node(
         &mut self,
@@ -94,7 +105,7 @@ impl Graph {
     /// Reads every live object and its handles. A panicking `visit_handles`
     /// contributes the handles it reported before the panic.
     pub(crate) fn build(mm: &ObjectManager) -> Graph {
-        let mut builder = GraphBuilder::default();
+        let mut builder = GraphBuilder::with_capacity(mm.len());
         for store in mm.all_stores() {
             let type_name = store.type_name();
             store.visit_live(&mut |key, header, value| {
@@ -140,6 +151,10 @@ pub(crate) struct Analysis {
     /// The holder one step nearer the root (or cycle); `NONE` at roots and
     /// cycle members, and at nodes no search reached.
     pub(crate) parent: Vec<u32>,
+    /// The field of `parent[v]` that holds `v` (the first such edge): read
+    /// here rather than searched for, so a node with 100k out-edges costs
+    /// nothing per child.
+    pub(crate) parent_field: Vec<&'static str>,
     /// For cycle members: the index of their cycle in `cycles`.
     pub(crate) cycle_of: Vec<u32>,
     /// Nodes in the order the searches reached them: each after its parent.
@@ -159,20 +174,24 @@ impl Analysis {
         let n = graph.len();
         let mut rooted: Vec<bool> = (0..n).map(|node| graph.outside(node) > 0).collect();
         let mut parent = vec![NONE; n];
+        let mut parent_field = vec![""; n];
         let mut queue: VecDeque<u32> = (0..n as u32).filter(|&node| rooted[node as usize]).collect();
         let mut reached: Vec<u32> = queue.iter().copied().collect();
         // Breadth-first from every root at once: shortest chains from any root.
         while let Some(v) = queue.pop_front() {
-            for &w in graph.out_edges(v as usize) {
+            let first = graph.out_start[v as usize] as usize;
+            for (at, &w) in graph.out_edges(v as usize).iter().enumerate() {
                 if !rooted[w as usize] {
                     rooted[w as usize] = true;
                     parent[w as usize] = v;
+                    parent_field[w as usize] = graph.labels[first + at];
                     reached.push(w);
                     queue.push_back(w);
                 }
             }
         }
-        let mut analysis = Analysis { graph, rooted, parent, cycle_of: vec![NONE; n], reached, cycles: Vec::new() };
+        let mut analysis =
+            Analysis { graph, rooted, parent, parent_field, cycle_of: vec![NONE; n], reached, cycles: Vec::new() };
         analysis.find_garbage_cycles();
         analysis.link_garbage_to_cycles();
         analysis
@@ -301,10 +320,12 @@ impl Analysis {
         let mut queue: VecDeque<u32> = self.cycles.iter().flat_map(|(members, _)| members.iter().copied()).collect();
         self.reached.extend(queue.iter().copied());
         while let Some(v) = queue.pop_front() {
-            for &w in self.graph.out_edges(v as usize) {
+            let first = self.graph.out_start[v as usize] as usize;
+            for (at, &w) in self.graph.out_edges(v as usize).iter().enumerate() {
                 if !self.rooted[w as usize] && !seen[w as usize] {
                     seen[w as usize] = true;
                     self.parent[w as usize] = v;
+                    self.parent_field[w as usize] = self.graph.labels[first + at];
                     self.reached.push(w);
                     queue.push_back(w);
                 }
@@ -344,7 +365,7 @@ impl Analysis {
         }
         nodes.reverse();
         let chain = nodes.iter().map(|&v| self.graph.name(v)).collect();
-        let fields = nodes.windows(2).map(|pair| self.graph.label(pair[0], pair[1])).collect();
+        let fields = nodes[1..].iter().map(|&v| self.parent_field[v as usize]).collect();
         RetentionPath { chain, fields, hidden: 0, root: self.root_of_chain(at as usize, cycles) }
     }
 
@@ -403,7 +424,7 @@ impl Analysis {
                     Some(next) if i == HEAD - 1 => next,
                     _ => nodes[i + 1],
                 };
-                self.graph.label(nodes[i], to)
+                self.parent_field[to as usize]
             })
             .collect();
         let first = nodes[0] as usize;

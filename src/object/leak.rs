@@ -2,6 +2,7 @@
 //! as data. The text is written by [`leak_render`](super::leak_render).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::Location;
 
 use super::forensics::{Holder, ObjectName, ReferenceCycle, RetentionPath};
@@ -210,23 +211,56 @@ impl ObjectLeakReport {
 }
 
 /// Groups entries by type (and site), largest first. O(entries).
+///
+/// Groups by the addresses of the type name and of the `Location` first (a
+/// cheap hash; one call site gives one `Location`), then merges groups whose
+/// text is equal, should the compiler have duplicated one.
 fn tally(entries: &[LeakEntry], by_site: bool) -> Vec<LeakTally> {
-    let mut groups: HashMap<(&'static str, Option<(&'static str, u32, u32)>), LeakTally> = HashMap::new();
+    let mut groups: HashMap<(usize, usize), LeakTally, BuildHasherDefault<AddressHasher>> = HashMap::default();
     for entry in entries {
         let site = by_site.then_some(entry.site);
-        let id = (entry.type_name, site.map(|s| (s.file(), s.line(), s.column())));
+        let id = (entry.type_name.as_ptr() as usize, site.map_or(0, |s| std::ptr::from_ref(s) as usize));
         let group = groups.entry(id).or_insert(LeakTally { type_name: entry.type_name, site, count: 0, bytes: 0 });
         group.count += 1;
         group.bytes += entry.size;
     }
+    let text = |t: &LeakTally| (t.type_name, t.site.map(|s| (s.file(), s.line(), s.column())));
     let mut out: Vec<LeakTally> = groups.into_values().collect();
-    out.sort_by(|a, b| {
-        b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)).then(a.type_name.cmp(b.type_name)).then_with(|| {
-            let key = |t: &LeakTally| t.site.map(|s| (s.file(), s.line(), s.column()));
-            key(a).cmp(&key(b))
-        })
+    out.sort_by(|a, b| text(a).cmp(&text(b)));
+    out.dedup_by(|later, kept| {
+        let same = text(later) == text(kept);
+        if same {
+            kept.count += later.count;
+            kept.bytes += later.bytes;
+        }
+        same
     });
+    out.sort_by(|a, b| b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)).then_with(|| text(a).cmp(&text(b))));
     out
+}
+
+/// A hasher for pairs of addresses: one multiply per word.
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
 }
 
 impl<'a> IntoIterator for &'a ObjectLeakReport {

@@ -9,11 +9,12 @@
 
 use std::collections::HashMap;
 use std::fmt::{self, Display, Formatter};
+use std::hash::BuildHasherDefault;
 use std::panic::Location;
 
 use super::forensics::{Holder, ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
 use super::forensics_graph::{HEAD, KEPT, TAIL};
-use super::leak::{LeakEntry, ObjectLeakReport};
+use super::leak::{AddressHasher, LeakEntry, ObjectLeakReport};
 
 /// Rows of the by-type and by-site tables, roots and cycles shown before "… and N more".
 const SUMMARY_ROWS: usize = 10;
@@ -302,20 +303,25 @@ pub(crate) fn write_report_with_hidden(
         sink(&WithFmt(|f: &mut Formatter<'_>| write!(f, "… and {} more cycle(s)", Count(more))))?;
     }
     // Details, site by site in the order of the summary.
-    let mut at_site: HashMap<SiteKey, Vec<&LeakEntry>> = HashMap::new();
+    let mut at_site: HashMap<SiteKey, Vec<&LeakEntry>, BuildHasherDefault<AddressHasher>> = HashMap::default();
     for entry in &report.entries {
         at_site.entry(site_key(entry.type_name, entry.site)).or_default().push(entry);
     }
+    let mut groups: Vec<Vec<&LeakEntry>> = Vec::with_capacity(by_site.len());
     for tally in &by_site {
         let site = tally.site.expect("tallies by site have a site");
-        let entries = at_site.remove(&site_key(tally.type_name, site)).unwrap_or_default();
+        groups.extend(at_site.remove(&site_key(tally.type_name, site)));
+    }
+    // Entries at a second `Location` with the same text (merged in the tally).
+    groups.extend(at_site.into_values());
+    for entries in groups {
         for entry in entries.iter().take(per_site) {
             sink(&WithFmt(|f: &mut Formatter<'_>| write!(f, "leaked {entry:#}")))?;
         }
         if entries.len() > per_site {
-            let more = entries.len() - per_site;
+            let (more, last) = (entries.len() - per_site, entries[per_site]);
             sink(&WithFmt(|f: &mut Formatter<'_>| {
-                write!(f, "… and {} more {} created at {}", Count(more), tally.type_name, Site(site))
+                write!(f, "… and {} more {} created at {}", Count(more), last.type_name, Site(last.site))
             }))?;
             entries[per_site..].iter().for_each(|entry| hidden(entry));
         }
@@ -326,10 +332,13 @@ pub(crate) fn write_report_with_hidden(
     Ok(())
 }
 
-type SiteKey = (&'static str, &'static str, u32, u32);
+/// A (type, site) group, by the addresses of the type name and the `Location`
+/// (equal text at two addresses was merged in the tally, so such entries are
+/// looked up under each address: see [`write_report`]).
+type SiteKey = (usize, usize);
 
 fn site_key(type_name: &'static str, site: &'static Location<'static>) -> SiteKey {
-    (type_name, site.file(), site.line(), site.column())
+    (type_name.as_ptr() as usize, std::ptr::from_ref(site) as usize)
 }
 
 fn write_footer(report: &ObjectLeakReport, sink: &mut dyn FnMut(&dyn Display) -> fmt::Result) -> fmt::Result {
