@@ -809,3 +809,44 @@ fn assert_released_since_uses_the_same_writer() {
     assert!(message.contains("\nleaked Texture#"), "{message}");
     drop(level);
 }
+
+// ---- clear answers to wrong questions ----------------------------------------------------
+
+#[test]
+fn keys_from_another_manager_name_nothing_here() {
+    // Keys carry no manager id, so a foreign key cannot be refused with
+    // `WrongManager`; generations start at a per-manager offset, so it names
+    // no live object here: `holders` is empty and `retention_path` is `None`.
+    let mut mm = quiet();
+    let other = quiet();
+    let drops = Drops::default();
+    let here = node(&mm, &drops);
+    let holder = node(&mm, &drops);
+    mm.get_weak_mut(holder.downgrade()).unwrap().link = Some(here.clone());
+    let there = node(&other, &drops);
+    assert_eq!(there.key().index(), here.key().index(), "same slot index in both managers");
+    assert_ne!(there.key(), here.key());
+    assert!(mm.retention_path(there.key()).is_none());
+    assert!(mm.holders(there.key()).is_empty());
+    assert_eq!(mm.holders(here.key()), vec![holder.key()]);
+}
+
+#[test]
+fn debug_shows_a_short_generation_and_weak_handles_say_they_cannot_tell() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let first = node(&mm, &drops);
+    let key = first.key();
+    let debug = format!("{key:?}");
+    assert_eq!(debug, format!("#{}v{:x}", key.index(), key.generation() & 0xffff));
+    assert!(debug.len() <= 1 + 8 + 1 + 4, "{debug}");
+    let stale = first.downgrade();
+    drop(first);
+    mm.collect_garbage();
+    let reused = node(&mm, &drops);
+    assert_eq!(reused.key().index(), key.index(), "the slot is reused");
+    let live = reused.downgrade();
+    let (stale_text, live_text) = (format!("{stale:?}"), format!("{live:?}"));
+    assert_ne!(stale_text, live_text);
+    assert!(live_text.starts_with("Weak(Node#") && live_text.ends_with(", unchecked)"), "{live_text}");
+}

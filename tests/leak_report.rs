@@ -154,3 +154,63 @@ fn a_clean_shutdown_logs_nothing() {
     assert!(records_containing(&format!("object manager #{id}:")).is_empty());
     assert!(records_containing(&format!("object manager #{id};")).is_empty());
 }
+
+#[test]
+fn report_leaks_off_silences_the_outliving_warning_too() {
+    install_logger();
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let id = mm.id();
+    let kept = mm.create(Entity { name: String::new(), parent: None });
+    let report = mm.shutdown();
+    assert_eq!(report.outliving_handles(), 1, "still counted in the report");
+    assert!(records_containing(&format!("outlive object manager #{id};")).is_empty());
+    drop(kept);
+}
+
+/// Panics when dropped.
+#[derive(MMObject)]
+struct Bomb {
+    armed: bool,
+}
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        if self.armed {
+            panic!("boom");
+        }
+    }
+}
+
+#[test]
+fn a_panicking_drop_at_shutdown_is_logged_with_type_and_key() {
+    install_logger();
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let id = mm.id();
+    let bomb = mm.create(Bomb { armed: true });
+    let key = bomb.key();
+    let _raw = bomb.into_raw();
+    let report = mm.shutdown();
+    assert_eq!(report.drop_panics(), 1);
+    let logged = records_containing(&format!("Bomb{key} panicked in Drop at shutdown of object manager #{id}"));
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0].level, log::Level::Error);
+}
+
+#[test]
+fn garbage_raw_handles_are_invalid_not_from_another_manager() {
+    use mmobject::{Error, RawHandle};
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let kept = mm.create(Entity { name: String::new(), parent: None });
+    // Tag 222 (this test binary makes far fewer managers), tag 0, an even generation.
+    for bits in [0xDE00_0000_0000_0001_u64, 12_345, 0xDE00_0000_0000_0002, u64::MAX - 1] {
+        let error = mm.add_ref_raw(RawHandle(bits)).unwrap_err();
+        assert_eq!(error, Error::InvalidRawHandle { raw: bits }, "{bits:#x}");
+        assert!(!error.to_string().contains("object manager #"), "{error}");
+    }
+    // A real raw handle of another manager still says so.
+    let other = ObjectManager::builder().report_leaks(false).build();
+    let raw = other.create(Entity { name: String::new(), parent: None }).into_raw();
+    assert!(matches!(mm.release_raw(raw), Err(Error::WrongManager { .. })));
+    other.release_raw(raw).unwrap();
+    drop(kept);
+}

@@ -170,14 +170,22 @@ impl<T> Handle<T> {
     /// Give the reference back with [`ObjectManager::handle_from_raw`](crate::ObjectManager::handle_from_raw)
     /// or [`ObjectManager::release_raw`](crate::ObjectManager::release_raw);
     /// until then the object stays alive (and is reported as a leak at shutdown).
+    #[cfg_attr(feature = "handle-sites", track_caller)]
     pub fn into_raw(self) -> RawHandle {
         let shared = self.shared();
         let tag = u64::from(shared.manager_id & 0xff);
         let index = u64::from(shared.global_index(self.local));
         let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation));
-        *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
+        // The handle's site goes and the raw reference's comes before the
+        // `raw_refs` bump, the last touch of `StoreShared`: once the raw count
+        // equals the slot's count, a concurrent shutdown may free it.
         #[cfg(feature = "handle-sites")]
-        self.unregister_site();
+        {
+            self.unregister_site();
+            let site = HandleSite { origin: HandleOrigin::IntoRaw, location: std::panic::Location::caller() };
+            shared.handle_sites.lock().register_raw(index as u32, site);
+        }
+        *shared.raw_refs.lock().entry(self.local).or_insert(0) += 1;
         std::mem::forget(self);
         raw
     }
@@ -331,8 +339,12 @@ impl<T> Hash for WeakHandle<T> {
 }
 
 impl<T: MMObject> fmt::Debug for WeakHandle<T> {
+    /// `Weak(Texture#3v1a2b, unchecked)`: the key with its generation, so a
+    /// weak handle to a reused slot differs from one to the live object; a
+    /// weak handle cannot tell by itself whether its object is alive (ask
+    /// [`ObjectManager::is_alive`](crate::ObjectManager::is_alive)), and says so.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Weak({}{})", T::TYPE_NAME, self.key)
+        write!(f, "Weak({}{:?}, unchecked)", T::TYPE_NAME, self.key)
     }
 }
 

@@ -415,6 +415,19 @@ fn write_roots(f: &mut Formatter<'_>, report: &ObjectLeakReport) -> fmt::Result 
     Ok(())
 }
 
+/// A panic's message, when it is a string.
+pub(crate) struct PanicMessage<'a>(pub(crate) &'a (dyn std::any::Any + Send));
+
+impl Display for PanicMessage<'_> {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match (self.0.downcast_ref::<&str>(), self.0.downcast_ref::<String>()) {
+            (Some(message), _) => f.write_str(message),
+            (_, Some(message)) => f.write_str(message),
+            _ => f.write_str("(a panic payload that is not a string)"),
+        }
+    }
+}
+
 /// Logs the shutdown report: one `emit` per block (summary, roots, each
 /// cycle, each detailed entry). With `debug` enabled for the target
 /// `mmobject::leaks`, every entry left out of the details is logged there too.

@@ -635,10 +635,16 @@ impl ObjectManager {
 
     fn resolve_raw(&self, raw: RawHandle) -> Result<(&dyn ErasedStore, u32, &SlotHeader)> {
         let tag = raw.manager_tag();
+        let invalid = || Error::InvalidRawHandle { raw: raw.0 };
         if tag != self.id & 0xff {
+            // Every raw handle has an odd generation and the tag of a manager
+            // that was made: anything else is garbage, not another manager's.
+            let made = NEXT_MANAGER_ID.load(std::sync::atomic::Ordering::Relaxed);
+            if raw.generation() & 1 == 0 || (made <= 0x100 && (tag == 0 || tag >= made)) {
+                return Err(invalid());
+            }
             return Err(Error::WrongManager { expected: self.id, found: tag });
         }
-        let invalid = || Error::InvalidRawHandle { raw: raw.0 };
         if raw.generation() & 1 == 0 {
             return Err(invalid());
         }
@@ -659,12 +665,19 @@ impl ObjectManager {
     ///
     /// [`Error::WrongManager`], [`Error::InvalidRawHandle`], [`Error::StaleHandle`]
     /// (the object is dead or destroyed), [`Error::RefCountOverflow`]. On error no count changes.
+    #[cfg_attr(feature = "handle-sites", track_caller)]
     pub fn add_ref_raw(&self, raw: RawHandle) -> Result<()> {
         let (store, local, header) = self.resolve_raw(raw)?;
         let mut raw_refs = store.shared().raw_refs.lock();
         match header.try_add_ref(raw.generation()) {
             Ok(()) => {
                 *raw_refs.entry(local).or_insert(0) += 1;
+                drop(raw_refs);
+                #[cfg(feature = "handle-sites")]
+                store.shared().handle_sites.lock().register_raw(
+                    raw.index(),
+                    super::HandleSite { origin: HandleOrigin::AddRefRaw, location: Location::caller() },
+                );
                 Ok(())
             }
             Err(AddRefError::Stale) => Err(Self::stale_raw(store, raw)),
@@ -697,6 +710,8 @@ impl ObjectManager {
                     raw_refs.remove(&local);
                 }
                 drop(raw_refs);
+                #[cfg(feature = "handle-sites")]
+                store.shared().handle_sites.lock().remove_raw(raw.index());
                 if last {
                     store.shared().release_last(local, &header.word);
                 }
@@ -735,6 +750,8 @@ impl ObjectManager {
                 if *count == 0 {
                     raw_refs.remove(&local);
                 }
+                #[cfg(feature = "handle-sites")]
+                store.shared().handle_sites.lock().remove_raw(raw.index());
                 let slot = store.slot(local).expect("resolved");
                 // SAFETY: the raw handle held a counted reference (checked in
                 // the raw table), which moves to the new handle.
@@ -877,7 +894,12 @@ impl ObjectManager {
         loop {
             match catch_unwind(AssertUnwindSafe(|| self.collect_garbage())) {
                 Ok(_) => break,
-                Err(_) => report.drop_panics += 1,
+                Err(payload) => {
+                    report.drop_panics += 1;
+                    let id = self.id;
+                    let message = super::leak_render::PanicMessage(&*payload);
+                    log::error!(target: "mmobject", "a released object panicked in Drop at shutdown of object manager #{id}: {message}");
+                }
             }
         }
         for store in self.all_stores() {
@@ -891,11 +913,12 @@ impl ObjectManager {
         if self.report_leaks && !report.entries.is_empty() {
             super::leak_render::log_shutdown_report(&report, self.id, &mut |block| emit(block));
         }
+        let id = self.id;
         let count = self.store_count.load(Ordering::Relaxed);
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {
-            store.destroy_all(&mut |type_name| {
+            store.destroy_all(&mut |type_name, key| {
                 report.drop_panics += 1;
-                log::error!(target: "mmobject", "a {type_name} panicked in Drop during shutdown");
+                log::error!(target: "mmobject", "{type_name}{key} panicked in Drop at shutdown of object manager #{id}");
             });
         }
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {
@@ -903,7 +926,7 @@ impl ObjectManager {
             report.outliving_handles += settled.outliving;
             report.leaked_bytes += settled.leaked_bytes;
         }
-        if report.outliving_handles > 0 {
+        if self.report_leaks && report.outliving_handles > 0 {
             emit(&format!(
                 "{} object(s) are still referenced by handles that outlive object manager #{}; \
                  {} bytes of slot memory are leaked on purpose so those handles stay sound",
