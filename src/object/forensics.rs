@@ -203,6 +203,13 @@ impl ObjectManager {
     ///
     /// Costs O(live + edges): it visits every live object.
     ///
+    /// A key that names no live object of this manager (stale, or from
+    /// another manager) has no holders: the result is empty. Keys carry no
+    /// manager id, so a foreign key cannot be told apart from a stale one;
+    /// [`retention_path`](Self::retention_path) returns `None` for both.
+    /// (Generations start at a per-manager offset, so a foreign key does not
+    /// name an object here by accident.)
+    ///
     /// # Examples
     ///
     /// ```
@@ -237,7 +244,8 @@ impl ObjectManager {
     }
 
     /// The shortest chain of handles that keeps the object `key` alive, or
-    /// `None` if `key` names no live object.
+    /// `None` if `key` names no live object of this manager (a stale key, or
+    /// a key from another manager).
     ///
     /// The chain starts at an object held from outside the manager (a handle
     /// in a variable, a raw handle) and each link holds a handle to the next;
