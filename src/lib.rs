@@ -14,9 +14,10 @@ pub mod track;
 
 pub use error::{Error, Result};
 pub use object::{
-    CollectStats, Handle, HandleOrigin, HandleSite, HeapSize, Holder, LeakEntry, LeakRoot, LeakTally, MMObject,
-    MemoryTimeline, ObjectKey, ObjectLeakReport, ObjectManager, ObjectMemoryReport, ObjectName, ObjectView, RawHandle,
-    ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, VisitHandles, WeakHandle,
+    CollectStats, CycleCollector, CycleStep, Handle, HandleOrigin, HandleSite, HeapSize, Holder, LeakEntry, LeakRoot,
+    LeakTally, MMObject, MemoryTimeline, ObjectKey, ObjectLeakReport, ObjectManager, ObjectMemoryReport, ObjectName,
+    ObjectView, RawHandle, ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, VisitHandles,
+    WeakHandle,
 };
 #[doc(hidden)]
 pub use object::{LeakReport, MemoryReport};

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mmobject::{Handle, MMObject, ObjectKey, ObjectLeakReport, ObjectManager, RetentionRoot};
+use mmobject::{CycleCollector, Handle, MMObject, ObjectKey, ObjectLeakReport, ObjectManager, RetentionRoot};
 use proptest::prelude::*;
 
 /// Counts its drops in a counter owned by the test, so tests can run in parallel.
@@ -618,6 +618,48 @@ proptest! {
         mm.collect_cycles();
         prop_assert_eq!(drops.count(), n);
     }
+
+    #[test]
+    fn the_budgeted_collector_frees_exactly_the_unreachable((n, edges, roots) in graphs()) {
+        let mut mm = quiet();
+        let drops = Drops::default();
+        let handles: Vec<_> = (0..n).map(|_| node(&mm, &drops)).collect();
+        for &(a, b) in &edges {
+            let target = handles[b].clone();
+            mm[&handles[a]].edges.push(target);
+        }
+        let weak: Vec<_> = handles.iter().map(Handle::downgrade).collect();
+        let kept: Vec<_> = handles.into_iter().enumerate().filter(|(i, _)| roots[*i]).map(|(_, h)| h).collect();
+        let alive = reachable(n, &edges, &roots);
+
+        // Zero budgets: one candidate per step, spread over many "frames".
+        let mut collector = CycleCollector::new();
+        let mut steps = 0;
+        loop {
+            let mut released = 0;
+            loop {
+                let step = collector.step(&mut mm, Duration::ZERO);
+                steps += 1;
+                prop_assert!(step.candidates >= 1 || step.pass_finished);
+                released += step.released;
+                // Never frees anything reachable, at any step.
+                for &v in &alive {
+                    prop_assert!(mm.is_alive(weak[v]), "node {} freed after {} steps", v, steps);
+                }
+                if step.pass_finished {
+                    break;
+                }
+            }
+            if released == 0 {
+                break;
+            }
+        }
+        for (i, w) in weak.iter().enumerate() {
+            prop_assert_eq!(mm.is_alive(*w), alive.contains(&i), "node {}", i);
+        }
+        prop_assert_eq!(drops.count(), n - alive.len());
+        drop(kept);
+    }
 }
 
 // ---- handles inside std collections and plain structs ---------------------------------
@@ -849,4 +891,49 @@ fn debug_shows_a_short_generation_and_weak_handles_say_they_cannot_tell() {
     let (stale_text, live_text) = (format!("{stale:?}"), format!("{live:?}"));
     assert_ne!(stale_text, live_text);
     assert!(live_text.starts_with("Weak(Node#") && live_text.ends_with(", unchecked)"), "{live_text}");
+}
+
+// ---- cycle collection under a budget -----------------------------------------------------
+
+#[test]
+fn the_budgeted_collector_finds_a_cycle_through_a_hash_map_over_several_steps() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    // 50 live nodes first, so the cycle comes up only after a few steps.
+    let live: Vec<_> = (0..50).map(|_| node(&mm, &drops)).collect();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("grass".to_string(), asset.clone())].into() });
+    mm[&asset].owner = Some(cache.clone());
+    let weak = (asset.downgrade(), cache.downgrade());
+    drop((asset, cache));
+    let mut collector = CycleCollector::new();
+    let mut steps = 0;
+    let mut freed = 0;
+    while collector.passes() == 0 {
+        let step = collector.step(&mut mm, Duration::ZERO);
+        freed += step.collected.objects;
+        steps += 1;
+    }
+    assert!(steps > 50, "spread over {steps} steps");
+    assert_eq!(freed, 2);
+    assert!(!mm.is_alive(weak.0) && !mm.is_alive(weak.1));
+    assert_eq!(drops.count(), 1);
+    assert_eq!(mm.len(), live.len());
+}
+
+#[test]
+fn the_budgeted_collector_leaves_groups_larger_than_its_limit() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let keys = ring(&mut mm, &drops, 10);
+    let mut small = CycleCollector::with_max_group(4);
+    while small.passes() == 0 {
+        assert_eq!(small.step(&mut mm, Duration::from_secs(1)).released, 0);
+    }
+    assert_eq!(mm.len(), 10, "a ring of 10 is beyond a group of 4");
+    assert_eq!(mm.find_cycles().len(), 1);
+    let mut big = CycleCollector::with_max_group(10);
+    let step = big.step(&mut mm, Duration::from_secs(1));
+    assert_eq!((step.released, step.collected.objects, step.pass_finished), (10, 10, true));
+    assert!(mm.is_empty(), "{keys:?}");
 }

@@ -16,6 +16,7 @@
 //!   generation, so a reused slot never validates an old weak or raw handle.
 
 mod forensics;
+mod forensics_budget;
 mod forensics_graph;
 mod handle;
 mod handle_sites;
@@ -36,6 +37,7 @@ mod tracking;
 mod traits;
 
 pub use forensics::{Holder, ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
+pub use forensics_budget::{CycleCollector, CycleStep};
 pub use handle::{Handle, RawHandle, WeakHandle};
 pub use handle_sites::{HandleOrigin, HandleSite};
 pub use key::ObjectKey;
