@@ -795,6 +795,88 @@ fn o7_leak_report(c: &mut Criterion) {
     group.finish();
 }
 
+// ---- O8: cycle collection at 100k live objects, whole vs a budget per frame ----------
+
+/// A node of O8's garbage cycles.
+#[derive(MMObject)]
+struct CycleNode {
+    next: Option<Handle<CycleNode>>,
+    payload: Payload,
+}
+
+/// 100k live objects: the O7 level (held from outside) minus 1,000 entities,
+/// plus 500 garbage cycles of two nodes, interleaved with them in slot order.
+fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    let meshes: Vec<_> = (0..4).map(|i| mm.create(LeakMesh { vertices: vec![[0.0; 3]; 16 << i] })).collect();
+    let mut entities = Vec::with_capacity(LEAKED);
+    for i in 0..LEAKED - 1_005 {
+        entities.push(mm.create(LeakEntity { mesh: meshes[i % 4].clone(), hp: i as u32 }));
+        if i % 200 == 0 {
+            let a = mm.create(CycleNode { next: None, payload: payload(i) });
+            let b = mm.create(CycleNode { next: Some(a.clone()), payload: payload(i) });
+            mm[&a].next = Some(b);
+        }
+    }
+    let raw = mm.create(LeakLevel { entities }).into_raw();
+    drop(meshes);
+    (mm, raw)
+}
+
+/// O8: freeing 500 two-node garbage cycles among 100k live objects:
+/// `collect_cycles` at once (the peer), and `CycleCollector` steps of 1 ms
+/// until a pass ends; plus one 1 ms step alone. Wall time; the manager is
+/// built outside the timing.
+fn o8_cycles(c: &mut Criterion) {
+    let setup = cyclic_manager;
+    let mut group = c.benchmark_group("O8_cycles_100k");
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group.bench_function("collect_cycles_whole", |b| {
+        b.iter_batched(
+            setup,
+            |(mut mm, raw)| {
+                assert_eq!(mm.collect_cycles().objects, 1_000);
+                (mm, raw)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("collector_pass_in_1ms_steps", |b| {
+        b.iter_batched(
+            setup,
+            |(mut mm, raw)| {
+                let mut collector = mmobject::CycleCollector::new();
+                let mut freed = 0;
+                while collector.passes() == 0 {
+                    freed += collector.step(&mut mm, Duration::from_millis(1)).collected.objects;
+                }
+                assert_eq!(freed, 1_000);
+                (mm, raw)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("collector_one_1ms_step", |b| {
+        b.iter_batched(
+            setup,
+            |(mut mm, raw)| {
+                let step = mmobject::CycleCollector::new().step(&mut mm, Duration::from_millis(1));
+                (mm, raw, step)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+    let (mut mm, _raw) = setup();
+    let mut collector = mmobject::CycleCollector::new();
+    let mut steps = 0;
+    while collector.passes() == 0 {
+        collector.step(&mut mm, Duration::from_millis(1));
+        steps += 1;
+    }
+    println!("O8: a pass in 1 ms steps took {steps} steps");
+}
+
 /// The criterion group, in a private module so its generated `pub fn` needs no docs.
 mod harness {
     use super::*;
@@ -807,7 +889,8 @@ mod harness {
         o4_weak_read,
         o5_collect,
         o6_threads,
-        o7_leak_report
+        o7_leak_report,
+        o8_cycles
     );
 }
 

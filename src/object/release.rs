@@ -39,10 +39,21 @@ use super::Handle;
 ///
 /// `#[derive(MMObject)]` calls this for each field whose type implements it,
 /// to implement [`MMObject::release_handles`](crate::MMObject::release_handles).
-/// See [the module notes](self) for what each container does: in short,
-/// `Option<Handle<T>>` is set to `None`, sequences of handles are cleared,
-/// maps and sets that hold handles anywhere are cleared, and wrappers pass
-/// the call on without ever waiting for a lock.
+/// What each type does:
+///
+/// - `Option<Handle<T>>` becomes `None`;
+/// - `Vec`, `VecDeque` and `LinkedList` of handles are cleared; of other
+///   releasable types, released element by element;
+/// - maps and sets (`HashMap`, `HashSet`, `BTreeMap`, `BTreeSet`) and
+///   `BinaryHeap` are **cleared** if any key or value holds a handle: a handle
+///   in a key (or in a heap) cannot be taken out in place, so the whole
+///   container goes (the object is garbage anyway);
+/// - `Box`, `Option`, `Result`, arrays, slices and tuples release what they hold;
+/// - `Mutex`, `RwLock` (std and parking_lot) and `RefCell` are reached through
+///   `get_mut`, so this never blocks; a poisoned std lock is released too;
+/// - `Arc` and `Rc` are released only when unique; a shared one keeps its
+///   handles, so their targets stay alive;
+/// - a plain `Handle<T>` has no empty state and is not releasable.
 ///
 /// # Examples
 ///
