@@ -803,7 +803,7 @@ fn the_report_reads_summary_then_roots_then_capped_details() {
 
     let text = report.to_string();
     let at = |needle: &str| text.find(needle).unwrap_or_else(|| panic!("{needle:?} missing from\n{text}"));
-    assert!(text.starts_with("61 leaked object(s), "), "{text}");
+    assert!(text.starts_with("61 leaked object(s): "), "{text}");
     assert!(at("by type:") < at("by creation site:"));
     assert!(at("by creation site:") < at("roots: "));
     assert!(at(&format!("Level{level_key} retains 60 object(s)")) < at("\nleaked "));

@@ -221,7 +221,7 @@ fn write_entry_details(f: &mut Formatter<'_>, entry: &LeakEntry) -> fmt::Result 
 /// A leak report's text, for `Display` and [`ObjectLeakReport::display_with`].
 pub(crate) struct ReportText<'a> {
     pub(crate) report: &'a ObjectLeakReport,
-    /// The first line; `None` for "N leaked object(s), B:".
+    /// The first line, followed by the bytes; `None` for "N leaked object(s):".
     pub(crate) header: Option<&'a str>,
     pub(crate) per_site: usize,
 }
@@ -258,7 +258,8 @@ impl<F: Fn(&mut Formatter<'_>) -> fmt::Result> Display for WithFmt<F> {
 /// Lays out a leak report as blocks (each one log record): the summary, the
 /// roots, the cycles, then each detailed entry and each "… and N more".
 ///
-/// `header` replaces the first line, "N leaked object(s), B:". Costs
+/// `header` replaces the start of the first line, "N leaked object(s):",
+/// which ends with the leaked bytes. Costs
 /// O(entries) plus the shown blocks, whatever the number of entries.
 pub(crate) fn write_report(
     report: &ObjectLeakReport,
@@ -366,7 +367,7 @@ fn write_summary(
 ) -> fmt::Result {
     match header {
         Some(header) => write!(f, "{header} {}", Bytes(report.total_bytes()))?,
-        None => write!(f, "{} leaked object(s), {}:", Count(report.len()), Bytes(report.total_bytes()))?,
+        None => write!(f, "{} leaked object(s): {}", Count(report.len()), Bytes(report.total_bytes()))?,
     }
     let by_type = report.by_type();
     let count_width = Count(report.len()).to_string().len();

@@ -639,8 +639,9 @@ impl ObjectManager {
         if tag != self.id & 0xff {
             // Every raw handle has an odd generation and the tag of a manager
             // that was made: anything else is garbage, not another manager's.
+            // (Tags up to the next id, `made`, are taken as possible.)
             let made = NEXT_MANAGER_ID.load(std::sync::atomic::Ordering::Relaxed);
-            if raw.generation() & 1 == 0 || (made <= 0x100 && (tag == 0 || tag >= made)) {
+            if raw.generation() & 1 == 0 || (made < 0x100 && (tag == 0 || tag > made)) {
                 return Err(invalid());
             }
             return Err(Error::WrongManager { expected: self.id, found: tag });
