@@ -304,17 +304,31 @@ pub(crate) fn write_report_with_hidden(
         sink(&WithFmt(|f: &mut Formatter<'_>| write!(f, "… and {} more cycle(s)", Count(more))))?;
     }
     // Details, site by site in the order of the summary.
-    let mut at_site: HashMap<SiteKey, Vec<&LeakEntry>, BuildHasherDefault<AddressHasher>> = HashMap::default();
+    // Grouped by address first (cheap), then by text: one call site can
+    // have several `Location`s (Miri makes one per call).
+    let mut at_address: HashMap<SiteKey, Vec<&LeakEntry>, BuildHasherDefault<AddressHasher>> = HashMap::default();
     for entry in &report.entries {
-        at_site.entry(site_key(entry.type_name, entry.site)).or_default().push(entry);
+        at_address.entry(site_key(entry.type_name, entry.site)).or_default().push(entry);
+    }
+    let mut at_site: HashMap<SiteText, Vec<&LeakEntry>> = HashMap::with_capacity(at_address.len());
+    for (_, entries) in at_address {
+        let first = entries[0];
+        match at_site.entry(site_text(first.type_name, first.site)) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(entries);
+            }
+            std::collections::hash_map::Entry::Occupied(mut slot) => {
+                let merged = slot.get_mut();
+                merged.extend(entries);
+                merged.sort_by_key(|entry| entry.key);
+            }
+        }
     }
     let mut groups: Vec<Vec<&LeakEntry>> = Vec::with_capacity(by_site.len());
     for tally in &by_site {
         let site = tally.site.expect("tallies by site have a site");
-        groups.extend(at_site.remove(&site_key(tally.type_name, site)));
+        groups.extend(at_site.remove(&site_text(tally.type_name, site)));
     }
-    // Entries at a second `Location` with the same text (merged in the tally).
-    groups.extend(at_site.into_values());
     for entries in groups {
         for entry in entries.iter().take(per_site) {
             sink(&WithFmt(|f: &mut Formatter<'_>| write!(f, "leaked {entry:#}")))?;
@@ -333,13 +347,18 @@ pub(crate) fn write_report_with_hidden(
     Ok(())
 }
 
-/// A (type, site) group, by the addresses of the type name and the `Location`
-/// (equal text at two addresses was merged in the tally, so such entries are
-/// looked up under each address: see [`write_report`]).
+/// A (type, site) group, by the addresses of the type name and the `Location`.
 type SiteKey = (usize, usize);
 
 fn site_key(type_name: &'static str, site: &'static Location<'static>) -> SiteKey {
     (type_name.as_ptr() as usize, std::ptr::from_ref(site) as usize)
+}
+
+/// A (type, site) group, by text.
+type SiteText = (&'static str, &'static str, u32, u32);
+
+fn site_text(type_name: &'static str, site: &'static Location<'static>) -> SiteText {
+    (type_name, site.file(), site.line(), site.column())
 }
 
 fn write_footer(report: &ObjectLeakReport, sink: &mut dyn FnMut(&dyn Display) -> fmt::Result) -> fmt::Result {
