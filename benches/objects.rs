@@ -818,6 +818,164 @@ fn o1c_unload(c: &mut Criterion) {
     group.finish();
 }
 
+// ---- O7: the leak report at 100k leaked objects -----------------------------------
+
+/// Leaked objects in O7.
+const LEAKED: usize = 100_000;
+
+/// A mesh shared by many entities.
+#[derive(MMObject)]
+struct LeakMesh {
+    vertices: Vec<[f32; 3]>,
+}
+
+/// One of the 100k leaked entities.
+#[derive(MMObject)]
+struct LeakEntity {
+    mesh: Handle<LeakMesh>,
+    hp: u32,
+}
+
+/// The root: a level a script still holds at exit.
+#[derive(MMObject)]
+struct LeakLevel {
+    entities: Vec<Handle<LeakEntity>>,
+}
+
+/// A manager holding `LEAKED` objects: 4 meshes, a level and its entities,
+/// the level held by the returned raw handle.
+fn leaky_manager() -> (ObjectManager, mmobject::RawHandle) {
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let meshes: Vec<_> = (0..4).map(|i| mm.create(LeakMesh { vertices: vec![[0.0; 3]; 16 << i] })).collect();
+    let entities =
+        (0..LEAKED - 5).map(|i| mm.create(LeakEntity { mesh: meshes[i % 4].clone(), hp: i as u32 })).collect();
+    let raw = mm.create(LeakLevel { entities }).into_raw();
+    drop(meshes);
+    (mm, raw)
+}
+
+/// O7: `shutdown` with 100k leaked objects, then the report as text (the
+/// same writer as the shutdown log); the text alone; and, as the peer, the
+/// same 100k objects released and destroyed by `collect_garbage` before a
+/// clean `shutdown` (the cost of destroying them, without any report).
+/// Wall time; each iteration builds its manager first (not timed).
+fn o7_leak_report(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O7_leak_report_100k");
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group.bench_function("shutdown_and_report", |b| {
+        b.iter_batched(
+            leaky_manager,
+            |(mm, _raw)| {
+                let report = mm.shutdown();
+                assert_eq!(report.len(), LEAKED);
+                black_box(report.to_string().len())
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("report_text_only", |b| {
+        let report = leaky_manager().0.shutdown();
+        b.iter(|| black_box(report.to_string().len()))
+    });
+    group.bench_function("release_collect_shutdown_no_leaks", |b| {
+        b.iter_batched(
+            leaky_manager,
+            |(mut mm, raw)| {
+                mm.release_raw(raw).expect("held");
+                mm.collect_garbage();
+                black_box(mm.shutdown().len())
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+// ---- O8: cycle collection at 100k live objects, whole vs a budget per frame ----------
+
+/// Nodes in O8's garbage cycles: two per 200 entities.
+const O8_CYCLE_NODES: usize = 2 * (LEAKED - 1_005).div_ceil(200);
+
+/// A node of O8's garbage cycles.
+#[derive(MMObject)]
+struct CycleNode {
+    next: Option<Handle<CycleNode>>,
+    payload: Payload,
+}
+
+/// About 100k live objects: the O7 level (held from outside) with 98,995
+/// entities, and 495 garbage cycles of two nodes, interleaved with them.
+fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    let meshes: Vec<_> = (0..4).map(|i| mm.create(LeakMesh { vertices: vec![[0.0; 3]; 16 << i] })).collect();
+    let mut entities = Vec::with_capacity(LEAKED);
+    for i in 0..LEAKED - 1_005 {
+        entities.push(mm.create(LeakEntity { mesh: meshes[i % 4].clone(), hp: i as u32 }));
+        if i % 200 == 0 {
+            let a = mm.create(CycleNode { next: None, payload: payload(i) });
+            let b = mm.create(CycleNode { next: Some(a.clone()), payload: payload(i) });
+            mm[&a].next = Some(b);
+        }
+    }
+    let raw = mm.create(LeakLevel { entities }).into_raw();
+    drop(meshes);
+    (mm, raw)
+}
+
+/// O8: freeing 495 two-node garbage cycles among 100k live objects:
+/// `collect_cycles` at once (the peer), and `CycleCollector` steps of 1 ms
+/// until a pass ends; plus one 1 ms step alone. Wall time; the manager is
+/// built outside the timing.
+fn o8_cycles(c: &mut Criterion) {
+    let setup = cyclic_manager;
+    let mut group = c.benchmark_group("O8_cycles_100k");
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group.bench_function("collect_cycles_whole", |b| {
+        b.iter_batched(
+            setup,
+            |(mut mm, raw)| {
+                assert_eq!(mm.collect_cycles().objects, O8_CYCLE_NODES);
+                (mm, raw)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("collector_pass_in_1ms_steps", |b| {
+        b.iter_batched(
+            setup,
+            |(mut mm, raw)| {
+                let mut collector = mmobject::CycleCollector::new();
+                let mut freed = 0;
+                while collector.passes() == 0 {
+                    freed += collector.step(&mut mm, Duration::from_millis(1)).collected.objects;
+                }
+                assert_eq!(freed, O8_CYCLE_NODES);
+                (mm, raw)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("collector_one_1ms_step", |b| {
+        b.iter_batched(
+            setup,
+            |(mut mm, raw)| {
+                let step = mmobject::CycleCollector::new().step(&mut mm, Duration::from_millis(1));
+                (mm, raw, step)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+    let (mut mm, _raw) = setup();
+    let mut collector = mmobject::CycleCollector::new();
+    let mut steps = 0;
+    while collector.passes() == 0 {
+        collector.step(&mut mm, Duration::from_millis(1));
+        steps += 1;
+    }
+    println!("O8: a pass in 1 ms steps took {steps} steps");
+}
+
 /// The criterion group, in a private module so its generated `pub fn` needs no docs.
 mod harness {
     use super::*;
@@ -831,7 +989,9 @@ mod harness {
         o3_strong_read,
         o4_weak_read,
         o5_collect,
-        o6_threads
+        o6_threads,
+        o7_leak_report,
+        o8_cycles
     );
 }
 

@@ -1,5 +1,6 @@
-//! Finding two leaks: a list that keeps one entity per frame, and a UI panel
-//! whose parent and child hold each other.
+//! Finding three leaks: a list that keeps one entity per frame, a `HashMap`
+//! cache that never evicts, and a UI panel whose parent and child hold each
+//! other.
 //!
 //! Run it with `cargo run --example leak_growth [-- --frames N] [--plot leak.svg]`.
 //!
@@ -8,11 +9,19 @@
 //!   it for ever (it should hold a `WeakHandle`): one entity and its mesh's
 //!   share of memory leak per frame. With `--plot`, the chart shows the
 //!   `Entity` line rising while everything else stays flat.
+//! - Every tenth frame an explosion effect gets a one-off mesh, cached by name
+//!   in a `MeshCache` (a `HashMap<String, Handle<Mesh>>`) that nothing ever
+//!   evicts. The forensics see handles inside the map: the retention path of
+//!   such a mesh names `MeshCache#….by_name`.
 //! - A closed `Panel` and its `Button` hold each other: a reference cycle that
 //!   `collect_garbage` cannot free and `find_cycles` finds.
-//! - At the end it asks the manager why the oldest entity is still alive,
-//!   and shuts down: the leak report gives each leaked object's retention path
-//!   and names the cycle.
+//! - At the end it asks the manager why the oldest entity and the oldest
+//!   explosion mesh are still alive, and shuts down: the leak report starts
+//!   with a summary by type and creation site, names the roots that hold the
+//!   rest (the kill feed, the cache) and the cycle, then details a few objects
+//!   per creation site.
+
+use std::collections::HashMap;
 
 use mmobject::{Handle, MMObject, MemoryTimeline, ObjectManager};
 
@@ -34,6 +43,12 @@ struct KillFeed {
     shown: Vec<Handle<Entity>>,
 }
 
+/// Meshes by name. The bug: entries are added, never evicted.
+#[derive(MMObject)]
+struct MeshCache {
+    by_name: HashMap<String, Handle<Mesh>>,
+}
+
 /// A UI widget tree with parent links: a cycle as soon as it has children.
 #[derive(MMObject)]
 struct Widget {
@@ -50,6 +65,7 @@ fn main() {
 
     let meshes: Vec<_> = (0..4).map(|i| mm.create(Mesh { vertices: vec![[0.0; 3]; 100 << i] })).collect();
     let feed = mm.create(KillFeed { shown: Vec::new() });
+    let cache = mm.create(MeshCache { by_name: HashMap::new() });
 
     // A panel opened and closed on frame 1: the button's parent link keeps both alive.
     let panel = mm.create(Widget { name: "pause menu", parent: None, children: Vec::new() });
@@ -69,6 +85,11 @@ fn main() {
         let spawned = &entities[entities.len() - 6..];
         let best = spawned.iter().max_by_key(|e| mm[*e].ttl).expect("spawned above").clone();
         mm[&feed].shown.push(best);
+        // An explosion's one-off mesh, cached "for reuse" and never evicted.
+        if frame % 10 == 0 {
+            let effect = mm.create(Mesh { vertices: vec![[0.0; 3]; 64] });
+            mm[&cache].by_name.insert(format!("explosion-{frame}"), effect);
+        }
 
         for e in &entities {
             mm[e].ttl -= 1;
@@ -89,6 +110,11 @@ fn main() {
         let path = mm.retention_path(key).expect("alive");
         println!("why is Entity{key} still alive?\n  {path}\n");
     }
+    if let Some(mesh) = mm[&cache].by_name.get("explosion-10") {
+        let key = mesh.key();
+        println!("who holds Mesh{key}? {:?}", mm.holders(key));
+        println!("why is Mesh{key} still alive?\n  {}\n", mm.retention_path(key).expect("alive"));
+    }
     for cycle in mm.reference_cycles() {
         println!("reference cycle: {cycle}");
     }
@@ -99,8 +125,8 @@ fn main() {
         }
     }
 
-    // A script still holds the kill feed when the game exits.
-    let _script = feed.into_raw();
+    // A script still holds the kill feed and the cache when the game exits.
+    let _script = (feed.into_raw(), cache.into_raw());
     drop(meshes);
     let report = mm.shutdown();
     println!("\n{report}");

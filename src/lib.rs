@@ -19,22 +19,34 @@ pub mod track;
 pub use allocator_api2;
 pub use error::{Error, Result};
 pub use object::{
-    CollectStats, Handle, HandleOrigin, HandleSite, HeapSize, LeakEntry, LeakReport, MMObject, MemoryReport,
-    MemoryTimeline, ObjectKey, ObjectManager, ObjectName, ObjectView, RawHandle, ReferenceCycle, ReleaseHandles,
-    RetentionPath, RetentionRoot, Snapshot, VisitHandles, WeakHandle,
+    CollectStats, CycleCollector, CycleStep, Handle, HandleOrigin, HandleSite, HeapSize, Holder, LeakEntry, LeakRoot,
+    LeakTally, MMObject, MemoryTimeline, ObjectKey, ObjectLeakReport, ObjectManager, ObjectMemoryReport, ObjectName,
+    ObjectView, RawHandle, ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, VisitHandles,
+    WeakHandle,
 };
+#[doc(hidden)]
+pub use object::{LeakReport, MemoryReport};
 
 /// Implements [`MMObject`] for a struct or enum.
 ///
 /// - `#[mm(tag = "Textures")]` on the type sets its memory category (default: the type name).
 /// - `#[mm(skip)]` on a field leaves it out of `size()`, `visit_handles()` and `release_handles()`.
+/// - `#[mm(visit_with = path)]` on a field visits its handles with `path(&field, visitor)`.
+/// - A field whose type names `Handle` must implement [`VisitHandles`]: a
+///   compile error otherwise, never a silent blind spot.
 pub use mmobject_macros::MMObject;
+
+/// Implements [`VisitHandles`] and [`ReleaseHandles`] for a struct or enum
+/// that is not an object but holds handles inside one (a cache, a table).
+///
+/// `#[mm(skip)]` and `#[mm(visit_with = path)]` work as on `MMObject`.
+pub use mmobject_macros::VisitHandles;
 
 /// Paths the derive's generated code uses. Not public API.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::object::probe::{NoHeapSize, NoVisitHandles, Probe, ViaHeapSize, ViaVisitHandles};
     pub use crate::object::release_probe::{NoReleaseHandles, ProbeMut, ViaReleaseHandles};
-    pub use crate::object::{MMObject, ObjectKey};
+    pub use crate::object::{MMObject, ObjectKey, ReleaseHandles, VisitHandles};
     pub use core::mem::size_of;
 }

@@ -6,12 +6,16 @@
 
 use std::mem::size_of;
 
-use mmobject::{HeapSize, MMObject, ObjectKey, VisitHandles};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, LinkedList, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+
+use mmobject::{HeapSize, MMObject, ObjectKey, ReleaseHandles, VisitHandles};
 use slotmap::KeyData;
 
 /// Stands in for a strong handle: a field type that holds one key and owns no
 /// heap memory, so it implements both traits (as `Handle<T>` must for a
 /// `Vec<Handle<T>>` to count its buffer and visit its handles).
+#[derive(PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct FakeHandle(ObjectKey);
 
 impl HeapSize for FakeHandle {
@@ -311,14 +315,17 @@ fn generics_pass_through() {
 }
 
 #[test]
-fn generic_fields_count_as_opaque() {
+fn generic_fields_are_visited_through_a_bound_and_sized_as_opaque() {
     // In a generic impl the probe cannot see through `T`, so a `Vec` held as a
-    // type parameter counts no heap bytes and visits nothing: the documented
-    // limit of the derive.
+    // type parameter counts no heap bytes: the documented limit of `size()`.
     let w = Wrapper { inner: Vec::<u8>::with_capacity(32) };
     assert_eq!(w.size(), size_of::<Wrapper<Vec<u8>>>());
+    // Visiting adds the bound `T: VisitHandles` instead, so nothing is missed.
     let w = Wrapper { inner: handle(1) };
-    assert!(visited(&w).is_empty());
+    assert_eq!(visited(&w), keys([1]));
+    let nested = Wrapper { inner: Generic { items: vec![Some(handle(2)), None, Some(handle(3))] } };
+    assert_eq!(visited(&nested), keys([2, 3]));
+    assert_eq!(visited(&Either::<FakeHandle, u8>::Left(handle(4))), keys([4]));
 }
 
 fn assert_mmobject<T: MMObject>() {}
@@ -328,4 +335,173 @@ fn generic_impls_require_send_sync_static() {
     assert_mmobject::<Wrapper<String>>();
     assert_mmobject::<Either<Vec<u8>, Box<u32>>>();
     assert_mmobject::<Named<'static>>();
+}
+
+// --- Every std container --------------------------------------------------------
+
+#[test]
+fn visits_every_std_container_with_handles_as_keys_or_values() {
+    #[derive(Default)]
+    struct Fnv;
+    impl std::hash::BuildHasher for Fnv {
+        type Hasher = std::collections::hash_map::DefaultHasher;
+        fn build_hasher(&self) -> Self::Hasher {
+            std::collections::hash_map::DefaultHasher::new()
+        }
+    }
+    #[derive(MMObject)]
+    struct Everything {
+        by_name: HashMap<String, FakeHandle>,
+        by_handle: HashMap<FakeHandle, u32, Fnv>,
+        set: HashSet<FakeHandle, Fnv>,
+        tree: BTreeMap<FakeHandle, Vec<FakeHandle>>,
+        tree_set: BTreeSet<FakeHandle>,
+        queue: VecDeque<FakeHandle>,
+        list: LinkedList<Option<FakeHandle>>,
+        heap: BinaryHeap<FakeHandle>,
+        result: Result<FakeHandle, (u8, FakeHandle)>,
+        shared: Arc<Mutex<Vec<FakeHandle>>>,
+        locked: parking_lot::RwLock<Box<[FakeHandle]>>,
+        std_rw: RwLock<Option<FakeHandle>>,
+        wide: (u8, u8, u8, u8, u8, u8, u8, FakeHandle),
+    }
+    let mut by_handle = HashMap::with_hasher(Fnv);
+    let _ = by_handle.insert(handle(2), 7);
+    let mut set = HashSet::with_hasher(Fnv);
+    let _ = set.insert(handle(3));
+    let e = Everything {
+        by_name: HashMap::from([("a".to_string(), handle(1))]),
+        by_handle,
+        set,
+        tree: BTreeMap::from([(handle(4), vec![handle(5)])]),
+        tree_set: BTreeSet::from([handle(6)]),
+        queue: VecDeque::from([handle(7)]),
+        list: LinkedList::from([None, Some(handle(8))]),
+        heap: BinaryHeap::from([handle(9)]),
+        result: Err((0, handle(10))),
+        shared: Arc::new(Mutex::new(vec![handle(11)])),
+        locked: parking_lot::RwLock::new(Box::new([handle(12)])),
+        std_rw: RwLock::new(Some(handle(13))),
+        wide: (0, 0, 0, 0, 0, 0, 0, handle(14)),
+    };
+    let mut seen = visited(&e);
+    seen.sort();
+    assert_eq!(seen, keys([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]));
+}
+
+#[test]
+fn a_locked_lock_is_skipped_not_waited_for() {
+    // Documented: the contents of a lock held right now are not visited (they
+    // then count as references from outside the manager), and nothing blocks.
+    let m = Mutex::new(vec![handle(1)]);
+    let guard = m.lock().unwrap();
+    let mut seen = Vec::new();
+    m.visit_handles(&mut |k| seen.push(k));
+    assert!(seen.is_empty());
+    drop(guard);
+    m.visit_handles(&mut |k| seen.push(k));
+    assert_eq!(seen, keys([1]));
+
+    let p = parking_lot::Mutex::new(Some(handle(2)));
+    let guard = p.lock();
+    seen.clear();
+    p.visit_handles(&mut |k| seen.push(k));
+    assert!(seen.is_empty());
+    drop(guard);
+
+    // A read lock does not stop visiting; a write lock does.
+    let rw = parking_lot::RwLock::new(Some(handle(3)));
+    let read = rw.read();
+    rw.visit_handles(&mut |k| seen.push(k));
+    assert_eq!(seen, keys([3]));
+    drop(read);
+    let _write = rw.write();
+    seen.clear();
+    rw.visit_handles(&mut |k| seen.push(k));
+    assert!(seen.is_empty());
+}
+
+#[test]
+fn a_poisoned_mutex_is_still_visited() {
+    let m = Arc::new(Mutex::new(Some(handle(5))));
+    let poisoner = Arc::clone(&m);
+    let _ = std::thread::spawn(move || {
+        let _guard = poisoner.lock().unwrap();
+        panic!("poison it");
+    })
+    .join();
+    assert!(m.is_poisoned());
+    let mut seen = Vec::new();
+    m.visit_handles(&mut |k| seen.push(k));
+    assert_eq!(seen, keys([5]));
+}
+
+// --- #[derive(VisitHandles)] and visit_with -----------------------------------------
+
+#[derive(VisitHandles)]
+struct Slots {
+    by_name: HashMap<String, FakeHandle>,
+    #[mm(skip)]
+    ignored: FakeHandle,
+    hits: u64,
+}
+
+#[derive(VisitHandles)]
+enum Slot {
+    Empty,
+    One(FakeHandle),
+    Many { all: Vec<FakeHandle> },
+}
+
+#[derive(VisitHandles)]
+struct Generic<T> {
+    items: Vec<T>,
+}
+
+fn visit_pair(pair: &(u32, ObjectKey), visitor: &mut dyn FnMut(ObjectKey)) {
+    visitor(pair.1);
+}
+
+#[test]
+fn derive_visit_handles_for_plain_structs_and_enums() {
+    let slots = Slots { by_name: HashMap::from([("x".to_string(), handle(1))]), ignored: handle(9), hits: 0 };
+    let mut seen = Vec::new();
+    slots.visit_handles(&mut |k| seen.push(k));
+    assert_eq!(seen, keys([1]));
+
+    #[derive(MMObject)]
+    struct Cache {
+        slots: Slots,
+        kinds: Vec<Slot>,
+        generic: Generic<FakeHandle>,
+        #[mm(visit_with = visit_pair)]
+        raw: (u32, ObjectKey),
+    }
+    let cache = Cache {
+        slots,
+        kinds: vec![Slot::Empty, Slot::One(handle(2)), Slot::Many { all: vec![handle(3), handle(4)] }],
+        generic: Generic { items: vec![handle(5)] },
+        raw: (0, key(6)),
+    };
+    assert_eq!(visited(&cache), keys([1, 2, 3, 4, 5, 6]));
+    let mut named = Vec::new();
+    cache.visit_handles_named(&mut |field, k| named.push((field, k)));
+    assert_eq!(named[0], ("slots", key(1)));
+    assert_eq!(named[5], ("raw", key(6)));
+}
+
+#[test]
+fn derive_visit_handles_releases_what_it_can() {
+    #[derive(VisitHandles)]
+    struct Links {
+        map: HashMap<u32, FakeHandle>,
+        plain: u32,
+    }
+    let mut links = Links { map: HashMap::from([(1, handle(1))]), plain: 7 };
+    links.release_handles();
+    assert!(links.map.is_empty(), "a map holding handles is cleared");
+    assert_eq!(links.plain, 7);
+    let mut untouched: HashMap<u32, String> = HashMap::from([(1, "kept".to_string())]);
+    untouched.release_handles();
+    assert_eq!(untouched.len(), 1, "a map without handles is left alone");
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mmobject::{Handle, MMObject, ObjectKey, ObjectManager, RetentionRoot};
+use mmobject::{CycleCollector, Handle, MMObject, ObjectKey, ObjectLeakReport, ObjectManager, RetentionRoot};
 use proptest::prelude::*;
 
 /// Counts its drops in a counter owned by the test, so tests can run in parallel.
@@ -482,7 +482,10 @@ fn shutdown_report_has_retention_paths_and_cycles() {
     let report = mm.shutdown();
     assert_eq!(report.len(), 5 + 2);
     let texture = report.iter().find(|e| e.type_name == "Texture").unwrap();
-    let retention = texture.retention.as_deref().unwrap();
+    let path = texture.retention.as_ref().unwrap();
+    assert_eq!(path.chain[0].key, level_key, "structured: the chain starts at the level");
+    assert_eq!(path.fields[0], "materials");
+    let retention = path.to_string();
     assert!(retention.starts_with(&format!("Level{level_key}.materials -> Material")), "{retention}");
     assert!(retention.ends_with("is held from outside: 1 of its 1 references)"), "{retention}");
     assert_eq!(report.cycles().len(), 1);
@@ -522,13 +525,19 @@ fn report_paths_match_retention_path_on_long_chains() {
     drop(at);
     let keys: Vec<ObjectKey> = mm.iter::<Node>().map(|(w, _)| w.key()).collect();
     assert_eq!(keys.len(), 20 + 11 + 12);
-    let expected: Vec<String> = keys.iter().map(|&k| mm.retention_path(k).unwrap().to_string()).collect();
+    let full: Vec<_> = keys.iter().map(|&k| mm.retention_path(k).unwrap()).collect();
+    let expected: Vec<String> = full.iter().map(ToString::to_string).collect();
     assert!(expected.iter().any(|t| t.contains("(12 more)")), "the chain of 20 is shortened");
     let _raw = head.into_raw();
     let report = mm.shutdown();
-    for (key, expected) in keys.iter().zip(&expected) {
+    for ((key, expected), full) in keys.iter().zip(&expected).zip(&full) {
         let entry = report.iter().find(|e| e.key == *key).unwrap();
-        assert_eq!(entry.retention.as_deref(), Some(expected.as_str()));
+        let path = entry.retention.as_ref().unwrap();
+        assert_eq!(path.to_string(), *expected);
+        assert_eq!(path.len(), full.chain.len(), "hidden links are counted");
+        assert_eq!(path.chain.first(), full.chain.first());
+        assert_eq!(path.chain.last(), full.chain.last());
+        assert!(path.chain.len() <= 8);
     }
 }
 
@@ -609,4 +618,327 @@ proptest! {
         mm.collect_cycles();
         prop_assert_eq!(drops.count(), n);
     }
+
+    #[test]
+    fn the_budgeted_collector_frees_exactly_the_unreachable((n, edges, roots) in graphs()) {
+        let mut mm = quiet();
+        let drops = Drops::default();
+        let handles: Vec<_> = (0..n).map(|_| node(&mm, &drops)).collect();
+        for &(a, b) in &edges {
+            let target = handles[b].clone();
+            mm[&handles[a]].edges.push(target);
+        }
+        let weak: Vec<_> = handles.iter().map(Handle::downgrade).collect();
+        let kept: Vec<_> = handles.into_iter().enumerate().filter(|(i, _)| roots[*i]).map(|(_, h)| h).collect();
+        let alive = reachable(n, &edges, &roots);
+
+        // Zero budgets: one candidate per step, spread over many "frames".
+        let mut collector = CycleCollector::new();
+        let mut steps = 0;
+        loop {
+            let mut released = 0;
+            loop {
+                let step = collector.step(&mut mm, Duration::ZERO);
+                steps += 1;
+                prop_assert!(step.candidates >= 1 || step.pass_finished);
+                released += step.released;
+                // Never frees anything reachable, at any step.
+                for &v in &alive {
+                    prop_assert!(mm.is_alive(weak[v]), "node {} freed after {} steps", v, steps);
+                }
+                if step.pass_finished {
+                    break;
+                }
+            }
+            if released == 0 {
+                break;
+            }
+        }
+        for (i, w) in weak.iter().enumerate() {
+            prop_assert_eq!(mm.is_alive(*w), alive.contains(&i), "node {}", i);
+        }
+        prop_assert_eq!(drops.count(), n - alive.len());
+        drop(kept);
+    }
+}
+
+// ---- handles inside std collections and plain structs ---------------------------------
+
+/// A resource cache, as engines keep them: handles as `HashMap` values.
+#[derive(MMObject)]
+struct Cache {
+    by_name: std::collections::HashMap<String, Handle<Asset>>,
+}
+
+/// An asset that points back at its cache: a cycle through the map.
+#[derive(MMObject)]
+struct Asset {
+    owner: Option<Handle<Cache>>,
+    peers: std::collections::HashSet<Handle<Asset>>,
+    drops: DropToken,
+}
+
+#[test]
+fn holders_and_paths_see_handles_in_a_hash_map() {
+    let mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("grass".to_string(), asset.clone())].into() });
+    let key = asset.key();
+    drop(asset);
+    assert_eq!(mm.holders(key), vec![cache.key()]);
+    let path = mm.retention_path(key).unwrap();
+    assert_eq!(path.chain[0].to_string(), format!("Cache{}", cache.key()));
+    assert_eq!(path.fields, ["by_name"]);
+    assert_eq!(
+        path.to_string(),
+        format!("Cache{0}.by_name -> Asset{key} (Cache{0} is held from outside: 1 of its 1 references)", cache.key())
+    );
+}
+
+#[test]
+fn a_cycle_through_a_hash_map_value_is_found_and_collected() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("grass".to_string(), asset.clone())].into() });
+    mm[&asset].owner = Some(cache.clone());
+    let (ka, kc) = (asset.key(), cache.key());
+    drop((asset, cache));
+    assert_eq!(mm.collect_garbage().objects, 0);
+    let cycles = mm.find_cycles();
+    assert_eq!(cycles.len(), 1);
+    let mut members = cycles[0].clone();
+    members.sort();
+    assert_eq!(members, {
+        let mut k = vec![ka, kc];
+        k.sort();
+        k
+    });
+    assert_eq!(mm.collect_cycles().objects, 2);
+    assert_eq!(drops.count(), 1);
+    assert!(mm.is_empty());
+}
+
+#[test]
+fn a_cycle_through_a_set_key_is_collected_by_clearing_the_set() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let me = asset.clone();
+    let _ = mm[&asset].peers.insert(me);
+    let key = asset.key();
+    drop(asset);
+    assert_eq!(mm.find_cycles(), vec![vec![key]]);
+    assert_eq!(mm.collect_cycles().objects, 1);
+    assert_eq!(drops.count(), 1);
+}
+
+#[test]
+fn the_shutdown_report_blames_the_cache_not_the_outside() {
+    let mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("rock".to_string(), asset.clone())].into() });
+    let (ka, kc) = (asset.key(), cache.key());
+    drop(asset);
+    let _kept = cache.into_raw();
+    let report = mm.shutdown();
+    let entry = report.iter().find(|e| e.key == ka).unwrap();
+    let path = entry.retention.as_ref().unwrap().to_string();
+    assert!(path.starts_with(&format!("Cache{kc}.by_name -> Asset{ka}")), "{path}");
+}
+
+/// Handles behind shared, locked and weak fields.
+#[derive(MMObject)]
+struct Holder {
+    shared: Arc<parking_lot::Mutex<Vec<Handle<Asset>>>>,
+    weak: Option<mmobject::WeakHandle<Asset>>,
+}
+
+#[test]
+fn locks_are_visited_without_waiting_and_weak_handles_hold_nothing() {
+    let mm = quiet();
+    let drops = Drops::default();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let list = Arc::new(parking_lot::Mutex::new(vec![asset.clone()]));
+    let holder = mm.create(Holder { shared: Arc::clone(&list), weak: Some(asset.downgrade()) });
+    let weak_only = mm.create(Holder { shared: Arc::default(), weak: Some(asset.downgrade()) });
+    assert_eq!(mm.holders(asset.key()), vec![holder.key()], "the weak handle is not a holder");
+    assert!(!mm.holders(asset.key()).contains(&weak_only.key()));
+
+    // While the list is locked, its handle cannot be seen: it then counts as
+    // a reference from outside the manager, and nothing blocks.
+    let guard = list.lock();
+    assert!(mm.holders(asset.key()).is_empty());
+    let path = mm.retention_path(asset.key()).unwrap();
+    assert_eq!(path.root, RetentionRoot::Outside { outside: 2, total: 2 });
+    drop(guard);
+    assert_eq!(mm.retention_path(asset.key()).unwrap().root, RetentionRoot::Outside { outside: 1, total: 2 });
+}
+
+// ---- the leak report at scale ------------------------------------------------------------
+
+#[test]
+fn the_report_reads_summary_then_roots_then_capped_details() {
+    let mm = quiet();
+    let textures: Vec<_> = (0..30).map(|i| mm.create(Texture { pixels: vec![i as u8; 100] })).collect();
+    let site_line = line!() - 1;
+    let materials: Vec<_> = textures.iter().map(|t| mm.create(Material { albedo: t.clone(), detail: None })).collect();
+    let level = mm.create(Level { name: "Forest", materials });
+    let level_key = level.key();
+    drop(textures);
+    let _script = level.into_raw();
+    let report = mm.shutdown();
+    assert_eq!(report.len(), 61);
+
+    // As data: tallies largest first, and the root with what it retains.
+    let by_type = report.by_type();
+    assert_eq!((by_type[0].count, by_type[2].type_name, by_type[2].count), (30, "Level", 1));
+    assert_eq!((by_type[0].type_name, by_type[1].type_name), ("Texture", "Material"), "equal counts: more bytes first");
+    assert_eq!(report.roots().len(), 1);
+    let root = &report.roots()[0];
+    assert_eq!((root.object.key, root.retains, root.outside, root.total), (level_key, 60, 1, 1));
+    assert_eq!(root.retained_bytes, report.iter().filter(|e| e.key != level_key).map(|e| e.size).sum::<usize>());
+
+    let text = report.to_string();
+    let at = |needle: &str| text.find(needle).unwrap_or_else(|| panic!("{needle:?} missing from\n{text}"));
+    assert!(text.starts_with("61 leaked object(s): "), "{text}");
+    assert!(at("by type:") < at("by creation site:"));
+    assert!(at("by creation site:") < at("roots: "));
+    assert!(at(&format!("Level{level_key} retains 60 object(s)")) < at("\nleaked "));
+    assert!(text.contains("\n    30  ") && text.contains("\n     1  "), "aligned counts:\n{text}");
+    assert_eq!(text.matches("leaked Texture#").count(), ObjectLeakReport::DETAILS_PER_SITE);
+    assert!(text.contains(&format!("… and 20 more Texture created at {}:{site_line}:", file!())), "{text}");
+    assert_eq!(format!("{report:#}").matches("leaked Texture#").count(), 30, "{{:#}} lists every object");
+    assert_eq!(report.display_with(2).to_string().matches("leaked Material#").count(), 2);
+}
+
+#[test]
+fn every_holder_is_named_even_when_also_held_from_outside() {
+    let mm = quiet();
+    let texture = mm.create(Texture { pixels: vec![0; 16] });
+    let material = mm.create(Material { albedo: texture.clone(), detail: Some(texture.clone()) });
+    let (tk, mk) = (texture.key(), material.key());
+    let _kept = (texture.into_raw(), material.into_raw());
+    let report = mm.shutdown();
+    let entry = report.iter().find(|e| e.key == tk).unwrap();
+    assert_eq!(entry.ref_count, 3);
+    let holders: Vec<String> = entry.holders.iter().map(ToString::to_string).collect();
+    assert_eq!(holders, [format!("Material{mk}.albedo"), format!("Material{mk}.detail")]);
+    assert_eq!(entry.outside_refs(), 1);
+    let text = format!("{entry:#}");
+    assert!(
+        text.contains(&format!(
+            "held by: Material{mk}.albedo, Material{mk}.detail; 1 reference from outside the manager"
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn assert_released_since_uses_the_same_writer() {
+    let mm = quiet();
+    let before = mm.snapshot();
+    let level = load_level(&mm, "Cave", 3);
+    let level_key = level.key();
+    let message = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.assert_released_since(&before)))
+        .expect_err("the level is alive");
+    let message = message.downcast_ref::<String>().unwrap();
+    assert!(message.starts_with("7 object(s) created since the snapshot are still alive: "), "{message}");
+    assert!(message.contains("by creation site:"), "{message}");
+    assert!(message.contains(&format!("Level{level_key} retains 6 object(s)")), "{message}");
+    assert!(message.contains("\nleaked Texture#"), "{message}");
+    drop(level);
+}
+
+// ---- clear answers to wrong questions ----------------------------------------------------
+
+#[test]
+fn keys_from_another_manager_name_nothing_here() {
+    // Keys carry no manager id, so a foreign key cannot be refused with
+    // `WrongManager`; generations start at a per-manager offset, so it names
+    // no live object here: `holders` is empty and `retention_path` is `None`.
+    let mut mm = quiet();
+    let other = quiet();
+    let drops = Drops::default();
+    let here = node(&mm, &drops);
+    let holder = node(&mm, &drops);
+    mm.get_weak_mut(holder.downgrade()).unwrap().link = Some(here.clone());
+    let there = node(&other, &drops);
+    assert_eq!(there.key().index(), here.key().index(), "same slot index in both managers");
+    assert_ne!(there.key(), here.key());
+    assert!(mm.retention_path(there.key()).is_none());
+    assert!(mm.holders(there.key()).is_empty());
+    assert_eq!(mm.holders(here.key()), vec![holder.key()]);
+}
+
+#[test]
+fn debug_shows_a_short_generation_and_weak_handles_say_they_cannot_tell() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let first = node(&mm, &drops);
+    let key = first.key();
+    let debug = format!("{key:?}");
+    assert_eq!(debug, format!("#{}v{:x}", key.index(), key.generation() & 0xffff));
+    assert!(debug.len() <= 1 + 8 + 1 + 4, "{debug}");
+    let stale = first.downgrade();
+    drop(first);
+    mm.collect_garbage();
+    let reused = node(&mm, &drops);
+    assert_eq!(reused.key().index(), key.index(), "the slot is reused");
+    let live = reused.downgrade();
+    let (stale_text, live_text) = (format!("{stale:?}"), format!("{live:?}"));
+    assert_ne!(stale_text, live_text);
+    assert!(live_text.starts_with("Weak(Node#") && live_text.ends_with(", unchecked)"), "{live_text}");
+}
+
+// ---- cycle collection under a budget -----------------------------------------------------
+
+#[test]
+fn the_budgeted_collector_finds_a_cycle_through_a_hash_map_over_several_steps() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    // 50 live nodes first, so the cycle comes up only after a few steps.
+    let live: Vec<_> = (0..50).map(|_| node(&mm, &drops)).collect();
+    let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
+    let cache = mm.create(Cache { by_name: [("grass".to_string(), asset.clone())].into() });
+    mm[&asset].owner = Some(cache.clone());
+    let weak = (asset.downgrade(), cache.downgrade());
+    drop((asset, cache));
+    let mut collector = CycleCollector::new();
+    let mut steps = 0;
+    let mut freed = 0;
+    while collector.passes() == 0 {
+        let step = collector.step(&mut mm, Duration::ZERO);
+        freed += step.collected.objects;
+        steps += 1;
+    }
+    assert!(steps > 50, "spread over {steps} steps");
+    assert_eq!(freed, 2);
+    assert!(!mm.is_alive(weak.0) && !mm.is_alive(weak.1));
+    assert_eq!(drops.count(), 1);
+    assert_eq!(mm.len(), live.len());
+}
+
+#[test]
+fn the_budgeted_collector_leaves_groups_larger_than_its_limit() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let keys = ring(&mut mm, &drops, 10);
+    let mut small = CycleCollector::with_max_group(4);
+    while small.passes() == 0 {
+        assert_eq!(small.step(&mut mm, Duration::from_secs(1)).released, 0);
+    }
+    assert_eq!(mm.len(), 10, "a ring of 10 is beyond a group of 4");
+    assert_eq!(mm.find_cycles().len(), 1);
+    let mut big = CycleCollector::with_max_group(10);
+    let (mut released, mut freed) = (0, 0);
+    while big.passes() == 0 {
+        let step = big.step(&mut mm, Duration::from_secs(1));
+        released += step.released;
+        freed += step.collected.objects;
+    }
+    assert_eq!((released, freed), (10, 10));
+    assert!(mm.is_empty(), "{keys:?}");
 }

@@ -19,7 +19,7 @@ fn quiet() -> ObjectManager {
     ObjectManager::builder().report_leaks(false).build()
 }
 
-fn sites_of(report: &mmobject::LeakReport, type_name: &str) -> Vec<(HandleOrigin, u32)> {
+fn sites_of(report: &mmobject::ObjectLeakReport, type_name: &str) -> Vec<(HandleOrigin, u32)> {
     let entry = report.iter().find(|e| e.type_name == type_name).expect("leaked");
     entry.handles.iter().map(|s| (s.origin, s.location.line())).collect()
 }
@@ -44,7 +44,7 @@ fn each_live_handle_reports_where_it_came_from() {
         ]
     );
     let text = report.to_string();
-    assert!(text.contains(&format!("held by handles: created at {}:{line_created}:", file!())), "{text}");
+    assert!(text.contains(&format!("handles: created at {}:{line_created}:", file!())), "{text}");
     drop((created, cloned, upgraded, from_raw));
 }
 
@@ -55,9 +55,9 @@ fn dropped_and_raw_handles_leave_the_list() {
     let gone = texture.clone();
     drop(gone);
     let (kept, line_kept) = (texture.clone(), line!());
-    let raw = texture.into_raw(); // a raw reference is not a handle
+    let (raw, line_raw) = (texture.into_raw(), line!()); // a raw reference, not a handle
     let report = mm.shutdown();
-    assert_eq!(sites_of(&report, "Texture"), [(HandleOrigin::Cloned, line_kept)]);
+    assert_eq!(sites_of(&report, "Texture"), [(HandleOrigin::Cloned, line_kept), (HandleOrigin::IntoRaw, line_raw)]);
     assert_eq!(report.iter().next().unwrap().ref_count, 2);
     drop(kept);
     let _ = raw;
@@ -96,4 +96,22 @@ fn handles_on_other_threads_register_and_unregister() {
     assert_eq!(report.outliving_handles(), 1);
     drop(texture.clone()); // the table outlives the manager with the handle
     drop(texture);
+}
+
+#[test]
+fn raw_references_record_where_they_were_taken() {
+    let mm = quiet();
+    let texture = mm.create(Texture { width: 1 });
+    let keep = texture.clone();
+    let (raw, line_raw) = (texture.into_raw(), line!());
+    let (_, line_add) = (mm.add_ref_raw(raw).unwrap(), line!());
+    let (_, _line_second) = (mm.add_ref_raw(raw).unwrap(), line!());
+    mm.release_raw(raw).unwrap(); // the most recent raw site goes
+    let report = mm.shutdown();
+    let sites = sites_of(&report, "Texture");
+    assert_eq!(sites[1..], [(HandleOrigin::IntoRaw, line_raw), (HandleOrigin::AddRefRaw, line_add)]);
+    assert_eq!(report.iter().next().unwrap().ref_count, 3);
+    let text = report.to_string();
+    assert!(text.contains(&format!("made raw at {}:{line_raw}:", file!())), "{text}");
+    drop(keep);
 }

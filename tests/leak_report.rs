@@ -53,6 +53,11 @@ fn records_containing(needle: &str) -> Vec<Record> {
     RECORDS.lock().unwrap().iter().filter(|r| r.message.contains(needle)).cloned().collect()
 }
 
+/// The detail records (one per leaked object shown) that contain `needle`.
+fn details_containing(needle: &str) -> Vec<Record> {
+    records_containing(needle).into_iter().filter(|r| r.message.starts_with("leaked ")).collect()
+}
+
 /// Two entities that reference each other, so nothing outside holds them.
 fn leak_cycle(mm: &mut ObjectManager, a: Handle<Entity>, b: Handle<Entity>) {
     mm[&a].parent = Some(b.clone());
@@ -81,7 +86,7 @@ fn leaks_are_logged_as_warnings_with_type_refs_size_and_site() {
         (&report.iter().nth(1).unwrap(), line_b, std::mem::size_of::<Entity>()),
     ] {
         let site = format!("{}:{}:{}", file!(), line, entry.site.column());
-        let logged = records_containing(&site);
+        let logged = details_containing(&site);
         assert_eq!(logged.len(), 1, "one warning per leaked object: {logged:?}");
         let record = &logged[0];
         assert_eq!(record.level, log::Level::Warn);
@@ -103,7 +108,7 @@ fn dropping_the_manager_logs_the_same_report() {
     leak_cycle(&mut mm, a, b);
     drop(mm);
     assert_eq!(records_containing(&format!("object manager #{id}:")).len(), 1);
-    let logged = records_containing(&format!("{}:{line}:", file!()));
+    let logged = details_containing(&format!("{}:{line}:", file!()));
     assert_eq!(logged.len(), 1, "{logged:?}");
     assert!(logged[0].message.starts_with("leaked Entity#"));
     assert!(logged[0].message.contains("(refs: 1, "), "{:?}", logged[0].message);
@@ -121,7 +126,7 @@ fn outliving_handles_are_logged_too() {
     assert_eq!(logged.len(), 1, "{logged:?}");
     assert_eq!(logged[0].level, log::Level::Warn);
     assert!(logged[0].message.contains(&format!("{} bytes of slot memory", report.leaked_bytes())));
-    assert_eq!(records_containing(&format!("{}:{line}:", file!())).len(), 1);
+    assert_eq!(details_containing(&format!("{}:{line}:", file!())).len(), 1);
     drop(kept);
 }
 
@@ -148,4 +153,64 @@ fn a_clean_shutdown_logs_nothing() {
     assert!(mm.shutdown().is_empty());
     assert!(records_containing(&format!("object manager #{id}:")).is_empty());
     assert!(records_containing(&format!("object manager #{id};")).is_empty());
+}
+
+#[test]
+fn report_leaks_off_silences_the_outliving_warning_too() {
+    install_logger();
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let id = mm.id();
+    let kept = mm.create(Entity { name: String::new(), parent: None });
+    let report = mm.shutdown();
+    assert_eq!(report.outliving_handles(), 1, "still counted in the report");
+    assert!(records_containing(&format!("outlive object manager #{id};")).is_empty());
+    drop(kept);
+}
+
+/// Panics when dropped.
+#[derive(MMObject)]
+struct Bomb {
+    armed: bool,
+}
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        if self.armed {
+            panic!("boom");
+        }
+    }
+}
+
+#[test]
+fn a_panicking_drop_at_shutdown_is_logged_with_type_and_key() {
+    install_logger();
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let id = mm.id();
+    let bomb = mm.create(Bomb { armed: true });
+    let key = bomb.key();
+    let _raw = bomb.into_raw();
+    let report = mm.shutdown();
+    assert_eq!(report.drop_panics(), 1);
+    let logged = records_containing(&format!("Bomb{key} panicked in Drop at shutdown of object manager #{id}"));
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0].level, log::Level::Error);
+}
+
+#[test]
+fn garbage_raw_handles_are_invalid_not_from_another_manager() {
+    use mmobject::{Error, RawHandle};
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let kept = mm.create(Entity { name: String::new(), parent: None });
+    // Tag 222 (this test binary makes far fewer managers), tag 0, an even generation.
+    for bits in [0xDE00_0000_0000_0001_u64, 12_345, 0xDE00_0000_0000_0002, u64::MAX - 1] {
+        let error = mm.add_ref_raw(RawHandle(bits)).unwrap_err();
+        assert_eq!(error, Error::InvalidRawHandle { raw: bits }, "{bits:#x}");
+        assert!(!error.to_string().contains("object manager #"), "{error}");
+    }
+    // A real raw handle of another manager still says so.
+    let other = ObjectManager::builder().report_leaks(false).build();
+    let raw = other.create(Entity { name: String::new(), parent: None }).into_raw();
+    assert!(matches!(mm.release_raw(raw), Err(Error::WrongManager { .. })));
+    other.release_raw(raw).unwrap();
+    drop(kept);
 }

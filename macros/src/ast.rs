@@ -49,6 +49,8 @@ pub struct Variant<'a> {
 pub struct Field {
     /// How the field is named: `name` or `0`.
     pub member: Member,
+    /// The field's type, as written.
+    pub ty: syn::Type,
     /// The `#[mm(...)]` keys on the field.
     pub attrs: Vec<MmAttr>,
 }
@@ -79,8 +81,13 @@ impl<'a> Input<'a> {
     pub fn tag(&self) -> Option<&LitStr> {
         self.attrs.iter().find_map(|attr| match &attr.kind {
             Kind::Tag(lit) => Some(lit),
-            Kind::Skip => None,
+            Kind::Skip | Kind::VisitWith(_) => None,
         })
+    }
+
+    /// The names of the type's type parameters.
+    pub fn type_params(&self) -> Vec<&Ident> {
+        self.generics.type_params().map(|param| &param.ident).collect()
     }
 }
 
@@ -88,6 +95,58 @@ impl Field {
     /// Whether the field carries `#[mm(skip)]`.
     pub fn is_skipped(&self) -> bool {
         self.attrs.iter().any(|attr| matches!(attr.kind, Kind::Skip))
+    }
+
+    /// The function in `#[mm(visit_with = ...)]`, if any.
+    pub fn visit_with(&self) -> Option<&syn::Path> {
+        self.attrs.iter().find_map(|attr| match &attr.kind {
+            Kind::VisitWith(path) => Some(path),
+            _ => None,
+        })
+    }
+
+    /// Whether the field's type names `Handle` anywhere (`Handle<T>`,
+    /// `HashMap<K, Handle<T>>`, `foreign::Map<Handle<T>>`), or one of the
+    /// type's own type parameters. Such a field must implement
+    /// `VisitHandles` (or be skipped or visited by hand): it is never taken to
+    /// hold no handles.
+    pub fn may_hold_handles(&self, type_params: &[&Ident]) -> bool {
+        struct Finder {
+            found: bool,
+        }
+        impl<'ast> syn::visit::Visit<'ast> for Finder {
+            fn visit_path(&mut self, path: &'ast syn::Path) {
+                if let Some(last) = path.segments.last() {
+                    if last.ident == "Handle" {
+                        self.found = true;
+                    }
+                }
+                syn::visit::visit_path(self, path);
+            }
+        }
+        let mut finder = Finder { found: false };
+        syn::visit::Visit::visit_type(&mut finder, &self.ty);
+        finder.found || self.mentions_type_param(type_params)
+    }
+
+    /// Whether the field's type names one of the type's own type parameters.
+    pub fn mentions_type_param(&self, type_params: &[&Ident]) -> bool {
+        struct Finder<'a> {
+            type_params: &'a [&'a Ident],
+            found: bool,
+        }
+        impl<'ast> syn::visit::Visit<'ast> for Finder<'_> {
+            fn visit_path(&mut self, path: &'ast syn::Path) {
+                if path.leading_colon.is_none() && path.segments.len() == 1 {
+                    let ident = &path.segments[0].ident;
+                    self.found |= self.type_params.contains(&ident);
+                }
+                syn::visit::visit_path(self, path);
+            }
+        }
+        let mut finder = Finder { type_params, found: false };
+        syn::visit::Visit::visit_type(&mut finder, &self.ty);
+        finder.found
     }
 }
 
@@ -113,6 +172,7 @@ fn fields_from_syn(fields: &Fields, cx: &Ctxt) -> Vec<Field> {
                 Some(ident) => Member::Named(ident.clone()),
                 None => Member::Unnamed(Index::from(i)),
             },
+            ty: field.ty.clone(),
             attrs: attr::parse(&field.attrs, cx),
         })
         .collect()

@@ -26,6 +26,9 @@ pub enum Kind {
     Tag(LitStr),
     /// `skip`: leave a field out of `size()` and `visit_handles()`.
     Skip,
+    /// `visit_with = path`: visit the field's handles by calling
+    /// `path(&field, visitor)`.
+    VisitWith(syn::Path),
 }
 
 /// Parses every `#[mm(...)]` among `attrs`, recording syntax errors in `cx`.
@@ -68,9 +71,24 @@ pub fn parse(attrs: &[Attribute], cx: &Ctxt) -> Vec<MmAttr> {
                 }
                 out.push(MmAttr { kind: Kind::Skip, span });
                 Ok(())
+            } else if meta.path.is_ident("visit_with") {
+                if !meta.input.peek(Token![=]) {
+                    return Err(meta.error("expected a function: `visit_with = path::to::function`"));
+                }
+                let value: Expr = meta.value()?.parse()?;
+                match value {
+                    Expr::Path(path) if path.qself.is_none() => {
+                        out.push(MmAttr { kind: Kind::VisitWith(path.path), span });
+                        Ok(())
+                    }
+                    other => Err(syn::Error::new_spanned(
+                        other,
+                        "expected a path to a function for `visit_with`, as in `visit_with = visit_cache`",
+                    )),
+                }
             } else {
                 Err(meta.error(format_args!(
-                    "unknown mm attribute `{}`; expected `tag` or `skip`",
+                    "unknown mm attribute `{}`; expected `tag`, `skip` or `visit_with`",
                     path_to_string(&meta.path),
                 )))
             }
@@ -115,6 +133,14 @@ mod tests {
     }
 
     #[test]
+    fn reads_visit_with() {
+        let out = parse_ok(vec![parse_quote!(#[mm(visit_with = my::visit)])]);
+        assert!(matches!(&out[0].kind, Kind::VisitWith(path) if path_to_string(path) == "my::visit"));
+        assert!(parse_err(vec![parse_quote!(#[mm(visit_with)])]).starts_with("expected a function"));
+        assert!(parse_err(vec![parse_quote!(#[mm(visit_with = 3)])]).starts_with("expected a path to a function"));
+    }
+
+    #[test]
     fn reads_several_keys_in_one_list() {
         let out = parse_ok(vec![parse_quote!(#[mm(skip, tag = r"Raw")])]);
         assert_eq!(out.len(), 2);
@@ -128,7 +154,10 @@ mod tests {
 
     #[test]
     fn rejects_unknown_keys_by_full_path() {
-        assert_eq!(parse_err(vec![parse_quote!(#[mm(a::b)])]), "unknown mm attribute `a::b`; expected `tag` or `skip`");
+        assert_eq!(
+            parse_err(vec![parse_quote!(#[mm(a::b)])]),
+            "unknown mm attribute `a::b`; expected `tag`, `skip` or `visit_with`"
+        );
     }
 
     #[test]

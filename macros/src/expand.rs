@@ -5,8 +5,9 @@
 //! the user's namespace.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
+use syn::spanned::Spanned;
 use syn::{GenericParam, Generics, Ident, Member};
 
 use crate::ast::{Data, Field, Input};
@@ -15,11 +16,12 @@ use crate::ast::{Data, Field, Input};
 pub fn derive(input: &Input<'_>) -> TokenStream {
     let name = input.ident.unraw().to_string();
     let tag = input.tag().map_or_else(|| name.clone(), syn::LitStr::value);
+    let params = input.type_params();
     let (size, visit, release) = match &input.data {
         Data::Struct(fields) => (
             Some(struct_size(fields)),
-            struct_visit(fields).map(|visit| {
-                let named = struct_visit_named(fields);
+            struct_visit(fields, &params).map(|visit| {
+                let named = struct_visit_named(fields, &params);
                 quote!(#visit #named)
             }),
             struct_release(fields),
@@ -30,13 +32,91 @@ pub fn derive(input: &Input<'_>) -> TokenStream {
                 .iter()
                 .map(|variant| (variant.ident, variant.fields.iter().filter(|f| !f.is_skipped()).collect()))
                 .collect();
-            let named = enum_visit_named(&arms);
-            let visit = enum_visit(&arms).map(|visit| quote!(#visit #named));
+            let named = enum_visit_named(&arms, &params);
+            let visit = enum_visit(&arms, &params).map(|visit| quote!(#visit #named));
             (Some(enum_size(&arms)), visit, enum_release(&arms))
         }
         Data::Union(_) => (None, None, None),
     };
-    wrap(input.ident, input.generics, &name, &tag, size.into_iter().chain(visit).chain(release).collect())
+    let methods = size.into_iter().chain(visit).chain(release).collect();
+    wrap(input.ident, &field_bounds(input), &name, &tag, methods)
+}
+
+/// The `impl VisitHandles` and `impl ReleaseHandles` of `#[derive(VisitHandles)]`.
+pub fn derive_visit_handles(input: &Input<'_>) -> TokenStream {
+    let params = input.type_params();
+    let (visit, release) = match &input.data {
+        Data::Struct(fields) => (struct_visit(fields, &params), struct_release(fields)),
+        Data::Enum(variants) => {
+            let arms: Vec<(&Ident, Vec<&Field>)> = variants
+                .iter()
+                .map(|variant| (variant.ident, variant.fields.iter().filter(|f| !f.is_skipped()).collect()))
+                .collect();
+            (enum_visit(&arms, &params), enum_release(&arms))
+        }
+        Data::Union(_) => (None, None),
+    };
+    let visit = visit.unwrap_or_else(|| visit_fn(TokenStream::new()));
+    let release = release.unwrap_or_else(|| release_fn(TokenStream::new()));
+    wrap_visit_handles(input.ident, &field_bounds(input), visit, release)
+}
+
+/// The stub of `#[derive(VisitHandles)]`, emitted next to its errors.
+pub fn stub_visit_handles(input: &Input<'_>) -> TokenStream {
+    wrap_visit_handles(input.ident, input.generics, visit_fn(TokenStream::new()), release_fn(TokenStream::new()))
+}
+
+fn wrap_visit_handles(ident: &Ident, generics: &Generics, visit: TokenStream, release: TokenStream) -> TokenStream {
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    quote! {
+        #[doc(hidden)]
+        const _: () = {
+            #[automatically_derived]
+            impl #impl_generics ::mmobject::__private::VisitHandles for #ident #ty_generics #where_clause {
+                #[allow(unused_variables)]
+                #visit
+            }
+            #[automatically_derived]
+            impl #impl_generics ::mmobject::__private::ReleaseHandles for #ident #ty_generics #where_clause {
+                #release
+            }
+        };
+    }
+}
+
+/// The input's generics plus `FieldType: VisitHandles` for every visited
+/// field whose type involves a type parameter, so that `Wrapper<Handle<T>>`
+/// visits its handle (the probe cannot see through a type parameter).
+fn field_bounds(input: &Input<'_>) -> Generics {
+    let params = input.type_params();
+    let mut generics = input.generics.clone();
+    if params.is_empty() {
+        return generics;
+    }
+    let fields: Vec<&Field> = match &input.data {
+        Data::Struct(fields) => fields.iter().collect(),
+        Data::Enum(variants) => variants.iter().flat_map(|variant| &variant.fields).collect(),
+        Data::Union(_) => Vec::new(),
+    };
+    let mut seen: Vec<String> = Vec::new();
+    let bounds: Vec<syn::WherePredicate> = fields
+        .into_iter()
+        .filter(|field| !field.is_skipped() && field.visit_with().is_none())
+        .filter(|field| field.mentions_type_param(&params))
+        .filter(|field| {
+            let key = field.ty.to_token_stream().to_string();
+            !seen.contains(&key) && {
+                seen.push(key);
+                true
+            }
+        })
+        .map(|field| {
+            let ty = &field.ty;
+            syn::parse_quote!(#ty: ::mmobject::__private::VisitHandles)
+        })
+        .collect();
+    generics.make_where_clause().predicates.extend(bounds);
+    generics
 }
 
 /// An impl with the constants and the trait's default methods, emitted next to
@@ -94,9 +174,31 @@ fn heap_size_of(place: &TokenStream) -> TokenStream {
     quote!((&::mmobject::__private::Probe(#place)).mm_heap_size())
 }
 
-/// `(&Probe(place)).mm_visit_handles(visitor)`, chosen the same way.
-fn visit_of(place: &TokenStream, visitor: &Ident) -> TokenStream {
-    quote!((&::mmobject::__private::Probe(#place)).mm_visit_handles(#visitor);)
+/// Visits one field's handles, passing `sink` (a `&mut dyn FnMut(ObjectKey)`):
+///
+/// - with `#[mm(visit_with = f)]`: `f(place, sink)`;
+/// - if the field's type names `Handle` or a type parameter: through the
+///   `VisitHandles` trait itself, so a type that does not implement it is a
+///   compile error pointing at the field (never a silent "no handles");
+/// - otherwise through the probe: `VisitHandles` if the type implements it,
+///   else nothing (the type is taken to hold no handles).
+fn visit_field(field: &Field, place: &TokenStream, sink: &TokenStream, params: &[&Ident]) -> TokenStream {
+    if let Some(path) = field.visit_with() {
+        quote_spanned!(path.span()=> #path(#place, #sink);)
+    } else if field.may_hold_handles(params) {
+        // A single identifier located at the field's type is what an unmet
+        // bound points at, so the error names the field.
+        let span = field.ty.span();
+        let binding = Ident::new("__mm_place", span);
+        quote_spanned! {span=>
+            {
+                let #binding = #place;
+                ::mmobject::__private::VisitHandles::visit_handles(#binding, #sink);
+            }
+        }
+    } else {
+        quote!((&::mmobject::__private::Probe(#place)).mm_visit_handles(#sink);)
+    }
 }
 
 /// `(&mut ProbeMut(place)).mm_release_handles()`: `ViaReleaseHandles` when
@@ -151,10 +253,12 @@ fn field_label(field: &Field) -> String {
     }
 }
 
-/// `(&Probe(place)).mm_visit_handles(&mut |key| visitor("label", key));`
-fn visit_named_of(place: &TokenStream, label: &str, visitor: &Ident) -> TokenStream {
+/// Visits one field, passing each key on with the field's name:
+/// `&mut |key| visitor("label", key)`.
+fn visit_named_of(field: &Field, place: &TokenStream, visitor: &Ident, params: &[&Ident]) -> TokenStream {
     let key = Ident::new("key", Span::mixed_site());
-    quote!((&::mmobject::__private::Probe(#place)).mm_visit_handles(&mut |#key| #visitor(#label, #key));)
+    let label = field_label(field);
+    visit_field(field, place, &quote!(&mut |#key| #visitor(#label, #key)), params)
 }
 
 fn visit_named_fn(body: TokenStream) -> TokenStream {
@@ -171,26 +275,25 @@ fn visit_named_fn(body: TokenStream) -> TokenStream {
     }
 }
 
-fn struct_visit_named(fields: &[Field]) -> Option<TokenStream> {
+fn struct_visit_named(fields: &[Field], params: &[&Ident]) -> Option<TokenStream> {
     let visitor = visitor_ident();
     let visits: Vec<TokenStream> = fields
         .iter()
         .filter(|field| !field.is_skipped())
         .map(|field| {
             let member = &field.member;
-            visit_named_of(&quote!(&self.#member), &field_label(field), &visitor)
+            visit_named_of(field, &quote!(&self.#member), &visitor, params)
         })
         .collect();
     (!visits.is_empty()).then(|| visit_named_fn(quote!(#(#visits)*)))
 }
 
-fn enum_visit_named(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
+fn enum_visit_named(arms: &[(&Ident, Vec<&Field>)], params: &[&Ident]) -> Option<TokenStream> {
     let visitor = visitor_ident();
     let matched = enum_arms(
         arms,
         |places, fields| {
-            let visits =
-                places.iter().zip(fields).map(|(place, field)| visit_named_of(place, &field_label(field), &visitor));
+            let visits = places.iter().zip(fields).map(|(place, field)| visit_named_of(field, place, &visitor, params));
             quote!({ #(#visits)* })
         },
         quote!({}),
@@ -248,13 +351,14 @@ fn struct_size(fields: &[Field]) -> TokenStream {
     size_fn((!places.is_empty()).then(|| quote!(#(#sizes)+*)))
 }
 
-fn struct_visit(fields: &[Field]) -> Option<TokenStream> {
+fn struct_visit(fields: &[Field], params: &[&Ident]) -> Option<TokenStream> {
     let places = struct_places(fields);
     if places.is_empty() {
         return None;
     }
     let visitor = visitor_ident();
-    let visits = places.iter().map(|place| visit_of(place, &visitor));
+    let visited = fields.iter().filter(|field| !field.is_skipped());
+    let visits = places.iter().zip(visited).map(|(place, field)| visit_field(field, place, &quote!(#visitor), params));
     Some(visit_fn(quote!(#(#visits)*)))
 }
 
@@ -301,12 +405,13 @@ fn enum_size(arms: &[(&Ident, Vec<&Field>)]) -> TokenStream {
     size_fn(matched)
 }
 
-fn enum_visit(arms: &[(&Ident, Vec<&Field>)]) -> Option<TokenStream> {
+fn enum_visit(arms: &[(&Ident, Vec<&Field>)], params: &[&Ident]) -> Option<TokenStream> {
     let visitor = visitor_ident();
     let matched = enum_arms(
         arms,
-        |places, _| {
-            let visits = places.iter().map(|place| visit_of(place, &visitor));
+        |places, fields| {
+            let visits =
+                places.iter().zip(fields).map(|(place, field)| visit_field(field, place, &quote!(#visitor), params));
             quote!({ #(#visits)* })
         },
         quote!({}),

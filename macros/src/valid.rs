@@ -46,15 +46,50 @@ pub fn check(input: &Input<'_>, cx: &Ctxt) {
     }
 }
 
+/// Like [`check`], for `#[derive(VisitHandles)]`, which has no memory tag.
+pub fn check_visit_handles(input: &Input<'_>, cx: &Ctxt) {
+    for attr in &input.attrs {
+        if let Kind::Tag(_) = attr.kind {
+            cx.error_at(attr.span, "`#[mm(tag = ...)]` belongs to `#[derive(MMObject)]`; `VisitHandles` has no tag");
+        }
+    }
+    let attrs: Vec<&MmAttr> = input.attrs.iter().filter(|attr| !matches!(attr.kind, Kind::Tag(_))).collect();
+    for attr in attrs {
+        check_attrs(std::slice::from_ref(attr), Place::Type, cx);
+    }
+    if let Some(span) = input.packed {
+        cx.error_at(
+            span,
+            "`#[derive(VisitHandles)]` does not support `#[repr(packed)]` types: it reads fields by reference",
+        );
+    }
+    match &input.data {
+        Data::Struct(fields) => check_fields(fields, cx),
+        Data::Enum(variants) => {
+            for variant in variants {
+                check_attrs(&variant.attrs, Place::Variant, cx);
+                check_fields(&variant.fields, cx);
+            }
+        }
+        Data::Union(span) => cx.error_at(*span, "`#[derive(VisitHandles)]` does not support unions"),
+    }
+}
+
 fn check_fields(fields: &[Field], cx: &Ctxt) {
     for field in fields {
         check_attrs(&field.attrs, Place::Field, cx);
+        let skip = field.attrs.iter().find(|attr| matches!(attr.kind, Kind::Skip));
+        let visit_with = field.attrs.iter().find(|attr| matches!(attr.kind, Kind::VisitWith(_)));
+        if let (Some(_), Some(visit_with)) = (skip, visit_with) {
+            cx.error_at(visit_with.span, "`visit_with` on a skipped field: write `skip` or `visit_with`, not both");
+        }
     }
 }
 
 fn check_attrs(attrs: &[MmAttr], place: Place, cx: &Ctxt) {
     let mut seen_tag = false;
     let mut seen_skip = false;
+    let mut seen_visit_with = false;
     for attr in attrs {
         match &attr.kind {
             Kind::Tag(lit) => {
@@ -71,6 +106,13 @@ fn check_attrs(attrs: &[MmAttr], place: Place, cx: &Ctxt) {
                     misplaced(cx, attr.span, "`#[mm(skip)]` goes on a field", place);
                 } else if std::mem::replace(&mut seen_skip, true) {
                     cx.error_at(attr.span, "duplicate `skip` attribute");
+                }
+            }
+            Kind::VisitWith(_) => {
+                if place != Place::Field {
+                    misplaced(cx, attr.span, "`#[mm(visit_with = ...)]` goes on a field", place);
+                } else if std::mem::replace(&mut seen_visit_with, true) {
+                    cx.error_at(attr.span, "duplicate `visit_with` attribute; a field is visited by one function");
                 }
             }
         }
@@ -130,6 +172,22 @@ mod tests {
             [
                 "`#[mm(skip)]` goes on a field, not on an enum variant",
                 "`#[mm(tag = ...)]` goes on the type, not on an enum variant",
+            ]
+        );
+    }
+
+    #[test]
+    fn rejects_misplaced_or_conflicting_visit_with() {
+        let input = parse_quote! {
+            #[mm(visit_with = f)]
+            struct S { #[mm(skip, visit_with = f)] a: u8, #[mm(visit_with = f, visit_with = g)] b: u8 }
+        };
+        assert_eq!(
+            errors(input),
+            [
+                "`#[mm(visit_with = ...)]` goes on a field, not on the type",
+                "`visit_with` on a skipped field: write `skip` or `visit_with`, not both",
+                "duplicate `visit_with` attribute; a field is visited by one function",
             ]
         );
     }

@@ -6,19 +6,12 @@
 //! How the graph is read, what it costs and how far it trusts user code:
 //! [`implementation`](crate::implementation#leak-forensics).
 
-use std::collections::VecDeque;
-use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
-use slotmap::SecondaryMap;
-
-use super::leak::LeakReport;
+use super::forensics_graph::{Analysis, NONE};
+use super::leak::{LeakEntry, LeakRoot, ObjectLeakReport};
 use super::{CollectStats, ObjectKey, ObjectManager};
-
-/// No node, no parent.
-const NONE: u32 = u32::MAX;
-/// Links shown before a long chain or cycle is shortened in `Display`.
-const MAX_SHOWN: usize = 8;
 
 /// An object named by its type and key, as in reports: `Texture#3`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,87 +22,13 @@ pub struct ObjectName {
     pub key: ObjectKey,
 }
 
-impl fmt::Display for ObjectName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", self.type_name, self.key)
-    }
-}
-
-/// One link of a chain: an object and the name of its field that holds the
-/// next link (empty when unknown, and for the last link).
-type Link = (ObjectName, &'static str);
-
-/// Writes `a.field -> b.field -> c`, shortened in the middle past
-/// [`MAX_SHOWN`] links.
-fn write_chain(f: &mut fmt::Formatter<'_>, links: &[Link]) -> fmt::Result {
-    if links.len() <= MAX_SHOWN {
-        return write_links(f, links, 0, &[]);
-    }
-    let (head, tail) = (MAX_SHOWN / 2, MAX_SHOWN / 2 - 1);
-    write_links(f, &links[..head], links.len() - head - tail, &links[links.len() - tail..])
-}
-
-/// Writes `head`, then `… (hidden more) …` if `hidden > 0`, then `tail`.
-fn write_links(f: &mut fmt::Formatter<'_>, head: &[Link], hidden: usize, tail: &[Link]) -> fmt::Result {
-    for (i, (link, field)) in head.iter().chain(tail).enumerate() {
-        if i > 0 {
-            f.write_str(" -> ")?;
-        }
-        if i == head.len() && hidden > 0 {
-            write!(f, "… ({hidden} more) … -> ")?;
-        }
-        write!(f, "{link}")?;
-        if !field.is_empty() {
-            write!(f, ".{field}")?;
-        }
-    }
-    Ok(())
-}
-
-/// What [`write_path`] says about the start of a chain.
-enum RootText<'a> {
-    Outside { outside: u32, total: u32 },
-    Cycle(&'a dyn fmt::Display),
-    Unaccounted,
-}
-
-/// Writes a retention path, shared by [`RetentionPath`]'s `Display` and the
-/// shutdown report (which builds only the links it shows).
-fn write_path(
-    f: &mut fmt::Formatter<'_>,
-    head: &[Link],
-    hidden: usize,
-    tail: &[Link],
-    root: RootText<'_>,
-) -> fmt::Result {
-    let Some((first, _)) = head.first() else { return Ok(()) };
-    if head.len() + tail.len() == 1 && hidden == 0 {
-        // The object itself: say what holds it, without repeating its name.
-        return match root {
-            RootText::Outside { outside, total } => {
-                write!(f, "references from outside the manager ({outside} of its {total})")
-            }
-            RootText::Cycle(cycle) => write!(f, "a reference cycle: {cycle}"),
-            RootText::Unaccounted => write!(f, "nothing found (counts changed during the analysis)"),
-        };
-    }
-    write_links(f, head, hidden, tail)?;
-    match root {
-        RootText::Outside { outside, total } => {
-            write!(f, " ({first} is held from outside: {outside} of its {total} references)")
-        }
-        RootText::Cycle(cycle) => write!(f, " ({first} is in a reference cycle: {cycle})"),
-        RootText::Unaccounted => write!(f, " (no holder of {first} found: counts changed during the analysis)"),
-    }
-}
-
-/// Formats through a closure.
-struct WithFmt<F>(F);
-
-impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for WithFmt<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        (self.0)(f)
-    }
+/// An object holding a handle to another, and the field that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Holder {
+    /// The holding object.
+    pub object: ObjectName,
+    /// Its field holding the handle (empty where the type does not name its fields).
+    pub field: &'static str,
 }
 
 /// A group of live objects kept alive only by each other's handles.
@@ -147,20 +66,6 @@ impl ReferenceCycle {
     }
 }
 
-impl fmt::Display for ReferenceCycle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cycle = self.cycle();
-        let closed: Vec<(ObjectName, &'static str)> =
-            cycle.iter().copied().zip(self.fields.iter().copied()).chain(cycle.first().map(|&m| (m, ""))).collect();
-        write_chain(f, &closed)?;
-        let rest = self.members.len() - self.cycle_len;
-        if rest > 0 {
-            write!(f, " (and {rest} more object(s) in the same group)")?;
-        }
-        Ok(())
-    }
-}
-
 /// Where a [`RetentionPath`] starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetentionRoot {
@@ -175,8 +80,9 @@ pub enum RetentionRoot {
         total: u32,
     },
     /// The first object of the chain belongs to this reference cycle: nothing
-    /// outside the manager keeps the chain alive.
-    Cycle(ReferenceCycle),
+    /// outside the manager keeps the chain alive. (Shared: every object a
+    /// cycle retains names the same one.)
+    Cycle(Arc<ReferenceCycle>),
     /// No holder was found: counts changed while the graph was read (handles
     /// were cloned or dropped on another thread).
     Unaccounted,
@@ -200,6 +106,13 @@ pub struct RetentionPath {
     /// [`visit_handles_named`](crate::MMObject::visit_handles_named); empty
     /// where the type does not name its fields.
     pub fields: Vec<&'static str>,
+    /// Links left out of the middle of `chain`, between `chain[3]` and
+    /// `chain[4]`: leak reports keep the first 4 and last 3 links of a chain
+    /// longer than 8, so that they stay linear in the number of objects.
+    /// Always 0 from [`retention_path`](crate::ObjectManager::retention_path).
+    /// When it is not 0, `fields[3]` names the field of `chain[3]` that holds
+    /// the first hidden link.
+    pub hidden: usize,
     /// What keeps `chain[0]` alive.
     pub root: RetentionRoot,
 }
@@ -214,403 +127,70 @@ impl RetentionPath {
     pub fn keys(&self) -> Vec<ObjectKey> {
         self.chain.iter().map(|link| link.key).collect()
     }
-}
 
-impl fmt::Display for RetentionPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let links: Vec<Link> = self.chain.iter().copied().zip(self.fields.iter().copied().chain([""])).collect();
-        let root = match &self.root {
-            RetentionRoot::Outside { outside, total } => RootText::Outside { outside: *outside, total: *total },
-            RetentionRoot::Cycle(cycle) => RootText::Cycle(cycle),
-            RetentionRoot::Unaccounted => RootText::Unaccounted,
-        };
-        if links.len() <= MAX_SHOWN {
-            return write_path(f, &links, 0, &[], root);
-        }
-        let (head, tail) = (MAX_SHOWN / 2, MAX_SHOWN / 2 - 1);
-        write_path(f, &links[..head], links.len() - head - tail, &links[links.len() - tail..], root)
+    /// Links in the whole chain, counting those left out (see [`hidden`](Self::hidden)).
+    pub fn len(&self) -> usize {
+        self.chain.len() + self.hidden
+    }
+
+    /// Never true: a chain holds at least the object itself.
+    pub fn is_empty(&self) -> bool {
+        self.chain.is_empty()
     }
 }
 
-/// The live-object handle graph, in compressed sparse row form.
-struct Graph {
-    keys: Vec<ObjectKey>,
-    type_names: Vec<&'static str>,
-    ref_counts: Vec<u32>,
-    /// Out-edges of node `v`: `out[out_start[v]..out_start[v + 1]]`.
-    out_start: Vec<u32>,
-    out: Vec<u32>,
-    /// The field each edge comes from, parallel to `out`.
-    labels: Vec<&'static str>,
-    /// Edges into each node, with multiplicity.
-    in_degree: Vec<u32>,
-    index: SecondaryMap<ObjectKey, u32>,
+/// Fills in the retention paths, holders, roots and cycles of a shutdown
+/// report, before any value is destroyed. Builds the graph once:
+/// O(live + edges) for the whole report.
+pub(crate) fn annotate_leaks(mm: &ObjectManager, report: &mut ObjectLeakReport) {
+    let analysis = Analysis::of(mm);
+    let cycles = analysis.shared_cycles();
+    annotate_entries(&analysis, &mut report.entries, &cycles);
+    let chains = analysis.chains();
+    // What each chain start retains: the leaked objects whose chain starts there.
+    let mut retains = vec![(0usize, 0usize); analysis.graph.len()];
+    for entry in &report.entries {
+        let Some(&node) = analysis.graph.index.get(entry.key) else { continue };
+        let origin = chains.origin[node as usize];
+        if origin != NONE && origin != node {
+            retains[origin as usize].0 += 1;
+            retains[origin as usize].1 += entry.size;
+        }
+    }
+    report.roots = (0..analysis.graph.len())
+        .filter(|&v| analysis.rooted[v] && analysis.parent[v] == NONE && retains[v].0 > 0)
+        .map(|v| LeakRoot {
+            object: analysis.graph.name(v as u32),
+            outside: analysis.graph.outside(v),
+            total: analysis.graph.ref_counts[v],
+            retains: retains[v].0,
+            retained_bytes: retains[v].1,
+        })
+        .collect();
+    report.roots.sort_by(|a, b| b.retains.cmp(&a.retains).then(a.object.key.cmp(&b.object.key)));
+    report.cycle_retains = analysis
+        .cycles
+        .iter()
+        .map(|(members, _)| members.iter().map(|&m| retains[m as usize].0).sum::<usize>())
+        .collect();
+    // Only the cycles among the entries (all of them at shutdown).
+    let mut keys: Vec<ObjectKey> = report.entries.iter().map(|e| e.key).collect();
+    keys.sort_unstable();
+    let touches = |cycle: &ReferenceCycle| cycle.members.iter().any(|m| keys.binary_search(&m.key).is_ok());
+    let kept: Vec<usize> = (0..cycles.len()).filter(|&id| touches(&cycles[id])).collect();
+    report.cycle_retains = kept.iter().map(|&id| report.cycle_retains[id]).collect();
+    report.cycles = kept.iter().map(|&id| (*cycles[id]).clone()).collect();
 }
 
-impl Graph {
-    /// Reads every live object and its handles. A panicking `visit_handles`
-    /// contributes the handles it reported before the panic.
-    fn build(mm: &ObjectManager) -> Graph {
-        let mut keys = Vec::new();
-        let mut type_names = Vec::new();
-        let mut ref_counts = Vec::new();
-        let mut raw_edges: Vec<(ObjectKey, &'static str)> = Vec::new();
-        let mut raw_start = vec![0u32];
-        for store in mm.all_stores() {
-            let type_name = store.type_name();
-            store.visit_live(&mut |key, header, value| {
-                keys.push(key);
-                type_names.push(type_name);
-                ref_counts.push(header.ref_count());
-                let visit = || value.visit_handles_named(&mut |field, held| raw_edges.push((held, field)));
-                let _ = catch_unwind(AssertUnwindSafe(visit));
-                raw_start.push(raw_edges.len() as u32);
-            });
-        }
-        let mut index = SecondaryMap::with_capacity(keys.len());
-        for (node, &key) in keys.iter().enumerate() {
-            index.insert(key, node as u32);
-        }
-        let mut out_start = Vec::with_capacity(keys.len() + 1);
-        let mut out = Vec::with_capacity(raw_edges.len());
-        let mut labels = Vec::with_capacity(raw_edges.len());
-        let mut in_degree = vec![0u32; keys.len()];
-        out_start.push(0);
-        for node in 0..keys.len() {
-            for &(held, field) in &raw_edges[raw_start[node] as usize..raw_start[node + 1] as usize] {
-                if let Some(&target) = index.get(held) {
-                    out.push(target);
-                    labels.push(field);
-                    in_degree[target as usize] += 1;
-                }
-            }
-            out_start.push(out.len() as u32);
-        }
-        Graph { keys, type_names, ref_counts, out_start, out, labels, in_degree, index }
+/// Sets `retention` and `holders` on each entry that names a live object.
+fn annotate_entries(analysis: &Analysis, entries: &mut [LeakEntry], cycles: &[Arc<ReferenceCycle>]) {
+    let chains = analysis.chains();
+    let reverse = analysis.reverse();
+    for entry in entries {
+        let Some(&node) = analysis.graph.index.get(entry.key) else { continue };
+        entry.retention = Some(analysis.short_path(node, &chains, cycles));
+        entry.holders = analysis.holders(node, &reverse);
     }
-
-    fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    fn out_edges(&self, node: usize) -> &[u32] {
-        &self.out[self.out_start[node] as usize..self.out_start[node + 1] as usize]
-    }
-
-    /// The field of `from` that holds `to` (the first, if several do).
-    fn label(&self, from: u32, to: u32) -> &'static str {
-        let start = self.out_start[from as usize] as usize;
-        self.out_edges(from as usize).iter().position(|&w| w == to).map_or("", |at| self.labels[start + at])
-    }
-
-    fn name(&self, node: u32) -> ObjectName {
-        ObjectName { type_name: self.type_names[node as usize], key: self.keys[node as usize] }
-    }
-
-    /// References from outside the manager (saturating: a `visit_handles`
-    /// that over-reports cannot make it negative).
-    fn outside(&self, node: usize) -> u32 {
-        self.ref_counts[node].saturating_sub(self.in_degree[node])
-    }
-}
-
-/// The graph, split into what the roots reach and the garbage cycles.
-struct Analysis {
-    graph: Graph,
-    /// Reachable from an object held from outside.
-    rooted: Vec<bool>,
-    /// The holder one step nearer the root (or cycle); `NONE` at roots and
-    /// cycle members, and at nodes no search reached.
-    parent: Vec<u32>,
-    /// For cycle members: the index of their cycle in `cycles`.
-    cycle_of: Vec<u32>,
-    /// Nodes in the order the searches reached them: each after its parent.
-    reached: Vec<u32>,
-    /// Garbage strongly connected components that contain a cycle, ordered
-    /// as [`ReferenceCycle::members`], sorted by their first key.
-    cycles: Vec<(Vec<u32>, usize)>,
-}
-
-impl Analysis {
-    fn new(mm: &ObjectManager) -> Analysis {
-        let graph = Graph::build(mm);
-        let n = graph.len();
-        let mut rooted: Vec<bool> = (0..n).map(|node| graph.outside(node) > 0).collect();
-        let mut parent = vec![NONE; n];
-        let mut queue: VecDeque<u32> = (0..n as u32).filter(|&node| rooted[node as usize]).collect();
-        let mut reached: Vec<u32> = queue.iter().copied().collect();
-        // Breadth-first from every root at once: shortest chains from any root.
-        while let Some(v) = queue.pop_front() {
-            for &w in graph.out_edges(v as usize) {
-                if !rooted[w as usize] {
-                    rooted[w as usize] = true;
-                    parent[w as usize] = v;
-                    reached.push(w);
-                    queue.push_back(w);
-                }
-            }
-        }
-        let mut analysis = Analysis { graph, rooted, parent, cycle_of: vec![NONE; n], reached, cycles: Vec::new() };
-        analysis.find_garbage_cycles();
-        analysis.link_garbage_to_cycles();
-        analysis
-    }
-
-    /// Tarjan's strongly connected components over the unrooted nodes
-    /// (iterative, so long chains cannot overflow the stack).
-    fn find_garbage_cycles(&mut self) {
-        let graph = &self.graph;
-        let n = graph.len();
-        let mut order = vec![NONE; n];
-        let mut low = vec![0u32; n];
-        let mut on_stack = vec![false; n];
-        let mut stack: Vec<u32> = Vec::new();
-        let mut calls: Vec<(u32, u32)> = Vec::new();
-        let mut next = 0u32;
-        let mut components: Vec<Vec<u32>> = Vec::new();
-        for start in 0..n {
-            if self.rooted[start] || order[start] != NONE {
-                continue;
-            }
-            order[start] = next;
-            low[start] = next;
-            next += 1;
-            stack.push(start as u32);
-            on_stack[start] = true;
-            calls.push((start as u32, graph.out_start[start]));
-            while let Some(top) = calls.len().checked_sub(1) {
-                let (v, at) = calls[top];
-                let v = v as usize;
-                if at < graph.out_start[v + 1] {
-                    calls[top].1 += 1;
-                    let w = graph.out[at as usize] as usize;
-                    if self.rooted[w] {
-                        continue;
-                    }
-                    if order[w] == NONE {
-                        order[w] = next;
-                        low[w] = next;
-                        next += 1;
-                        stack.push(w as u32);
-                        on_stack[w] = true;
-                        calls.push((w as u32, graph.out_start[w]));
-                    } else if on_stack[w] {
-                        low[v] = low[v].min(order[w]);
-                    }
-                } else {
-                    calls.pop();
-                    if let Some(&(u, _)) = calls.last() {
-                        low[u as usize] = low[u as usize].min(low[v]);
-                    }
-                    if low[v] == order[v] {
-                        let mut component = Vec::new();
-                        loop {
-                            let w = stack.pop().expect("v is on the stack");
-                            on_stack[w as usize] = false;
-                            component.push(w);
-                            if w as usize == v {
-                                break;
-                            }
-                        }
-                        let cyclic = component.len() > 1 || graph.out_edges(v).contains(&(v as u32));
-                        if cyclic {
-                            components.push(component);
-                        }
-                    }
-                }
-            }
-        }
-        for (id, component) in components.iter().enumerate() {
-            for &v in component {
-                self.cycle_of[v as usize] = id as u32;
-            }
-        }
-        let mut ordered: Vec<(Vec<u32>, usize)> =
-            components.iter().enumerate().map(|(id, component)| self.order_component(id as u32, component)).collect();
-        ordered.sort_by_key(|(members, _)| self.graph.keys[members[0] as usize]);
-        for (id, (members, _)) in ordered.iter().enumerate() {
-            for &v in members {
-                self.cycle_of[v as usize] = id as u32;
-            }
-        }
-        self.cycles = ordered;
-    }
-
-    /// A shortest cycle through the component's smallest key (breadth-first
-    /// inside the component), then the other members in key order.
-    fn order_component(&self, id: u32, component: &[u32]) -> (Vec<u32>, usize) {
-        let graph = &self.graph;
-        let start = *component.iter().min_by_key(|&&v| graph.keys[v as usize]).expect("components are not empty");
-        let mut came_from: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
-        let mut queue = VecDeque::from([start]);
-        let mut last = NONE;
-        'search: while let Some(v) = queue.pop_front() {
-            for &w in graph.out_edges(v as usize) {
-                if w == start {
-                    last = v;
-                    break 'search;
-                }
-                if self.cycle_of[w as usize] == id && !came_from.contains_key(&w) {
-                    came_from.insert(w, v);
-                    queue.push_back(w);
-                }
-            }
-        }
-        let mut cycle = Vec::new();
-        let mut at = last;
-        while at != start && at != NONE {
-            cycle.push(at);
-            at = came_from[&at];
-        }
-        cycle.push(start);
-        cycle.reverse();
-        let cycle_len = cycle.len();
-        let on_cycle: std::collections::HashSet<u32> = cycle.iter().copied().collect();
-        let mut rest: Vec<u32> = component.iter().copied().filter(|v| !on_cycle.contains(v)).collect();
-        rest.sort_by_key(|&v| graph.keys[v as usize]);
-        cycle.extend(rest);
-        (cycle, cycle_len)
-    }
-
-    /// Breadth-first from every cycle member over the other garbage, so each
-    /// garbage object gets a shortest chain from some cycle.
-    fn link_garbage_to_cycles(&mut self) {
-        let mut seen: Vec<bool> = self.cycle_of.iter().map(|&c| c != NONE).collect();
-        let mut queue: VecDeque<u32> = self.cycles.iter().flat_map(|(members, _)| members.iter().copied()).collect();
-        self.reached.extend(queue.iter().copied());
-        while let Some(v) = queue.pop_front() {
-            for &w in self.graph.out_edges(v as usize) {
-                if !self.rooted[w as usize] && !seen[w as usize] {
-                    seen[w as usize] = true;
-                    self.parent[w as usize] = v;
-                    self.reached.push(w);
-                    queue.push_back(w);
-                }
-            }
-        }
-    }
-
-    fn reference_cycle(&self, id: usize) -> ReferenceCycle {
-        let (members, cycle_len) = &self.cycles[id];
-        let cycle = &members[..*cycle_len];
-        let fields = (0..cycle.len()).map(|i| self.graph.label(cycle[i], cycle[(i + 1) % cycle.len()])).collect();
-        ReferenceCycle { members: members.iter().map(|&v| self.graph.name(v)).collect(), cycle_len: *cycle_len, fields }
-    }
-
-    fn reference_cycles(&self) -> Vec<ReferenceCycle> {
-        (0..self.cycles.len()).map(|id| self.reference_cycle(id)).collect()
-    }
-
-    /// Sets each entry's `retention` text. It builds only the links the text
-    /// shows (the first and last few), so a report on many objects deep in one
-    /// long chain stays linear: O(live + edges) for the whole report.
-    fn annotate(&self, entries: &mut [super::LeakEntry], cycles: &[ReferenceCycle]) {
-        const HEAD: usize = MAX_SHOWN / 2;
-        const TAIL: usize = MAX_SHOWN / 2 - 1;
-        let n = self.graph.len();
-        // depth[v]: links above v; prefix[v]: the first HEAD + 1 nodes of v's chain.
-        let mut depth = vec![0u32; n];
-        let mut prefix = vec![[NONE; HEAD + 1]; n];
-        let mut done = vec![false; n];
-        for &v in &self.reached {
-            let v = v as usize;
-            let parent = self.parent[v];
-            if parent == NONE {
-                prefix[v][0] = v as u32;
-            } else {
-                depth[v] = depth[parent as usize] + 1;
-                prefix[v] = prefix[parent as usize];
-                if (depth[v] as usize) <= HEAD {
-                    prefix[v][depth[v] as usize] = v as u32;
-                }
-            }
-            done[v] = true;
-        }
-        let link =
-            |from: u32, to: u32| (self.graph.name(from), if to == NONE { "" } else { self.graph.label(from, to) });
-        for entry in entries {
-            let Some(&node) = self.graph.index.get(entry.key) else { continue };
-            let v = node as usize;
-            let len = if done[v] { depth[v] as usize + 1 } else { 1 };
-            // The last links: walk up from the node.
-            let mut tail_nodes = vec![node];
-            while tail_nodes.len() < len.min(if len <= MAX_SHOWN { MAX_SHOWN } else { TAIL }) {
-                tail_nodes.push(self.parent[*tail_nodes.last().expect("not empty") as usize]);
-            }
-            tail_nodes.reverse();
-            let (head, hidden, tail): (Vec<Link>, usize, Vec<Link>) = if len <= MAX_SHOWN {
-                let next = tail_nodes.iter().skip(1).copied().chain([NONE]);
-                (tail_nodes.iter().zip(next).map(|(&a, b)| link(a, b)).collect(), 0, Vec::new())
-            } else {
-                let p = &prefix[v];
-                let head = (0..HEAD).map(|i| link(p[i], p[i + 1])).collect();
-                let next = tail_nodes.iter().skip(1).copied().chain([NONE]);
-                (head, len - HEAD - TAIL, tail_nodes.iter().zip(next).map(|(&a, b)| link(a, b)).collect())
-            };
-            let first = if len <= MAX_SHOWN { tail_nodes[0] } else { prefix[v][0] } as usize;
-            let root = if self.rooted[first] {
-                RootText::Outside { outside: self.graph.outside(first), total: self.graph.ref_counts[first] }
-            } else if self.cycle_of[first] != NONE {
-                RootText::Cycle(&cycles[self.cycle_of[first] as usize])
-            } else {
-                RootText::Unaccounted
-            };
-            let text = WithFmt(|f: &mut fmt::Formatter<'_>| {
-                let root = match &root {
-                    RootText::Outside { outside, total } => RootText::Outside { outside: *outside, total: *total },
-                    RootText::Cycle(cycle) => RootText::Cycle(*cycle),
-                    RootText::Unaccounted => RootText::Unaccounted,
-                };
-                write_path(f, &head, hidden, &tail, root)
-            });
-            entry.retention = Some(text.to_string());
-        }
-    }
-
-    fn path(&self, node: u32) -> RetentionPath {
-        let mut nodes = vec![node];
-        let mut at = node;
-        while self.parent[at as usize] != NONE {
-            at = self.parent[at as usize];
-            nodes.push(at);
-        }
-        nodes.reverse();
-        let chain = nodes.iter().map(|&v| self.graph.name(v)).collect();
-        let fields = nodes.windows(2).map(|pair| self.graph.label(pair[0], pair[1])).collect();
-        let root = at as usize;
-        let root = if self.rooted[root] {
-            RetentionRoot::Outside { outside: self.graph.outside(root), total: self.graph.ref_counts[root] }
-        } else if self.cycle_of[root] != NONE {
-            RetentionRoot::Cycle(self.reference_cycle(self.cycle_of[root] as usize))
-        } else {
-            RetentionRoot::Unaccounted
-        };
-        RetentionPath { chain, fields, root }
-    }
-}
-
-/// Fills in the retention paths and cycles of a shutdown report, before any
-/// value is destroyed. Builds the graph once.
-pub(crate) fn annotate_leaks(mm: &ObjectManager, report: &mut LeakReport) {
-    let analysis = Analysis::new(mm);
-    report.cycles = analysis.reference_cycles();
-    analysis.annotate(&mut report.entries, &report.cycles);
-}
-
-/// Sets `retention` on each entry that names a live object. Builds the graph once.
-pub(crate) fn annotate(mm: &ObjectManager, entries: &mut [super::LeakEntry]) {
-    let analysis = Analysis::new(mm);
-    let cycles = analysis.reference_cycles();
-    analysis.annotate(entries, &cycles);
-}
-
-/// Cycles among the given keys only, for reports about a subset of objects.
-pub(crate) fn cycles_among(mm: &ObjectManager, keys: &[ObjectKey]) -> Vec<ReferenceCycle> {
-    Analysis::new(mm)
-        .reference_cycles()
-        .into_iter()
-        .filter(|cycle| cycle.members.iter().any(|m| keys.binary_search(&m.key).is_ok()))
-        .collect()
 }
 
 impl ObjectManager {
@@ -622,6 +202,13 @@ impl ObjectManager {
     /// are not listed; compare the count with [`Handle::ref_count`](crate::Handle::ref_count).
     ///
     /// Costs O(live + edges): it visits every live object.
+    ///
+    /// A key that names no live object of this manager (stale, or from
+    /// another manager) has no holders: the result is empty. Keys carry no
+    /// manager id, so a foreign key cannot be told apart from a stale one;
+    /// [`retention_path`](Self::retention_path) returns `None` for both.
+    /// (Generations start at a per-manager offset, so a foreign key does not
+    /// name an object here by accident.)
     ///
     /// # Examples
     ///
@@ -657,7 +244,8 @@ impl ObjectManager {
     }
 
     /// The shortest chain of handles that keeps the object `key` alive, or
-    /// `None` if `key` names no live object.
+    /// `None` if `key` names no live object of this manager (a stale key, or
+    /// a key from another manager).
     ///
     /// The chain starts at an object held from outside the manager (a handle
     /// in a variable, a raw handle) and each link holds a handle to the next;
@@ -694,9 +282,9 @@ impl ObjectManager {
     /// );
     /// ```
     pub fn retention_path(&self, key: ObjectKey) -> Option<RetentionPath> {
-        let analysis = Analysis::new(self);
+        let analysis = Analysis::of(self);
         let node = *analysis.graph.index.get(key)?;
-        Some(analysis.path(node))
+        Some(analysis.path(node, &analysis.shared_cycles()))
     }
 
     /// Groups of live objects kept alive only by each other's handles.
@@ -737,7 +325,7 @@ impl ObjectManager {
 
     /// Like [`find_cycles`](Self::find_cycles), with each member's type name.
     pub fn reference_cycles(&self) -> Vec<ReferenceCycle> {
-        Analysis::new(self).reference_cycles()
+        Analysis::of(self).reference_cycles()
     }
 
     /// Frees the reference cycles that [`find_cycles`](Self::find_cycles)
@@ -783,7 +371,7 @@ impl ObjectManager {
     pub fn collect_cycles(&mut self) -> CollectStats {
         let mut stats = self.collect_garbage();
         let members: Vec<ObjectKey> = {
-            let analysis = Analysis::new(self);
+            let analysis = Analysis::of(self);
             analysis
                 .cycles
                 .iter()

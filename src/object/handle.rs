@@ -199,6 +199,7 @@ impl<T> Handle<T> {
     ///
     /// Panics if the store's [allocator](crate::object::ObjectManagerBuilder::allocator)
     /// refuses room in the raw-reference table (the handle is dropped as usual).
+    #[cfg_attr(feature = "handle-sites", track_caller)]
     pub fn into_raw(self) -> RawHandle {
         let shared = self.shared();
         let tag = u64::from(shared.manager_id & 0xff);
@@ -209,11 +210,17 @@ impl<T> Handle<T> {
             drop(raw_refs);
             panic!("{error}");
         }
-        // The site goes before the raw count: once the raw count equals the
-        // slot's count, a concurrent shutdown may free `shared`, so the lock
-        // release after the bump must be the last touch of it.
+        // The handle's site goes and the raw reference's comes before the
+        // raw-count bump: once the raw count equals the slot's count, a
+        // concurrent shutdown may free `shared`, so the lock release after the
+        // bump must be the last touch of it. (Lock order: `raw_refs`, then
+        // `handle_sites`.)
         #[cfg(feature = "handle-sites")]
-        self.unregister_site();
+        {
+            self.unregister_site();
+            let site = HandleSite { origin: HandleOrigin::IntoRaw, location: std::panic::Location::caller() };
+            shared.handle_sites.lock().register_raw(index as u32, site);
+        }
         *raw_refs.entry(self.local).or_insert(0) += 1;
         drop(raw_refs);
         std::mem::forget(self);
@@ -372,8 +379,12 @@ impl<T> Hash for WeakHandle<T> {
 }
 
 impl<T: MMObject> fmt::Debug for WeakHandle<T> {
+    /// `Weak(Texture#3v1a2b, unchecked)`: the key with its generation, so a
+    /// weak handle to a reused slot differs from one to the live object; a
+    /// weak handle cannot tell by itself whether its object is alive (ask
+    /// [`ObjectManager::is_alive`](crate::ObjectManager::is_alive)), and says so.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Weak({}{})", T::TYPE_NAME, self.key)
+        write!(f, "Weak({}{:?}, unchecked)", T::TYPE_NAME, self.key)
     }
 }
 

@@ -60,8 +60,11 @@ unsafe impl Key for ObjectKey {
 }
 
 impl std::fmt::Debug for ObjectKey {
+    /// `#5v9b1f`: the index, then the low 16 bits of the generation in hex.
+    /// Generations start at a per-manager offset, so the full number is long
+    /// and says nothing; its low bits still tell two keys of one slot apart.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "#{}v{}", self.index(), self.generation())
+        write!(f, "#{}v{:x}", self.index(), self.generation() & 0xffff)
     }
 }
 

@@ -1,14 +1,20 @@
-//! The shutdown report: [`LeakReport`].
+//! The object manager's leak report: [`ObjectLeakReport`] and its entries,
+//! as data. The text is written by [`leak_render`](super::leak_render).
 
-use std::fmt;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::Location;
 
-use super::forensics::ReferenceCycle;
+use super::forensics::{Holder, ObjectName, ReferenceCycle, RetentionPath};
 use super::ObjectKey;
 
 /// One object still alive at shutdown (or, from
 /// [`ObjectManager::alive_since`](crate::ObjectManager::alive_since), created
 /// since a snapshot).
+///
+/// `Display` writes the one-line form, `Material#3 (refs: 1, 16 B) created at src/level.rs:42:17`;
+/// `{:#}` adds what holds it, its retention path, its handles' sites and its
+/// creation stack, as the leak report does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeakEntry {
     /// The object's type.
@@ -21,44 +27,84 @@ pub struct LeakEntry {
     pub size: usize,
     /// Where it was created.
     pub site: &'static Location<'static>,
-    /// The shortest chain of handles that keeps it alive, ending at an object
-    /// held from outside the manager (or at a reference cycle); see
-    /// [`RetentionPath`](crate::RetentionPath). `None` where it was not computed.
-    pub retention: Option<String>,
+    /// The shortest chain of handles that keeps it alive, from an object held
+    /// from outside the manager (or from a reference cycle); long chains keep
+    /// their ends only (see [`RetentionPath::hidden`]). `None` where it was
+    /// not computed.
+    pub retention: Option<RetentionPath>,
+    /// The live objects holding a handle to it, one entry per handle, in key
+    /// order. Its other `ref_count - holders.len()` references come from
+    /// outside the manager. Empty where it was not computed.
+    pub holders: Vec<Holder>,
     /// The call stack of its creation, when the manager reports to a
     /// [`Tracker`](crate::track::Tracker) in [`Mode::Stacks`](crate::track::Mode::Stacks).
     /// Resolved to symbols only when displayed.
     pub stack: Option<crate::track::StackTrace>,
-    /// Where each strong handle still holding it was created, cloned or
-    /// upgraded, oldest first. Filled only with the `handle-sites` feature.
+    /// Where each strong handle and raw handle still holding it was created,
+    /// cloned, upgraded or taken, oldest first. Filled only with the
+    /// `handle-sites` feature.
     pub handles: Vec<super::HandleSite>,
 }
 
 impl LeakEntry {
+    /// The object's name: `Material#3`.
+    pub fn name(&self) -> ObjectName {
+        ObjectName { type_name: self.type_name, key: self.key }
+    }
+
+    /// References from outside the manager: handles in variables and
+    /// systems, raw handles (valid once [`holders`](Self::holders) is computed).
+    pub fn outside_refs(&self) -> u32 {
+        self.ref_count.saturating_sub(self.holders.len() as u32)
+    }
+
     /// The handle sites as one line: `cloned at src/ai.rs:88:21, created at …`.
     pub fn handle_sites_line(&self) -> Option<String> {
         (!self.handles.is_empty()).then(|| self.handles.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
     }
 }
 
-impl fmt::Display for LeakEntry {
-    /// `Material#3 (refs: 1, 16 B) created at src/level.rs:42:17`
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}{} (refs: {}, {} B) created at {}:{}:{}",
-            self.type_name,
-            self.key,
-            self.ref_count,
-            self.size,
-            self.site.file(),
-            self.site.line(),
-            self.site.column()
-        )
-    }
+/// An object held from outside the manager that keeps other leaked objects
+/// alive: the first place to look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeakRoot {
+    /// The object.
+    pub object: ObjectName,
+    /// Its references from outside the manager.
+    pub outside: u32,
+    /// All its strong references.
+    pub total: u32,
+    /// Leaked objects whose retention path starts at it (not counting itself).
+    pub retains: usize,
+    /// Their bytes.
+    pub retained_bytes: usize,
 }
 
-/// What [`ObjectManager::shutdown`](crate::ObjectManager::shutdown) found.
+/// Leaked objects and bytes of one type, or of one creation site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeakTally {
+    /// The type.
+    pub type_name: &'static str,
+    /// The creation site, for a tally by site; `None` for a tally by type.
+    pub site: Option<&'static Location<'static>>,
+    /// Leaked objects.
+    pub count: usize,
+    /// Their bytes.
+    pub bytes: usize,
+}
+
+/// What [`ObjectManager::shutdown`](crate::ObjectManager::shutdown) found:
+/// the objects still alive, as data, with a summary for reading.
+///
+/// (The memory tracker has its own leak report, of raw allocations:
+/// [`track::LeakReport`](crate::track::LeakReport).)
+///
+/// `Display` writes the same report as the shutdown log: a summary by type
+/// and by creation site (largest first), the roots (objects held from
+/// outside that keep others alive, with how many), the reference cycles, then
+/// details of at most [`DETAILS_PER_SITE`](Self::DETAILS_PER_SITE) objects per
+/// creation site ("… and 9,990 more"). `{:#}` lists every object. The full
+/// list is always [`iter`](Self::iter).
 ///
 /// # Examples
 ///
@@ -76,18 +122,30 @@ impl fmt::Display for LeakEntry {
 /// assert_eq!(leak.type_name, "Sound");
 /// assert_eq!(leak.ref_count, 1);
 /// assert!(leak.site.file().ends_with(".rs"));
+/// assert_eq!(report.by_type()[0].count, 1);
 /// # let _ = kept;
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LeakReport {
+pub struct ObjectLeakReport {
     pub(crate) entries: Vec<LeakEntry>,
     pub(crate) outliving_handles: usize,
     pub(crate) leaked_bytes: usize,
     pub(crate) drop_panics: usize,
     pub(crate) cycles: Vec<ReferenceCycle>,
+    /// Per cycle: the leaked objects it retains beyond its members.
+    pub(crate) cycle_retains: Vec<usize>,
+    pub(crate) roots: Vec<LeakRoot>,
 }
 
-impl LeakReport {
+/// The old name of [`ObjectLeakReport`].
+#[doc(hidden)]
+pub type LeakReport = ObjectLeakReport;
+
+impl ObjectLeakReport {
+    /// Objects listed per creation site in the details of `Display` (and of
+    /// the shutdown log) before "… and N more".
+    pub const DETAILS_PER_SITE: usize = 10;
+
     /// True if no object was alive at shutdown.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
@@ -98,9 +156,30 @@ impl LeakReport {
         self.entries.len()
     }
 
-    /// The leaked objects, in key order.
+    /// The leaked objects, in key order: the full list.
     pub fn iter(&self) -> std::slice::Iter<'_, LeakEntry> {
         self.entries.iter()
+    }
+
+    /// Bytes of all leaked objects (their `size()`).
+    pub fn total_bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.size).sum()
+    }
+
+    /// Leaked objects and bytes per type, most objects first (then most bytes, then name).
+    pub fn by_type(&self) -> Vec<LeakTally> {
+        tally(&self.entries, false)
+    }
+
+    /// Leaked objects and bytes per creation site, most objects first.
+    pub fn by_site(&self) -> Vec<LeakTally> {
+        tally(&self.entries, true)
+    }
+
+    /// Objects held from outside the manager that keep other leaked objects
+    /// alive, the one retaining most first.
+    pub fn roots(&self) -> &[LeakRoot] {
+        &self.roots
     }
 
     /// Objects still referenced by handles (or raw handles) that outlive the manager.
@@ -123,43 +202,72 @@ impl LeakReport {
     pub fn cycles(&self) -> &[ReferenceCycle] {
         &self.cycles
     }
+
+    /// The report with at most `per_site` objects detailed per creation site
+    /// (`usize::MAX`: every object), as the shutdown log writes it.
+    pub fn display_with(&self, per_site: usize) -> impl std::fmt::Display + '_ {
+        super::leak_render::ReportText { report: self, header: None, per_site }
+    }
 }
 
-impl<'a> IntoIterator for &'a LeakReport {
+/// Groups entries by type (and site), largest first. O(entries).
+///
+/// Groups by the addresses of the type name and of the `Location` first (a
+/// cheap hash; one call site gives one `Location`), then merges groups whose
+/// text is equal, should the compiler have duplicated one.
+fn tally(entries: &[LeakEntry], by_site: bool) -> Vec<LeakTally> {
+    let mut groups: HashMap<(usize, usize), LeakTally, BuildHasherDefault<AddressHasher>> = HashMap::default();
+    for entry in entries {
+        let site = by_site.then_some(entry.site);
+        let id = (entry.type_name.as_ptr() as usize, site.map_or(0, |s| std::ptr::from_ref(s) as usize));
+        let group = groups.entry(id).or_insert(LeakTally { type_name: entry.type_name, site, count: 0, bytes: 0 });
+        group.count += 1;
+        group.bytes += entry.size;
+    }
+    let text = |t: &LeakTally| (t.type_name, t.site.map(|s| (s.file(), s.line(), s.column())));
+    let mut out: Vec<LeakTally> = groups.into_values().collect();
+    out.sort_by(|a, b| text(a).cmp(&text(b)));
+    out.dedup_by(|later, kept| {
+        let same = text(later) == text(kept);
+        if same {
+            kept.count += later.count;
+            kept.bytes += later.bytes;
+        }
+        same
+    });
+    out.sort_by(|a, b| b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)).then_with(|| text(a).cmp(&text(b))));
+    out
+}
+
+/// A hasher for pairs of addresses: one multiply per word.
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+}
+
+impl<'a> IntoIterator for &'a ObjectLeakReport {
     type Item = &'a LeakEntry;
     type IntoIter = std::slice::Iter<'a, LeakEntry>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.entries.iter()
-    }
-}
-
-impl fmt::Display for LeakReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.entries.is_empty() {
-            write!(f, "no leaked objects")?;
-        } else {
-            write!(f, "{} leaked object(s):", self.entries.len())?;
-            for entry in &self.entries {
-                write!(f, "\n  {entry}")?;
-                if let Some(retention) = &entry.retention {
-                    write!(f, "\n      kept alive by: {retention}")?;
-                }
-                if let Some(sites) = entry.handle_sites_line() {
-                    write!(f, "\n      held by handles: {sites}")?;
-                }
-            }
-        }
-        for cycle in &self.cycles {
-            write!(f, "\n  cycle: {cycle}")?;
-        }
-        if self.outliving_handles > 0 {
-            write!(
-                f,
-                "\n{} object(s) referenced by handles outliving the manager; {} bytes leaked on purpose",
-                self.outliving_handles, self.leaked_bytes
-            )?;
-        }
-        Ok(())
     }
 }

@@ -16,8 +16,8 @@ use crate::{Error, Result};
 
 use super::handle::{pack_location, unpack_location};
 use super::index_space::{IndexSpace, MAX_INDEX};
-use super::leak::LeakReport;
-use super::report::MemoryReport;
+use super::leak::ObjectLeakReport;
+use super::report::ObjectMemoryReport;
 use super::shared::reserve_raw_ref;
 use super::slot::{AddRefError, ReleaseError, SlotHeader, SlotState, GENERATION_LIMIT};
 use super::store::{leak_entries, ErasedStore, Inserted, Store, StoreConfig};
@@ -134,7 +134,7 @@ impl ObjectManagerBuilder {
     }
 
     /// Whether shutdown logs each leaked object (default: on). The
-    /// [`LeakReport`] is returned either way.
+    /// [`ObjectLeakReport`] is returned either way.
     pub fn report_leaks(mut self, on: bool) -> Self {
         self.report_leaks = on;
         self
@@ -781,10 +781,17 @@ impl ObjectManager {
 
     fn resolve_raw(&self, raw: RawHandle) -> Result<(&dyn ErasedStore, u32, &SlotHeader)> {
         let tag = raw.manager_tag();
+        let invalid = || Error::InvalidRawHandle { raw: raw.0 };
         if tag != self.id & 0xff {
+            // Every raw handle has an odd generation and the tag of a manager
+            // that was made: anything else is garbage, not another manager's.
+            // (Tags up to the next id, `made`, are taken as possible.)
+            let made = NEXT_MANAGER_ID.load(std::sync::atomic::Ordering::Relaxed);
+            if raw.generation() & 1 == 0 || (made < 0x100 && (tag == 0 || tag > made)) {
+                return Err(invalid());
+            }
             return Err(Error::WrongManager { expected: self.id, found: tag });
         }
-        let invalid = || Error::InvalidRawHandle { raw: raw.0 };
         if raw.generation() & 1 == 0 {
             return Err(invalid());
         }
@@ -805,6 +812,7 @@ impl ObjectManager {
     ///
     /// [`Error::WrongManager`], [`Error::InvalidRawHandle`], [`Error::StaleHandle`]
     /// (the object is dead or destroyed), [`Error::RefCountOverflow`]. On error no count changes.
+    #[cfg_attr(feature = "handle-sites", track_caller)]
     pub fn add_ref_raw(&self, raw: RawHandle) -> Result<()> {
         let (store, local, header) = self.resolve_raw(raw)?;
         let mut raw_refs = store.shared().raw_refs.lock();
@@ -812,6 +820,12 @@ impl ObjectManager {
         match header.try_add_ref(raw.generation()) {
             Ok(()) => {
                 *raw_refs.entry(local).or_insert(0) += 1;
+                drop(raw_refs);
+                #[cfg(feature = "handle-sites")]
+                store.shared().handle_sites.lock().register_raw(
+                    raw.index(),
+                    super::HandleSite { origin: HandleOrigin::AddRefRaw, location: Location::caller() },
+                );
                 Ok(())
             }
             Err(AddRefError::Stale) => Err(Self::stale_raw(store, raw)),
@@ -844,6 +858,8 @@ impl ObjectManager {
                     raw_refs.remove(&local);
                 }
                 drop(raw_refs);
+                #[cfg(feature = "handle-sites")]
+                store.shared().handle_sites.lock().remove_raw(raw.index());
                 if last {
                     store.shared().release_last(local, &header.word);
                 }
@@ -882,6 +898,8 @@ impl ObjectManager {
                 if *count == 0 {
                     raw_refs.remove(&local);
                 }
+                #[cfg(feature = "handle-sites")]
+                store.shared().handle_sites.lock().remove_raw(raw.index());
                 let slot = store.slot(local).expect("resolved");
                 // SAFETY: the raw handle held a counted reference (checked in
                 // the raw table), which moves to the new handle.
@@ -963,8 +981,8 @@ impl ObjectManager {
     }
 
     /// Per-type statistics. Costs O(live) (it sums each object's `size()`).
-    pub fn report(&self) -> MemoryReport {
-        MemoryReport { types: self.all_stores().map(|s| s.report()).collect() }
+    pub fn report(&self) -> ObjectMemoryReport {
+        ObjectMemoryReport { types: self.all_stores().map(|s| s.report()).collect() }
     }
 
     // ---- collection --------------------------------------------------------------
@@ -1013,18 +1031,23 @@ impl ObjectManager {
     /// If handles outlive the manager, their slot memory is leaked on purpose
     /// so they stay sound, and the report says so. Dropping the manager does
     /// the same. Panics from `Drop` impls are caught and logged here.
-    pub fn shutdown(mut self) -> LeakReport {
+    pub fn shutdown(mut self) -> ObjectLeakReport {
         self.shutdown_in_place()
     }
 
-    fn shutdown_in_place(&mut self) -> LeakReport {
+    fn shutdown_in_place(&mut self) -> ObjectLeakReport {
         self.shut_down = true;
-        let mut report = LeakReport::default();
+        let mut report = ObjectLeakReport::default();
         // Dead first. A panicking Drop leaves the manager consistent, so retry.
         loop {
             match catch_unwind(AssertUnwindSafe(|| self.collect_garbage())) {
                 Ok(_) => break,
-                Err(_) => report.drop_panics += 1,
+                Err(payload) => {
+                    report.drop_panics += 1;
+                    let id = self.id;
+                    let message = super::leak_render::PanicMessage(&*payload);
+                    log::error!(target: "mmobject", "a released object panicked in Drop at shutdown of object manager #{id}: {message}");
+                }
             }
         }
         for store in self.all_stores() {
@@ -1036,28 +1059,14 @@ impl ObjectManager {
             super::forensics::annotate_leaks(self, &mut report);
         }
         if self.report_leaks && !report.entries.is_empty() {
-            emit(&format!("{} object(s) still alive at shutdown of object manager #{}:", report.len(), self.id));
-            for entry in &report.entries {
-                match &entry.retention {
-                    Some(retention) => emit(&format!("leaked {entry}; kept alive by: {retention}")),
-                    None => emit(&format!("leaked {entry}")),
-                }
-                if let Some(sites) = entry.handle_sites_line() {
-                    emit(&format!("{}{} is held by handles {sites}", entry.type_name, entry.key));
-                }
-                if let Some(stack) = &entry.stack {
-                    emit(&format!("creation stack of {}{}:\n{stack}", entry.type_name, entry.key));
-                }
-            }
-            for cycle in &report.cycles {
-                emit(&format!("cycle: {cycle}"));
-            }
+            super::leak_render::log_shutdown_report(&report, self.id, &mut |block| emit(block));
         }
+        let id = self.id;
         let count = self.store_count.load(Ordering::Relaxed);
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {
-            store.destroy_all(&mut |type_name| {
+            store.destroy_all(&mut |type_name, key| {
                 report.drop_panics += 1;
-                log::error!(target: "mmobject", "a {type_name} panicked in Drop during shutdown");
+                log::error!(target: "mmobject", "{type_name}{key} panicked in Drop at shutdown of object manager #{id}");
             });
         }
         for store in self.stores[..count].iter_mut().filter_map(|s| s.get_mut().map(|e| &mut e.store)) {
@@ -1065,7 +1074,7 @@ impl ObjectManager {
             report.outliving_handles += settled.outliving;
             report.leaked_bytes += settled.leaked_bytes;
         }
-        if report.outliving_handles > 0 {
+        if self.report_leaks && report.outliving_handles > 0 {
             emit(&format!(
                 "{} object(s) are still referenced by handles that outlive object manager #{}; \
                  {} bytes of slot memory are leaked on purpose so those handles stay sound",

@@ -16,12 +16,15 @@
 //!   generation, so a reused slot never validates an old weak or raw handle.
 
 mod forensics;
+mod forensics_budget;
+mod forensics_graph;
 mod handle;
 mod handle_sites;
 mod incremental;
 mod index_space;
 mod key;
 mod leak;
+mod leak_render;
 mod manager;
 mod release;
 mod report;
@@ -34,18 +37,23 @@ mod timeline;
 mod tracking;
 mod traits;
 
-pub use forensics::{ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
+pub use forensics::{Holder, ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
+pub use forensics_budget::{CycleCollector, CycleStep};
 pub use handle::{Handle, RawHandle, WeakHandle};
 pub use handle_sites::{HandleOrigin, HandleSite};
 pub use key::ObjectKey;
-pub use leak::{LeakEntry, LeakReport};
+#[doc(hidden)]
+pub use leak::LeakReport;
+pub use leak::{LeakEntry, LeakRoot, LeakTally, ObjectLeakReport};
 #[doc(hidden)]
 pub use manager::skip_manager_ids_for_tests;
 pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, ObjectView, TryCreateError, MAX_TYPES};
 #[doc(hidden)]
 pub use release::probe as release_probe;
 pub use release::ReleaseHandles;
-pub use report::{MemoryReport, TypeReport};
+#[doc(hidden)]
+pub use report::MemoryReport;
+pub use report::{ObjectMemoryReport, TypeReport};
 pub use snapshot::Snapshot;
 pub use timeline::MemoryTimeline;
 #[doc(hidden)]

@@ -1,8 +1,8 @@
-//! Per-type statistics: [`MemoryReport`].
+//! Per-type statistics: [`ObjectMemoryReport`].
 
 use std::fmt;
 
-/// One type's line in a [`MemoryReport`].
+/// One type's line in a [`ObjectMemoryReport`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct TypeReport {
@@ -27,7 +27,9 @@ pub struct TypeReport {
     pub destroyed: u64,
 }
 
-/// Per-type statistics from [`ObjectManager::report`](crate::ObjectManager::report).
+/// Per-type statistics of the object manager, from [`ObjectManager::report`](crate::ObjectManager::report).
+///
+/// (The memory tracker's per-tag table is [`track::MemoryReport`](crate::track::MemoryReport).)
 ///
 /// `Display` prints an aligned table.
 ///
@@ -47,12 +49,16 @@ pub struct TypeReport {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct MemoryReport {
+pub struct ObjectMemoryReport {
     /// One entry per type, in registration order.
     pub types: Vec<TypeReport>,
 }
 
-impl MemoryReport {
+/// The old name of [`ObjectMemoryReport`].
+#[doc(hidden)]
+pub type MemoryReport = ObjectMemoryReport;
+
+impl ObjectMemoryReport {
     /// The line for the type with this name.
     pub fn get(&self, type_name: &str) -> Option<&TypeReport> {
         self.types.iter().find(|t| t.type_name == type_name)
@@ -75,7 +81,7 @@ impl MemoryReport {
     }
 }
 
-impl fmt::Display for MemoryReport {
+impl fmt::Display for ObjectMemoryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name_width = self.types.iter().map(|t| t.type_name.len()).chain([4]).max().unwrap_or(4);
         let tag_width = self.types.iter().map(|t| t.tag.len()).chain([3]).max().unwrap_or(3);

@@ -1,8 +1,9 @@
 //! Snapshots of the live set: "unload the level, collect, and check that
 //! nothing it created remains" ([`Snapshot`]).
 
-use super::forensics::{annotate, cycles_among};
-use super::leak::LeakEntry;
+use super::forensics::annotate_leaks;
+use super::leak::{LeakEntry, ObjectLeakReport};
+use super::leak_render::{Count, ReportText};
 use super::store::leak_entries;
 use super::{ObjectKey, ObjectManager};
 
@@ -103,28 +104,25 @@ impl ObjectManager {
     /// # Panics
     ///
     /// Panics if any object created after `snapshot` is still alive. The
-    /// message lists each one (type, key, count, size, creation site) with
-    /// the shortest chain of handles that keeps it alive, then any reference
-    /// cycles among them. Also panics if the snapshot was taken from another
-    /// manager.
+    /// message is laid out as the shutdown report: a summary by type and
+    /// creation site, the roots that keep the others alive, the reference
+    /// cycles among them, then up to
+    /// [`DETAILS_PER_SITE`](crate::ObjectLeakReport::DETAILS_PER_SITE)
+    /// objects per creation site, each with its holders and the shortest
+    /// chain of handles that keeps it alive. Also panics if the snapshot was
+    /// taken from another manager.
     #[track_caller]
     pub fn assert_released_since(&self, snapshot: &Snapshot) {
-        let mut entries = self.alive_since(snapshot);
+        let entries = self.alive_since(snapshot);
         if entries.is_empty() {
             return;
         }
-        annotate(self, &mut entries);
-        let keys: Vec<ObjectKey> = entries.iter().map(|e| e.key).collect();
-        let mut message = format!("{} object(s) created since the snapshot are still alive:", entries.len());
-        for entry in &entries {
-            message.push_str(&format!("\n  {entry}"));
-            if let Some(retention) = &entry.retention {
-                message.push_str(&format!("\n      kept alive by: {retention}"));
-            }
-        }
-        for cycle in cycles_among(self, &keys) {
-            message.push_str(&format!("\n  cycle: {cycle}"));
-        }
+        let count = entries.len();
+        let mut report = ObjectLeakReport { entries, ..ObjectLeakReport::default() };
+        annotate_leaks(self, &mut report);
+        let header = format!("{} object(s) created since the snapshot are still alive:", Count(count));
+        let text = ReportText { report: &report, header: Some(&header), per_site: ObjectLeakReport::DETAILS_PER_SITE };
+        let message = text.to_string();
         panic!("{message}");
     }
 }

@@ -605,7 +605,7 @@ pub(crate) trait ErasedStore: Send + Sync {
     fn report(&self) -> TypeReport;
     fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject));
     fn live_object_mut(&mut self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject>;
-    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str));
+    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str, ObjectKey));
     /// Creation stacks of occupied slots, when a tracker in `Mode::Stacks` is attached.
     fn creation_stacks(&self) -> HashMap<ObjectKey, StackTrace>;
     fn settle(&mut self) -> Settled;
@@ -711,9 +711,9 @@ impl<T: MMObject> ErasedStore for Store<T> {
         Some(unsafe { (*slot.value.get()).assume_init_mut() })
     }
 
-    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str)) {
+    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str, ObjectKey)) {
         let mut destroyed = 0;
-        self.for_each_slot(|_, slot| {
+        self.for_each_slot(|local, slot| {
             let generation = slot.header.generation.load(Ordering::Relaxed);
             if generation & 1 == 1 {
                 slot.header.generation.store(generation.wrapping_add(1), Ordering::Release);
@@ -722,7 +722,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 // is now marked vacant, so nothing reads or drops it again.
                 let drop_value = || unsafe { (*slot.value.get()).assume_init_drop() };
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_value)).is_err() {
-                    on_panic(T::TYPE_NAME);
+                    on_panic(T::TYPE_NAME, self.key_of(local, generation));
                 }
             }
         });
@@ -859,6 +859,7 @@ pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
             size,
             site,
             retention: None,
+            holders: Vec::new(),
             stack: stacks.remove(&key),
             #[cfg(feature = "handle-sites")]
             handles: sites.remove(&key.index()).unwrap_or_default(),

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::report::MemoryReport;
+use super::report::ObjectMemoryReport;
 
 const WIDTH: f64 = 1000.0;
 const PANEL_HEIGHT: f64 = 280.0;
@@ -63,7 +63,7 @@ impl MemoryTimeline {
 
     /// Records one frame: each type's live objects and bytes from `report`.
     /// Types missing from the report count as zero.
-    pub fn sample(&mut self, frame: u64, report: &MemoryReport) {
+    pub fn sample(&mut self, frame: u64, report: &ObjectMemoryReport) {
         let samples = self.frames.len();
         self.frames.push(frame);
         for line in &report.types {
@@ -292,8 +292,8 @@ mod tests {
     use super::*;
     use crate::object::TypeReport;
 
-    fn report(live: usize) -> MemoryReport {
-        MemoryReport {
+    fn report(live: usize) -> ObjectMemoryReport {
+        ObjectMemoryReport {
             types: vec![TypeReport {
                 type_name: "A<B>",
                 tag: "A",
@@ -311,9 +311,9 @@ mod tests {
     #[test]
     fn late_types_are_padded_with_zeros() {
         let mut timeline = MemoryTimeline::new();
-        timeline.sample(0, &MemoryReport::default());
+        timeline.sample(0, &ObjectMemoryReport::default());
         timeline.sample(1, &report(3));
-        timeline.sample(2, &MemoryReport::default());
+        timeline.sample(2, &ObjectMemoryReport::default());
         assert_eq!(timeline.live_of("A<B>"), &[0, 3, 0]);
         assert_eq!(timeline.bytes_of("A<B>"), &[0, 300, 0]);
         let svg = timeline.to_svg();

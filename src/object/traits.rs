@@ -1,6 +1,7 @@
 //! The [`MMObject`] trait and the field helpers that `#[derive(MMObject)]` uses.
 
 use super::key::ObjectKey;
+use super::release::ReleaseHandles;
 
 /// A type that can live in an [`ObjectManager`](crate::ObjectManager).
 ///
@@ -77,9 +78,67 @@ pub trait HeapSize {
 
 /// Visiting the strong handles a value holds.
 ///
-/// The derive calls this for each field. Field types that do not implement it
-/// are taken to hold no handles. Implement it for your own field types that
-/// hold handles, so cycle and retention analysis can see them.
+/// Leak forensics ([`holders`](crate::ObjectManager::holders),
+/// [`retention_path`](crate::ObjectManager::retention_path), cycle finding and
+/// collection, the shutdown report) see exactly the handles that
+/// `visit_handles` reports. It is implemented for [`Handle`](crate::Handle),
+/// for the types that cannot hold one (numbers, `String`, …), and for every
+/// std container and wrapper of types that implement it:
+///
+/// - `Option`, `Result`, `Box`, arrays, slices, tuples (up to 8), `Vec`,
+///   `VecDeque`, `LinkedList`, `BinaryHeap`, `BTreeMap`, `BTreeSet`, and
+///   `HashMap` / `HashSet` with any hasher, with handles as keys or values;
+/// - `Arc`, `Rc`, and the locks and cells that can be read without
+///   waiting: `std::sync::{Mutex, RwLock}`, `parking_lot::{Mutex, RwLock}`
+///   and `RefCell`.
+///
+/// **Locks are never waited for.** A lock is read with `try_lock` /
+/// `try_read` (`try_borrow` for a `RefCell`). If it is held right now (by
+/// this thread or another), its contents are *not* visited: their handles
+/// then count as references from outside the manager, which makes the
+/// analysis err towards "alive" (no cycle is reported or collected through
+/// it). A poisoned std lock is visited as usual.
+///
+/// **`Arc`/`Rc` are visited from every holder.** If two objects share one
+/// `Arc` holding a handle, both report it, as if each held its own; an object
+/// can then look held by the manager alone when it is not. That never frees
+/// an object in use (see [`ReleaseHandles`](crate::ReleaseHandles), which
+/// releases through an `Arc` only when it is unique), but share handles
+/// between objects as handles, not through an `Arc`, for exact answers.
+///
+/// [`WeakHandle`](crate::WeakHandle) holds nothing and visits nothing, on
+/// purpose: weak references keep nothing alive.
+///
+/// For your own types that are not objects, `#[derive(VisitHandles)]`
+/// implements this trait (and [`ReleaseHandles`](crate::ReleaseHandles)) by
+/// visiting every field; see the derive for the rules.
+///
+/// # Examples
+///
+/// ```
+/// use std::collections::HashMap;
+/// use mmobject::{Handle, MMObject, ObjectManager, VisitHandles};
+///
+/// #[derive(MMObject)]
+/// struct Texture { pixels: Vec<u8> }
+///
+/// /// Not an object: a plain struct inside one.
+/// #[derive(VisitHandles)]
+/// struct Slots { by_name: HashMap<String, Handle<Texture>> }
+///
+/// #[derive(MMObject)]
+/// struct Cache { slots: Slots }
+///
+/// let mm = ObjectManager::new();
+/// let tex = mm.create(Texture { pixels: vec![0; 16] });
+/// let cache = mm.create(Cache { slots: Slots { by_name: HashMap::from([("grass".into(), tex.clone())]) } });
+/// assert_eq!(mm.holders(tex.key()), vec![cache.key()]);
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` may hold handles, but it does not implement `VisitHandles`",
+    label = "leak forensics cannot see the handles in this field",
+    note = "write `#[mm(skip)]` on the field if it holds no handles, `#[mm(visit_with = path)]` to visit it with a function, or implement `VisitHandles` for the type (`#[derive(VisitHandles)]`)"
+)]
 pub trait VisitHandles {
     /// Calls `visitor` with the key of every strong handle in `self`.
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey));
@@ -172,6 +231,10 @@ macro_rules! no_handles {
             #[inline]
             fn visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
         }
+        impl ReleaseHandles for $t {
+            #[inline]
+            fn release_handles(&mut self) {}
+        }
     )*};
 }
 
@@ -196,12 +259,38 @@ no_handles!(
     &'static str,
     String,
     str,
-    ObjectKey
+    ObjectKey,
+    std::time::Duration,
+    std::time::Instant,
+    std::path::PathBuf,
+    std::ffi::OsString,
+    std::num::NonZeroU32,
+    std::num::NonZeroU64,
+    std::num::NonZeroUsize,
+    std::sync::atomic::AtomicBool,
+    std::sync::atomic::AtomicU32,
+    std::sync::atomic::AtomicU64,
+    std::sync::atomic::AtomicUsize,
+    std::sync::atomic::AtomicI32,
+    std::sync::atomic::AtomicI64,
 );
 
-impl<T> VisitHandles for super::WeakHandle<T> {
-    /// Weak handles keep nothing alive, so they are not visited.
+impl<T: ?Sized> VisitHandles for std::marker::PhantomData<T> {
+    #[inline]
     fn visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
+}
+
+impl<T> VisitHandles for super::WeakHandle<T> {
+    /// Visits nothing: a weak handle keeps nothing alive, so it is not an
+    /// edge of the handle graph.
+    #[inline]
+    fn visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
+}
+
+impl<T> ReleaseHandles for super::WeakHandle<T> {
+    /// Does nothing: a weak handle holds no reference to release.
+    #[inline]
+    fn release_handles(&mut self) {}
 }
 
 impl<T> HeapSize for super::WeakHandle<T> {
@@ -218,9 +307,121 @@ impl<T: VisitHandles> VisitHandles for Option<T> {
     }
 }
 
-impl<T: VisitHandles> VisitHandles for Vec<T> {
+impl<T: VisitHandles, E: VisitHandles> VisitHandles for Result<T, E> {
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
-        self.iter().for_each(|v| v.visit_handles(visitor));
+        match self {
+            Ok(v) => v.visit_handles(visitor),
+            Err(e) => e.visit_handles(visitor),
+        }
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for Box<T> {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        (**self).visit_handles(visitor);
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::Arc<T> {
+    /// Visits the shared value: see the trait docs on sharing.
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        (**self).visit_handles(visitor);
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for std::rc::Rc<T> {
+    /// Visits the shared value: see the trait docs on sharing.
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        (**self).visit_handles(visitor);
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for std::cell::RefCell<T> {
+    /// Visits the value unless it is mutably borrowed right now (then nothing).
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        if let Ok(value) = self.try_borrow() {
+            value.visit_handles(visitor);
+        }
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::Mutex<T> {
+    /// Visits the value unless the mutex is locked right now (then nothing:
+    /// never waits, so it cannot deadlock). A poisoned mutex is visited.
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        match self.try_lock() {
+            Ok(value) => value.visit_handles(visitor),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().visit_handles(visitor),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::RwLock<T> {
+    /// Visits the value unless it is write-locked right now (then nothing:
+    /// never waits). A poisoned lock is visited.
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        match self.try_read() {
+            Ok(value) => value.visit_handles(visitor),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().visit_handles(visitor),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for parking_lot::Mutex<T> {
+    /// Visits the value unless the mutex is locked right now (then nothing:
+    /// never waits, so it cannot deadlock).
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        if let Some(value) = self.try_lock() {
+            value.visit_handles(visitor);
+        }
+    }
+}
+
+impl<T: VisitHandles + ?Sized> VisitHandles for parking_lot::RwLock<T> {
+    /// Visits the value unless it is write-locked right now (then nothing:
+    /// never waits).
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        if let Some(value) = self.try_read() {
+            value.visit_handles(visitor);
+        }
+    }
+}
+
+/// `VisitHandles` for containers whose `iter()` yields `&T`.
+macro_rules! visit_items {
+    ($($container:ident)::+ <$t:ident $(, $extra:ident)?>) => {
+        impl<$t: VisitHandles $(, $extra)?> VisitHandles for $($container)::+<$t $(, $extra)?> {
+            fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+                self.iter().for_each(|v| v.visit_handles(visitor));
+            }
+        }
+    };
+}
+
+visit_items!(Vec<T>);
+visit_items!(std::collections::VecDeque<T>);
+visit_items!(std::collections::LinkedList<T>);
+visit_items!(std::collections::BinaryHeap<T>);
+visit_items!(std::collections::BTreeSet<T>);
+visit_items!(std::collections::HashSet<T, S>);
+
+impl<K: VisitHandles, V: VisitHandles> VisitHandles for std::collections::BTreeMap<K, V> {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        for (k, v) in self {
+            k.visit_handles(visitor);
+            v.visit_handles(visitor);
+        }
+    }
+}
+
+impl<K: VisitHandles, V: VisitHandles, S> VisitHandles for std::collections::HashMap<K, V, S> {
+    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+        for (k, v) in self {
+            k.visit_handles(visitor);
+            v.visit_handles(visitor);
+        }
     }
 }
 
@@ -233,12 +434,6 @@ impl<T: VisitHandles> VisitHandles for [T] {
 impl<T: VisitHandles, const N: usize> VisitHandles for [T; N] {
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         self.iter().for_each(|v| v.visit_handles(visitor));
-    }
-}
-
-impl<T: VisitHandles + ?Sized> VisitHandles for Box<T> {
-    fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
-        (**self).visit_handles(visitor);
     }
 }
 
@@ -258,6 +453,13 @@ macro_rules! tuples {
                 $($name.visit_handles(visitor);)+
             }
         }
+        impl<$($name: ReleaseHandles),+> ReleaseHandles for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn release_handles(&mut self) {
+                let ($($name,)+) = self;
+                $($name.release_handles();)+
+            }
+        }
     };
 }
 
@@ -267,6 +469,8 @@ tuples!(A B C);
 tuples!(A B C D);
 tuples!(A B C D E);
 tuples!(A B C D E F);
+tuples!(A B C D E F G);
+tuples!(A B C D E F G H);
 
 /// Support for the derive's generated code. Not public API.
 ///
