@@ -818,9 +818,9 @@ fn o1c_unload(c: &mut Criterion) {
     group.finish();
 }
 
-// ---- O7: the leak report at 100k leaked objects -----------------------------------
+// ---- F1: the leak report at 100k leaked objects -----------------------------------
 
-/// Leaked objects in O7.
+/// Leaked objects in F1.
 const LEAKED: usize = 100_000;
 
 /// A mesh shared by many entities.
@@ -854,13 +854,13 @@ fn leaky_manager() -> (ObjectManager, mmobject::RawHandle) {
     (mm, raw)
 }
 
-/// O7: `shutdown` with 100k leaked objects, then the report as text (the
+/// F1: `shutdown` with 100k leaked objects, then the report as text (the
 /// same writer as the shutdown log); the text alone; and, as the peer, the
 /// same 100k objects released and destroyed by `collect_garbage` before a
 /// clean `shutdown` (the cost of destroying them, without any report).
 /// Wall time; each iteration builds its manager first (not timed).
 fn o7_leak_report(c: &mut Criterion) {
-    let mut group = c.benchmark_group("O7_leak_report_100k");
+    let mut group = c.benchmark_group("F1_leak_report_100k");
     group.sample_size(10).measurement_time(Duration::from_secs(10));
     group.bench_function("shutdown_and_report", |b| {
         b.iter_batched(
@@ -891,19 +891,19 @@ fn o7_leak_report(c: &mut Criterion) {
     group.finish();
 }
 
-// ---- O8: cycle collection at 100k live objects, whole vs a budget per frame ----------
+// ---- F2: cycle collection at 100k live objects, whole vs a budget per frame ----------
 
-/// Nodes in O8's garbage cycles: two per 200 entities.
-const O8_CYCLE_NODES: usize = 2 * (LEAKED - 1_005).div_ceil(200);
+/// Nodes in F2's garbage cycles: two per 200 entities.
+const F2_CYCLE_NODES: usize = 2 * (LEAKED - 1_005).div_ceil(200);
 
-/// A node of O8's garbage cycles.
+/// A node of F2's garbage cycles.
 #[derive(MMObject)]
 struct CycleNode {
     next: Option<Handle<CycleNode>>,
     payload: Payload,
 }
 
-/// About 100k live objects: the O7 level (held from outside) with 98,995
+/// About 100k live objects: the F1 level (held from outside) with 98,995
 /// entities, and 495 garbage cycles of two nodes, interleaved with them.
 fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
     let mut mm = ObjectManager::builder().report_leaks(false).build();
@@ -922,19 +922,19 @@ fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
     (mm, raw)
 }
 
-/// O8: freeing 495 two-node garbage cycles among 100k live objects:
+/// F2: freeing 495 two-node garbage cycles among 100k live objects:
 /// `collect_cycles` at once (the peer), and `CycleCollector` steps of 1 ms
 /// until a pass ends; plus one 1 ms step alone. Wall time; the manager is
 /// built outside the timing.
 fn o8_cycles(c: &mut Criterion) {
     let setup = cyclic_manager;
-    let mut group = c.benchmark_group("O8_cycles_100k");
+    let mut group = c.benchmark_group("F2_cycles_100k");
     group.sample_size(10).measurement_time(Duration::from_secs(10));
     group.bench_function("collect_cycles_whole", |b| {
         b.iter_batched(
             setup,
             |(mut mm, raw)| {
-                assert_eq!(mm.collect_cycles().objects, O8_CYCLE_NODES);
+                assert_eq!(mm.collect_cycles().objects, F2_CYCLE_NODES);
                 (mm, raw)
             },
             criterion::BatchSize::PerIteration,
@@ -949,7 +949,7 @@ fn o8_cycles(c: &mut Criterion) {
                 while collector.passes() == 0 {
                     freed += collector.step(&mut mm, Duration::from_millis(1)).collected.objects;
                 }
-                assert_eq!(freed, O8_CYCLE_NODES);
+                assert_eq!(freed, F2_CYCLE_NODES);
                 (mm, raw)
             },
             criterion::BatchSize::PerIteration,
@@ -973,7 +973,7 @@ fn o8_cycles(c: &mut Criterion) {
         collector.step(&mut mm, Duration::from_millis(1));
         steps += 1;
     }
-    println!("O8: a pass in 1 ms steps took {steps} steps");
+    println!("F2: a pass in 1 ms steps took {steps} steps");
 }
 
 /// The criterion group, in a private module so its generated `pub fn` needs no docs.
