@@ -137,6 +137,18 @@ pub(crate) unsafe fn read_header(user: *const u8) -> Header {
     unsafe { ptr::read(user.sub(HEADER).cast::<Header>()) }
 }
 
+/// Rewrites the header before a user pointer.
+///
+/// # Safety
+///
+/// As for [`read_header`], and the block must not be freed yet.
+#[inline]
+pub(crate) unsafe fn write_header(user: *mut u8, header: Header) {
+    // SAFETY: the caller guarantees the header slot is live and writable; it is aligned
+    // (see `init`).
+    unsafe { user.sub(HEADER).cast::<Header>().write(header) };
+}
+
 /// Marks the header freed (best-effort double-free detection).
 ///
 /// # Safety

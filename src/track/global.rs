@@ -106,8 +106,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         let (hflags, guarded, depth, record) = match tag {
             None => (0, false, 0, false),
             Some(_) => {
-                let (mode, diag) = t.config();
-                let record = mode.keeps_records() || diag;
+                let config = t.config();
+                let (mode, diag) = (config.mode(), config.diagnostics());
+                let record = config.keeps_records();
                 let mut f = H_COUNTED;
                 if record {
                     f |= H_RECORD;
@@ -144,14 +145,23 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         let tag_id = tag.unwrap_or(TagId::UNTAGGED);
         // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, guarded)`.
         let user = unsafe { block::init(base, block, layout.size(), Header::new(tag_id.0, hflags, layout.size())) };
-        if record {
+        let recorded = record && {
             let site = Location::caller();
             let flags = FLAG_GLOBAL_ALLOC | if guarded { FLAG_GUARDED } else { 0 };
             t.add_record(
                 user as usize,
                 Record { size: layout.size(), tag: tag_id, flags, site, stack: NO_STACK },
                 depth,
-            );
+            )
+        };
+        if !recorded {
+            if record {
+                // The record table is out of `System` memory: the block goes on without a
+                // record, and its header must say so (else its free would look double).
+                // SAFETY: `user` is the block `init` just set up.
+                unsafe { block::write_header(user, Header::new(tag_id.0, hflags & !H_RECORD, layout.size())) };
+            }
+            t.placed_without_record(user as usize);
         }
         if watched {
             t.watch_event("alloc", tag_id, layout.size(), Some(user as usize), None);
@@ -178,8 +188,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, None, false) };
         };
-        let (mode, diag) = self.tracker.config();
-        if diag || mode.keeps_records() || layout.align() > HEADER {
+        if self.tracker.config().keeps_records() || layout.align() > HEADER {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, Some(tag), false) };
         }
@@ -200,6 +209,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         }
         // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
         let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, H_COUNTED, layout.size())) };
+        self.tracker.placed_without_record(user as usize);
         if watched {
             self.tracker.watch_event("alloc", tag, layout.size(), Some(user as usize), None);
         }
@@ -214,7 +224,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if !self.tracker.config().1 && layout.align() <= HEADER {
+        if !self.tracker.config().diagnostics() && layout.align() <= HEADER {
             // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
             // has a header.
             let header = unsafe { block::read_header(ptr) };
@@ -243,16 +253,13 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
         // `layout.align()` (the caller's contract for `realloc`).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        if !in_tracker() {
-            let (mode, diag) = self.tracker.config();
-            if !diag && !mode.keeps_records() && layout.align() <= HEADER {
-                // SAFETY: `ptr` is live and came from this allocator (caller's contract).
-                let header = unsafe { block::read_header(ptr) };
-                if header.is_counted_only() {
-                    // SAFETY: the caller's contract, passed on; the header says the block
-                    // is counted only.
-                    return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
-                }
+        if !in_tracker() && !self.tracker.config().keeps_records() && layout.align() <= HEADER {
+            // SAFETY: `ptr` is live and came from this allocator (caller's contract).
+            let header = unsafe { block::read_header(ptr) };
+            if header.is_counted_only() {
+                // SAFETY: the caller's contract, passed on; the header says the block is
+                // counted only.
+                return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
             }
         }
         let tag = if in_tracker() {
@@ -309,6 +316,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         }
         // SAFETY: `base` is a live block of `new_block.outer`.
         let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED, new_size)) };
+        t.placed_without_record(user as usize);
         if t.count_free(tag, header.size) || watched {
             t.watch_event("realloc", tag, new_size, Some(user as usize), None);
         }
@@ -325,13 +333,12 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     unsafe fn dealloc_slow(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
         let addr = ptr as usize;
-        let diag = t.config().1;
+        let config = t.config();
         let mut record = None;
-        if diag {
+        if config.diagnostics() {
             // Look the pointer up before touching its memory.
             record = t.take_record(addr, true);
-            if record.is_none() && t.recently_freed(addr) {
-                let _ = t.bad_free(addr);
+            if record.is_none() && t.decisive_double_free(addr, config) {
                 return; // leak rather than free twice
             }
         }

@@ -72,6 +72,13 @@
 //! thread-local flag sends those allocations to the inner allocator untracked. A free is
 //! looked up (in diagnostic mode, before the block's memory is touched), and a bad one is
 //! reported and the block leaked rather than freed twice.
+//!
+//! Switching [`Mode`] or diagnostics is safe at any time. Each switch starts a new
+//! configuration epoch; the ring of freed records proves a double free only for entries of
+//! the current epoch, and a block placed without a record while records are kept forgets
+//! its address in the ring. So a legitimate free is never taken for a double free, whatever
+//! the switches; a free the ring cannot decide is checked through the block's header, as
+//! outside diagnostic mode.
 
 mod block;
 mod budget;

@@ -50,12 +50,14 @@ impl TagCounters {
     /// Counts one allocation of `size` bytes (no budget check).
     #[inline]
     pub(crate) fn add(&self, size: usize) {
+        // Both may sit below zero (wrapped) for a while, like `sub` leaves them: a peak is
+        // only raised from a non-negative value, and nothing overflows.
         let bytes = self.bytes.fetch_add(size, Ordering::Relaxed).wrapping_add(size);
-        if bytes > self.peak_bytes.load(Ordering::Relaxed) {
+        if (bytes as isize) >= 0 && bytes > self.peak_bytes.load(Ordering::Relaxed) {
             self.peak_bytes.fetch_max(bytes, Ordering::Relaxed);
         }
-        let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
-        if count > self.peak_count.load(Ordering::Relaxed) {
+        let count = self.count.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        if (count as isize) >= 0 && count > self.peak_count.load(Ordering::Relaxed) {
             self.peak_count.fetch_max(count, Ordering::Relaxed);
         }
         self.total_count.fetch_add(1, Ordering::Relaxed);

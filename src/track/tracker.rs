@@ -4,7 +4,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt;
 use std::panic::Location;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 use super::budget::{BudgetOverrun, BudgetPolicy, PolicyTable};
@@ -128,8 +128,8 @@ pub struct ErrorCounts {
 /// ```
 pub struct Tracker {
     pub(crate) counters: [TagCounters; MAX_TAGS],
-    /// `Mode::encode` of the current mode, plus `DIAGNOSTICS` when diagnostic mode is on.
-    config: AtomicUsize,
+    /// A [`Config`] word: the mode, the diagnostics flag and the configuration epoch.
+    config: AtomicU64,
     /// Per-thread deltas: the allocator's lock-free, RMW-free counting path.
     pub(crate) threads: ThreadSlots,
     pub(crate) records: RecordTable,
@@ -144,8 +144,59 @@ pub struct Tracker {
 
 static GLOBAL: Tracker = Tracker::new();
 
-/// The diagnostic-mode bit of `Tracker::config`.
-const DIAGNOSTICS: usize = 1 << 16;
+/// One load of `Tracker::config`: the mode, the diagnostics flag, and the configuration
+/// epoch, packed in a `u64` so the three are always read together.
+///
+/// Bits 0..16 hold `Mode::encode`, bit 16 the diagnostics flag, bits 17..64 the epoch.
+///
+/// Invariant (what makes the freed ring safe to trust, see `Tracker::decisive_double_free`):
+/// every change of the mode or of the diagnostics flag adds one to the epoch, so two loads
+/// with equal epochs saw the same mode and flag. The epoch saturates at `EPOCH_MAX` instead
+/// of wrapping; from then on no ring entry is trusted (frees fall back to the header check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Config(u64);
+
+/// The diagnostic-mode bit of a [`Config`].
+const DIAGNOSTICS: u64 = 1 << 16;
+/// The epoch's lowest bit in a [`Config`].
+const EPOCH_SHIFT: u32 = 17;
+/// The largest epoch; it saturates there.
+pub(crate) const EPOCH_MAX: u64 = u64::MAX >> EPOCH_SHIFT;
+
+impl Config {
+    const fn new(mode: Mode, diagnostics: bool) -> Config {
+        Config(mode.encode() as u64 | if diagnostics { DIAGNOSTICS } else { 0 })
+    }
+
+    #[inline]
+    pub(crate) const fn mode(self) -> Mode {
+        Mode::decode((self.0 & (DIAGNOSTICS - 1)) as usize)
+    }
+
+    #[inline]
+    pub(crate) const fn diagnostics(self) -> bool {
+        self.0 & DIAGNOSTICS != 0
+    }
+
+    /// The configuration epoch (see the type's invariant).
+    #[inline]
+    pub(crate) const fn epoch(self) -> u64 {
+        self.0 >> EPOCH_SHIFT
+    }
+
+    /// Whether blocks placed under this configuration get a record (tagged blocks do in
+    /// `Records`/`Stacks` mode, and in diagnostic mode).
+    #[inline]
+    pub(crate) const fn keeps_records(self) -> bool {
+        self.diagnostics() || self.mode().keeps_records()
+    }
+
+    /// This configuration with another mode and flag, one epoch later (saturating).
+    const fn changed(self, mode: Mode, diagnostics: bool) -> Config {
+        let epoch = if self.epoch() < EPOCH_MAX { self.epoch() + 1 } else { EPOCH_MAX };
+        Config(Config::new(mode, diagnostics).0 | epoch << EPOCH_SHIFT)
+    }
+}
 
 impl Default for Tracker {
     fn default() -> Self {
@@ -174,7 +225,7 @@ impl Tracker {
     pub const fn with_mode(mode: Mode) -> Tracker {
         Tracker {
             counters: [const { TagCounters::new() }; MAX_TAGS],
-            config: AtomicUsize::new(mode.encode()),
+            config: AtomicU64::new(Config::new(mode, false).0),
             threads: ThreadSlots::new(),
             records: RecordTable::new(),
             stacks: StackStore::new(),
@@ -206,26 +257,42 @@ impl Tracker {
 
     /// The current mode.
     pub fn mode(&self) -> Mode {
-        self.config().0
+        self.config().mode()
     }
 
-    /// The mode and the diagnostics flag, in one load.
+    /// The mode, the diagnostics flag and the epoch, in one load.
     #[inline]
-    pub(crate) fn config(&self) -> (Mode, bool) {
-        let c = self.config.load(Ordering::Relaxed);
-        (Mode::decode(c & (DIAGNOSTICS - 1)), c & DIAGNOSTICS != 0)
+    pub(crate) fn config(&self) -> Config {
+        Config(self.config.load(Ordering::Relaxed))
+    }
+
+    /// Applies `f` to the mode and flag, moving to the next epoch (see [`Config`]).
+    fn reconfigure(&self, f: impl Fn(Mode, bool) -> (Mode, bool)) {
+        let _ = self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
+            let c = Config(raw);
+            let (mode, diagnostics) = f(c.mode(), c.diagnostics());
+            Some(c.changed(mode, diagnostics).0)
+        });
     }
 
     /// Changes the mode. Allocations made before keep the tracking they had (each block
     /// remembers how it was tracked), so switching is safe at any time.
     pub fn set_mode(&self, mode: Mode) {
-        let _ =
-            self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c & DIAGNOSTICS | mode.encode()));
+        self.reconfigure(|_, diagnostics| (mode, diagnostics));
+    }
+
+    /// Sets the configuration epoch (a test hook for the epoch's saturation: it starts the
+    /// counter near its limit). Not part of the API.
+    #[doc(hidden)]
+    pub fn __set_config_epoch_for_tests(&self, epoch: u64) {
+        let _ = self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
+            Some(raw & ((1 << EPOCH_SHIFT) - 1) | epoch.min(EPOCH_MAX) << EPOCH_SHIFT)
+        });
     }
 
     /// Whether diagnostic mode is on.
     pub fn diagnostics(&self) -> bool {
-        self.config().1
+        self.config().diagnostics()
     }
 
     /// Turns diagnostic mode on or off.
@@ -251,11 +318,7 @@ impl Tracker {
     /// assert!(matches!(tracker.try_dealloc(p), Err(Error::BufferOverrun { size: 8, .. })));
     /// ```
     pub fn set_diagnostics(&self, on: bool) {
-        if on {
-            self.config.fetch_or(DIAGNOSTICS, Ordering::Relaxed);
-        } else {
-            self.config.fetch_and(!DIAGNOSTICS, Ordering::Relaxed);
-        }
+        self.reconfigure(|mode, _| (mode, on));
     }
 
     /// The id of the tag named `name`, registering it if missing.
@@ -543,16 +606,25 @@ impl Tracker {
 
     // ---- records -------------------------------------------------------------------------
 
-    /// Adds a record for a block; `mode` decides whether to capture a stack.
+    /// Adds a record for a block, with a stack of `depth` frames if `depth != 0`. Returns
+    /// `false` if the record table is out of `System` memory (the block has no record then).
     #[inline]
-    pub(crate) fn add_record(&self, addr: usize, mut record: Record, depth: usize) {
+    pub(crate) fn add_record(&self, addr: usize, mut record: Record, depth: usize) -> bool {
         if depth != 0 {
             let _reentry = Reentry::enter();
             record.stack = self.stacks.intern(&StackTrace::capture(depth));
         }
-        if let Err(_) | Ok(Some(_)) = self.records.insert(addr, record) {
-            // Out of System memory, or a stale record (an external block freed without
-            // untrack): nothing better to do than carry on.
+        match self.records.insert(addr, record) {
+            Ok(None) => true,
+            Ok(Some(stale)) => {
+                // An external block freed without `untrack`, whose memory came back: count
+                // it as freed, as `try_track` does.
+                if stale.flags & FLAG_EXTERNAL != 0 {
+                    self.counters[stale.tag.index()].sub(stale.size);
+                }
+                true
+            }
+            Err(_) => false,
         }
     }
 
@@ -578,13 +650,14 @@ impl Tracker {
     }
 
     fn remember_freed(&self, addr: usize, record: Record) {
-        let free_stack = if self.diagnostics() {
+        let config = self.config();
+        let free_stack = if config.diagnostics() {
             let _reentry = Reentry::enter();
-            self.stacks.intern(&StackTrace::capture(self.mode().stack_depth().max(8)))
+            self.stacks.intern(&StackTrace::capture(config.mode().stack_depth().max(8)))
         } else {
             NO_STACK
         };
-        self.freed.push(Freed { addr, record, free_stack });
+        self.freed.push(Freed { addr, record, free_stack, epoch: config.epoch() });
     }
 
     /// Removes a block's record, applying the counters and the freed ring; a missing record
@@ -604,36 +677,71 @@ impl Tracker {
         }
     }
 
-    /// Whether the freed ring remembers `addr`.
-    pub(crate) fn recently_freed(&self, addr: usize) -> bool {
-        self.freed.find(addr).is_some()
+    /// Called after a block without a record was placed at `addr`: if the configuration
+    /// (loaded now, after the placement) keeps records, forgets `addr` in the freed ring.
+    ///
+    /// Together with the epoch rule of [`Config`] this keeps the ring truthful: a ring entry
+    /// is only trusted (see [`Tracker::decisive_double_free`]) while the epoch it was
+    /// pushed in is current, and a block without a record placed at its address since
+    /// then either saw a record-less configuration here (which, being current when the
+    /// entry was pushed or later, implies a later epoch by the time diagnostics are on)
+    /// or forgot the entry here. The load is ordered after the entry's push because the
+    /// entry is pushed before the old block goes back to the inner allocator, and the new
+    /// block came out of it.
+    #[inline]
+    pub(crate) fn placed_without_record(&self, addr: usize) {
+        if self.config().keeps_records() {
+            self.freed.forget(addr);
+        }
+    }
+
+    /// In diagnostic mode, a free of `addr`, which has no record, is a double free for sure
+    /// when the freed ring has an entry for it pushed in the current configuration epoch
+    /// (`config`, loaded at the start of the free): then no block without a record can
+    /// have been placed there since (see [`Tracker::placed_without_record`]). Reports it
+    /// and returns `true`; the caller must then leave the memory alone. Otherwise returns
+    /// `false`, and the caller decides from the block's header, as outside diagnostic mode.
+    #[cold]
+    pub(crate) fn decisive_double_free(&self, addr: usize, config: Config) -> bool {
+        match self.freed.find(addr) {
+            Some(first) if first.epoch == config.epoch() && config.epoch() != EPOCH_MAX => {
+                let _ = self.double_free(addr, first);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Reports a free of an address with no record; returns the error.
     #[cold]
     #[inline(never)]
     pub(crate) fn bad_free(&self, addr: usize) -> Error {
-        let _reentry = Reentry::enter();
         match self.freed.find(addr) {
-            Some(first) => {
-                self.double_frees.fetch_add(1, Ordering::Relaxed);
-                let tag = first.record.tag;
-                match self.stacks.get(first.free_stack) {
-                    Some(stack) => log::error!(
-                        "double free of {addr:#x} ({} B, tag {tag}, allocated at {}); first freed at:\n{stack}",
-                        first.record.size,
-                        first.record.site
-                    ),
-                    None => log::error!(
-                        "double free of {addr:#x} ({} B, tag {tag}, allocated at {})",
-                        first.record.size,
-                        first.record.site
-                    ),
-                }
-                Error::DoubleFree { addr }
-            }
+            Some(first) => self.double_free(addr, first),
             None => self.untracked_free(addr),
         }
+    }
+
+    /// Reports a double free of `addr`, first freed as `first`; returns the error.
+    #[cold]
+    #[inline(never)]
+    fn double_free(&self, addr: usize, first: Freed) -> Error {
+        let _reentry = Reentry::enter();
+        self.double_frees.fetch_add(1, Ordering::Relaxed);
+        let tag = first.record.tag;
+        match self.stacks.get(first.free_stack) {
+            Some(stack) => log::error!(
+                "double free of {addr:#x} ({} B, tag {tag}, allocated at {}); first freed at:\n{stack}",
+                first.record.size,
+                first.record.site
+            ),
+            None => log::error!(
+                "double free of {addr:#x} ({} B, tag {tag}, allocated at {})",
+                first.record.size,
+                first.record.site
+            ),
+        }
+        Error::DoubleFree { addr }
     }
 
     #[cold]
@@ -768,7 +876,8 @@ impl Tracker {
     #[track_caller]
     pub fn try_alloc(&self, layout: Layout, tag: TagId) -> Result<NonNull<u8>, Error> {
         let site = Location::caller();
-        let guarded = self.diagnostics();
+        let config = self.config();
+        let guarded = config.diagnostics();
         let Some(block) = block::block_layout(layout, guarded) else {
             return Err(Error::UnsupportedAlignment { align: layout.align(), max: 1 << 20 });
         };
@@ -789,7 +898,13 @@ impl Tracker {
         // `block_layout(layout, guarded)`.
         let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, hflags, layout.size())) };
         let record = Record { size: layout.size(), tag, flags: rflags, site, stack: NO_STACK };
-        self.add_record(user as usize, record, self.mode().stack_depth());
+        if !self.add_record(user as usize, record, config.mode().stack_depth()) {
+            // Without a record `try_dealloc` could not free it: give it back now.
+            self.counters[tag.index()].sub(layout.size());
+            // SAFETY: `base` came from `System.alloc(block.outer)` above and is unused.
+            unsafe { System.dealloc(base, block.outer) };
+            return Err(Error::OutOfMemory { requested: block.outer.size(), available: 0 });
+        }
         if self.counters[tag.index()].watch.load(Ordering::Relaxed) {
             self.watch_event("alloc", tag, layout.size(), Some(user as usize), Some(site));
         }
