@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use mmobject::track::{scope, BudgetPolicy, Mode, Tag, TagStats, Tracker, TrackingAllocator};
+use mmobject::{MMObject, ObjectManager};
 
 #[global_allocator]
 static ALLOC: TrackingAllocator<System> = TrackingAllocator::new(System);
@@ -59,6 +60,7 @@ fn global_allocator_attributes_and_balances() {
     watch_logs_from_inside_the_allocator();
     records_mode_leak_report();
     diagnostics_catch_overruns_and_double_frees();
+    objects_and_the_allocator_count_each_byte_once();
     totals_balance();
 }
 
@@ -255,9 +257,62 @@ fn diagnostics_catch_overruns_and_double_frees() {
 }
 
 fn totals_balance() {
-    for tag in [&TEXTURES, &MESHES, &STRINGS, &MAPS, &LIMITED, &LOGGED, &CALLBACK_TAG].into_iter().chain(&THREADS) {
+    for tag in [&TEXTURES, &MESHES, &STRINGS, &MAPS, &LIMITED, &LOGGED, &CALLBACK_TAG, &OBJECT_TEXTURES]
+        .into_iter()
+        .chain(&THREADS)
+    {
         let st = stats(tag);
         assert_eq!((st.bytes, st.count), (0, 0), "{st:?}");
         assert!(st.total_count > 0, "{} was used", st.name);
     }
+}
+
+#[derive(MMObject)]
+#[mm(tag = "global-ObjectTextures")]
+struct Texture {
+    pixels: Vec<u8>,
+}
+
+static OBJECT_TEXTURES: Tag = Tag::new("global-ObjectTextures");
+
+/// Issue 11: with the tracker as the global allocator and the same tracker given to the
+/// object manager, an object's heap bytes were counted by both (1 MiB of pixels showed as
+/// 2 MiB, and budgets tripped at half the real use). The rule: the allocator counts every
+/// heap byte, once, under the tag in scope (`create_with` builds under the object's tag);
+/// the manager adds nothing. A texture whose pixels are freed before it dies, and one that
+/// grows, end at exactly zero, with no refusal under a budget the real use fits.
+fn objects_and_the_allocator_count_each_byte_once() {
+    let t = Tracker::global();
+    assert!(t.counts_allocations());
+    let kib = if cfg!(miri) { 1 } else { 256 };
+    t.set_budget(&OBJECT_TEXTURES, (3 * kib) << 10);
+    t.set_budget_policy(&OBJECT_TEXTURES, BudgetPolicy::Error);
+    let mut mm = ObjectManager::builder().tracker(t).report_leaks(false).build();
+    mm.reserve::<Texture>(4); // slot segments, counted under the tag in scope now
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, 0);
+
+    let a = mm.create_with(|| Texture { pixels: vec![1; kib << 10] });
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, kib << 10, "counted once, under the object's tag");
+    let b_pixels = scope(&OBJECT_TEXTURES, || vec![2u8; kib << 10]);
+    let b = match mm.try_create(Texture { pixels: b_pixels }) {
+        Ok(b) => b,
+        Err(refused) => panic!("2 of a 3 budget must not be refused: {}", refused.error),
+    };
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, (2 * kib) << 10, "not 4: nothing counted twice");
+
+    // Pixels freed before the texture dies: the allocator sees the free.
+    mm.get_mut(&a).pixels = Vec::new();
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, kib << 10);
+    // A texture that grows: `realloc` keeps the block's tag, wherever it runs.
+    mm.get_mut(&b).pixels.resize((2 * kib) << 10, 3);
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, (2 * kib) << 10);
+    assert_eq!(mm.remeasure(&b), std::mem::size_of::<Texture>() + ((2 * kib) << 10));
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, (2 * kib) << 10, "re-measuring adds nothing here");
+
+    drop((a, b));
+    mm.collect_garbage();
+    let st = stats(&OBJECT_TEXTURES);
+    assert_eq!((st.bytes, st.count), (0, 0), "{st:?}");
+    drop(mm);
+    t.clear_budget(&OBJECT_TEXTURES);
 }

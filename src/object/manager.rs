@@ -297,7 +297,7 @@ impl ObjectManager {
     }
 
     #[inline]
-    fn store<T: MMObject>(&self) -> Option<&Store<T>> {
+    pub(crate) fn store<T: MMObject>(&self) -> Option<&Store<T>> {
         let index = self.store_index_of(TypeId::of::<T>())?;
         self.store_at::<T>(index)
     }

@@ -49,6 +49,40 @@
 //!   [`LeakReport`] (live allocations by call stack), and the CSV timeline
 //!   ([`Tracker::frame_mark`], [`Tracker::write_csv`]).
 //!
+//! # Objects and the global allocator
+//!
+//! Given a tracker ([`ObjectManagerBuilder::tracker`](crate::ObjectManagerBuilder::tracker)),
+//! the object manager counts each type's bytes under its `#[mm(tag)]`, and each byte is
+//! counted once:
+//!
+//! - **Tracker alone.** The manager charges an object's `size()` when it is created,
+//!   remembers the amount per object, and credits exactly that amount when the object is
+//!   destroyed: every tag returns to its starting value once its objects are gone. An
+//!   object whose size changed is brought up to date with
+//!   [`ObjectManager::remeasure`](crate::ObjectManager::remeasure) or
+//!   [`remeasure_all`](crate::ObjectManager::remeasure_all) (one `size()` call per
+//!   object).
+//! - **Tracker fed by a [`TrackingAllocator`]** ([`Tracker::counts_allocations`]). The
+//!   allocator counts every heap byte, once, under the tag in scope when it was allocated,
+//!   and a `realloc` keeps its block's tag; the manager then charges nothing of its own.
+//!   Build objects inside their tag's scope to have their heap bytes under it:
+//!   [`ObjectManager::create_with`](crate::ObjectManager::create_with) does that. Growth
+//!   and frees while the object lives are exact with no re-measuring.
+//!
+//! # File and line in release builds
+//!
+//! Stacks are resolved from debug info, so a release build without it shows function
+//! names only. Line tables are enough, and cost no speed:
+//!
+//! ```toml
+//! [profile.release]
+//! debug = "line-tables-only"
+//! ```
+//!
+//! (or `CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo build --release`). Stripping
+//! (`strip = true` / `"debuginfo"`) removes them again. This crate's own examples are
+//! built that way.
+//!
 //! # Performance characteristics
 //!
 //! - Counting: a 16-byte header per block (its tag), and the allocating thread's own counter

@@ -122,6 +122,11 @@ impl ThreadSlots {
         None
     }
 
+    /// Whether any thread got a slot (slots are taken in order, so the first is set then).
+    pub(crate) fn used(&self) -> bool {
+        !self.slots[0].load(Ordering::Relaxed).is_null()
+    }
+
     /// Calls `f` on every allocated slot.
     pub(crate) fn for_each(&self, mut f: impl FnMut(&ThreadSlot)) {
         for cell in &self.slots {

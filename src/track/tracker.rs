@@ -4,17 +4,19 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt;
 use std::panic::Location;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
-use super::budget::{BudgetOverrun, BudgetPolicy, PolicyTable};
+#[cfg(test)]
+use super::budget::{BudgetOverrun, BudgetPolicy};
+use super::budget::{Charger, PolicyTable};
 use super::record::{
     Freed, FreedRing, Record, RecordTable, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC, FLAG_GUARDED,
     FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC,
 };
 use super::scope::Reentry;
 use super::stack_trace::{StackStore, StackTrace, NO_STACK};
-use super::stats::{TagCounters, TagStats, NO_BUDGET};
+use super::stats::{TagCounters, TagStats};
 use super::table::SpinLock;
 use super::tag::{self, TagId, MAX_TAGS};
 use super::thread_stats::ThreadSlots;
@@ -135,7 +137,10 @@ pub struct Tracker {
     pub(crate) records: RecordTable,
     pub(crate) stacks: StackStore,
     freed: FreedRing,
-    policies: SpinLock<PolicyTable>,
+    pub(super) policies: SpinLock<PolicyTable>,
+    /// Set once a `TrackingAllocator` counted an allocation here on the shared path (the
+    /// per-thread path shows in `threads` instead); see [`Tracker::counts_allocations`].
+    fed: AtomicBool,
     untracked_frees: AtomicUsize,
     double_frees: AtomicUsize,
     buffer_overruns: AtomicUsize,
@@ -231,6 +236,7 @@ impl Tracker {
             stacks: StackStore::new(),
             freed: FreedRing::new(),
             policies: SpinLock::new(PolicyTable::new()),
+            fed: AtomicBool::new(false),
             untracked_frees: AtomicUsize::new(0),
             double_frees: AtomicUsize::new(0),
             buffer_overruns: AtomicUsize::new(0),
@@ -351,63 +357,6 @@ impl Tracker {
         tag::register(name)
     }
 
-    /// Sets a tag's budget in bytes. Going over applies the tag's [`BudgetPolicy`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use mmobject::track::{Tag, Tracker};
-    ///
-    /// static AUDIO: Tag = Tag::new("Audio");
-    /// let tracker = Tracker::new();
-    /// tracker.set_budget(&AUDIO, 1 << 20);
-    /// assert_eq!(tracker.budget(&AUDIO), Some(1 << 20));
-    /// tracker.clear_budget(&AUDIO);
-    /// assert_eq!(tracker.budget(&AUDIO), None);
-    /// ```
-    pub fn set_budget(&self, tag: impl Into<TagId>, bytes: usize) {
-        let tag = tag.into();
-        let c = &self.counters[tag.index()];
-        c.budget.store(bytes.min(NO_BUDGET - 1), Ordering::Relaxed);
-        c.warned.store(false, Ordering::Relaxed);
-        self.update_slow(tag);
-    }
-
-    /// Budgeted or watched tags take the exact (shared-counter) path in the allocator.
-    fn update_slow(&self, tag: TagId) {
-        let c = &self.counters[tag.index()];
-        let slow = c.budget.load(Ordering::Relaxed) != NO_BUDGET || c.watch.load(Ordering::Relaxed);
-        c.slow.store(slow, Ordering::Relaxed);
-    }
-
-    /// Removes a tag's budget.
-    pub fn clear_budget(&self, tag: impl Into<TagId>) {
-        let tag = tag.into();
-        self.counters[tag.index()].budget.store(NO_BUDGET, Ordering::Relaxed);
-        self.update_slow(tag);
-    }
-
-    /// A tag's budget, if set.
-    pub fn budget(&self, tag: impl Into<TagId>) -> Option<usize> {
-        let b = self.counters[tag.into().index()].budget.load(Ordering::Relaxed);
-        (b != NO_BUDGET).then_some(b)
-    }
-
-    /// Sets what happens when this tag goes over its budget.
-    pub fn set_budget_policy(&self, tag: impl Into<TagId>, policy: BudgetPolicy) {
-        self.policies.lock().per_tag[tag.into().index()] = Some(policy);
-    }
-
-    /// Sets the policy for tags without their own (initially [`BudgetPolicy::Log`]).
-    pub fn set_default_budget_policy(&self, policy: BudgetPolicy) {
-        self.policies.lock().default = policy;
-    }
-
-    /// The policy that applies to `tag`.
-    pub fn budget_policy(&self, tag: impl Into<TagId>) -> BudgetPolicy {
-        self.policies.lock().policy(tag.into())
-    }
-
     /// Logs (`log::debug!`) each allocation and free of `tag`: size, address and site.
     ///
     /// # Examples
@@ -428,117 +377,6 @@ impl Tracker {
 
     // ---- counting ----------------------------------------------------------------------
 
-    /// Counts an allocation of `bytes` under `tag`, applying the tag's budget policy.
-    ///
-    /// This is the object manager's hook: it charges each object's size to its type's tag.
-    /// Policies: `Error` → `Err` and nothing counted; `Log` → warning and `Ok`; `Callback`
-    /// → call and `Ok`; `Panic` → panic.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::BudgetExceeded`] if the allocation would take the tag over its budget and
-    /// its policy is [`BudgetPolicy::Error`].
-    ///
-    /// # Panics
-    ///
-    /// If the tag goes over budget and its policy is [`BudgetPolicy::Panic`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use mmobject::track::{Tracker, BudgetPolicy};
-    ///
-    /// let tracker = Tracker::new();
-    /// let tag = tracker.tag_named("Entities");
-    /// tracker.set_budget(tag, 100);
-    /// tracker.set_budget_policy(tag, BudgetPolicy::Error);
-    /// assert!(tracker.try_charge(tag, 60).is_ok());
-    /// assert!(tracker.try_charge(tag, 60).is_err());
-    /// assert_eq!(tracker.tag_stats(tag).bytes, 60);
-    /// tracker.credit(tag, 60);
-    /// ```
-    #[inline]
-    pub fn try_charge(&self, tag: TagId, bytes: usize) -> Result<(), Error> {
-        self.charge_counters(tag, bytes, false)?;
-        if self.counters[tag.index()].watch.load(Ordering::Relaxed) {
-            self.watch_event("charge", tag, bytes, None, None);
-        }
-        Ok(())
-    }
-
-    /// Counts an allocation of `bytes` under `tag`, like [`Tracker::try_charge`].
-    ///
-    /// # Panics
-    ///
-    /// With the [`Error::BudgetExceeded`] message if the tag goes over budget and its policy
-    /// is [`BudgetPolicy::Error`] or [`BudgetPolicy::Panic`].
-    pub fn charge(&self, tag: TagId, bytes: usize) {
-        if let Err(e) = self.try_charge(tag, bytes) {
-            panic!("{e}");
-        }
-    }
-
-    /// Counts the free of `bytes` previously charged to `tag`.
-    #[inline]
-    pub fn credit(&self, tag: TagId, bytes: usize) {
-        let c = &self.counters[tag.index()];
-        c.sub(bytes);
-        if c.watch.load(Ordering::Relaxed) {
-            self.watch_event("credit", tag, bytes, None, None);
-        }
-    }
-
-    /// Budget check plus counter update. `in_allocator`: a `Panic` policy aborts instead.
-    #[inline]
-    pub(crate) fn charge_counters(&self, tag: TagId, bytes: usize, in_allocator: bool) -> Result<(), Error> {
-        let c = &self.counters[tag.index()];
-        let budget = c.budget.load(Ordering::Relaxed);
-        if budget != NO_BUDGET {
-            let pending = self.threads.pending(tag.index()).0;
-            let current = (c.bytes.load(Ordering::Relaxed) as isize).wrapping_add(pending).max(0) as usize;
-            if current.saturating_add(bytes) > budget {
-                self.over_budget(tag, budget, current, bytes, in_allocator)?;
-            }
-        }
-        c.add(bytes);
-        Ok(())
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn over_budget(
-        &self,
-        tag: TagId,
-        budget: usize,
-        current: usize,
-        requested: usize,
-        in_allocator: bool,
-    ) -> Result<(), Error> {
-        let _reentry = Reentry::enter();
-        let policy = self.policies.lock().policy(tag);
-        let overrun = BudgetOverrun { tag, name: tag.name(), budget, current, requested };
-        match policy {
-            BudgetPolicy::Log => {
-                if !self.counters[tag.index()].warned.swap(true, Ordering::Relaxed) {
-                    log::warn!("{overrun}");
-                }
-                Ok(())
-            }
-            BudgetPolicy::Callback(f) => {
-                f(&overrun);
-                Ok(())
-            }
-            BudgetPolicy::Error => Err(overrun.to_error()),
-            BudgetPolicy::Panic => {
-                if in_allocator {
-                    log::error!("{overrun}; aborting (the global allocator cannot unwind)");
-                    std::process::abort();
-                }
-                panic!("{}", overrun.to_error())
-            }
-        }
-    }
-
     /// Counts an allocation made by a `TrackingAllocator`: in this thread's slot when the
     /// tag has no budget and no watch, else through [`Tracker::charge_counters`]. Returns
     /// whether the tag is watched.
@@ -553,7 +391,10 @@ impl Tracker {
                 return Ok(false);
             }
         }
-        self.charge_counters(tag, bytes, true)?;
+        if !self.fed.load(Ordering::Relaxed) {
+            self.fed.store(true, Ordering::Relaxed);
+        }
+        self.charge_counters(tag, bytes, Charger::Allocator)?;
         Ok(c.watch.load(Ordering::Relaxed))
     }
 
@@ -797,7 +638,7 @@ impl Tracker {
     #[track_caller]
     pub fn try_track(&self, ptr: *const u8, size: usize, tag: TagId) -> Result<(), Error> {
         let site = Location::caller();
-        self.charge_counters(tag, size, false)?;
+        self.charge_counters(tag, size, Charger::Policy)?;
         let depth = self.mode().stack_depth();
         let stack = if depth == 0 {
             NO_STACK
@@ -881,7 +722,7 @@ impl Tracker {
         let Some(block) = block::block_layout(layout, guarded) else {
             return Err(Error::UnsupportedAlignment { align: layout.align(), max: 1 << 20 });
         };
-        self.charge_counters(tag, layout.size(), false)?;
+        self.charge_counters(tag, layout.size(), Charger::Policy)?;
         // SAFETY: `block.outer` has a non-zero size (it includes the 16-byte header).
         let base = unsafe { System.alloc(block.outer) };
         if base.is_null() {
@@ -991,6 +832,30 @@ impl Tracker {
                 self.counters[i].snapshot(tag, names[i], self.pending(tag))
             })
             .collect()
+    }
+
+    /// Whether a [`TrackingAllocator`](super::TrackingAllocator) reports into this tracker
+    /// (it has counted at least one allocation here).
+    ///
+    /// The object manager reads it to count each byte once: heap bytes are then counted by
+    /// the allocator, and the manager adds none of its own (see
+    /// [Objects and the global allocator](super#objects-and-the-global-allocator)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{Tracker, TrackingAllocator};
+    /// use std::alloc::{GlobalAlloc, Layout, System};
+    ///
+    /// static TRACKER: Tracker = Tracker::new();
+    /// assert!(!TRACKER.counts_allocations());
+    /// let alloc = TrackingAllocator::with_tracker(System, &TRACKER);
+    /// // SAFETY (of the example): a non-zero layout, freed once with it.
+    /// unsafe { alloc.dealloc(alloc.alloc(Layout::new::<u64>()), Layout::new::<u64>()) };
+    /// assert!(TRACKER.counts_allocations());
+    /// ```
+    pub fn counts_allocations(&self) -> bool {
+        self.fed.load(Ordering::Relaxed) || self.threads.used()
     }
 
     /// Bytes the tracker's own tables hold (from [`System`], never tracked).
