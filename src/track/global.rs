@@ -107,16 +107,16 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             None => (0, false, 0, false),
             Some(_) => {
                 let config = t.config();
-                let (mode, diag) = (config.mode(), config.diagnostics());
-                let record = config.keeps_records();
+                let diag = config.diagnostics();
+                let records = config.records(layout.size());
                 let mut f = H_COUNTED;
-                if record {
+                if records.is_some() {
                     f |= H_RECORD;
                 }
                 if diag {
                     f |= H_GUARDED;
                 }
-                (f, diag, mode.stack_depth(), record)
+                (f, diag, records.unwrap_or(0), records.is_some())
             }
         };
         let Some(block) = block::block_layout(layout, guarded) else {
@@ -188,7 +188,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, None, false) };
         };
-        if self.tracker.config().keeps_records() || layout.align() > HEADER {
+        let config = self.tracker.config();
+        if config.keeps_records() || layout.align() > HEADER || config.may_sample(layout.size()) {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, Some(tag), false) };
         }
@@ -431,6 +432,32 @@ mod tests {
         static TAG: Tag = Tag::new("global-unit-records");
         roundtrip(&T_REC, &TAG);
         assert_eq!(T_REC.live_records(), 0);
+    }
+
+    #[test]
+    fn sampled_mode_records_by_size() {
+        use crate::track::Sampling;
+        static T_SAMPLED: Tracker = Tracker::with_mode(Mode::Sampled(Sampling::new(0, 256, 4096, 4)));
+        static TAG: Tag = Tag::new("global-unit-sampled");
+        let a = TrackingAllocator::with_tracker(System, &T_SAMPLED);
+        let _g = TAG.enter();
+        let mut blocks = Vec::new();
+        for size in [64usize, 300, 5000] {
+            let l = Layout::from_size_align(size, 8).unwrap();
+            for _ in 0..8 {
+                // SAFETY: a non-zero layout; freed below with it.
+                blocks.push((unsafe { a.alloc(l) }, l));
+            }
+        }
+        // None of the 64-B blocks, 2 in 8 of the 300-B ones, all 5000-B ones.
+        assert_eq!(T_SAMPLED.live_records(), 2 + 8);
+        assert_eq!(T_SAMPLED.tag_stats(&TAG).count, 24);
+        for (p, l) in blocks {
+            // SAFETY: each block is live, from `a`, with `l`, freed once.
+            unsafe { a.dealloc(p, l) };
+        }
+        assert_eq!(T_SAMPLED.live_records(), 0);
+        assert_eq!((T_SAMPLED.tag_stats(&TAG).bytes, T_SAMPLED.tag_stats(&TAG).count), (0, 0));
     }
 
     #[test]

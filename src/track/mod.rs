@@ -117,6 +117,7 @@
 mod block;
 mod budget;
 mod global;
+mod mode;
 mod record;
 mod report;
 mod scope;
@@ -130,9 +131,10 @@ mod tracker;
 
 pub use budget::{BudgetOverrun, BudgetPolicy};
 pub use global::TrackingAllocator;
+pub use mode::{Mode, Sampling};
 pub use report::{LeakGroup, LeakReport, MemoryReport};
 pub use scope::{current_tag, scope, scope_id, TagGuard};
 pub use stack_trace::{ResolvedFrame, StackTrace, MAX_STACK_DEPTH};
 pub use stats::TagStats;
 pub use tag::{Tag, TagId, MAX_TAGS};
-pub use tracker::{ErrorCounts, Mode, Tracker};
+pub use tracker::{ErrorCounts, Tracker};

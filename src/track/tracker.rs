@@ -10,6 +10,7 @@ use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 #[cfg(test)]
 use super::budget::{BudgetOverrun, BudgetPolicy};
 use super::budget::{Charger, PolicyTable};
+use super::mode::{Config, Mode, EPOCH_MAX, EPOCH_SHIFT};
 use super::record::{
     Freed, FreedRing, Record, RecordTable, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC, FLAG_GUARDED,
     FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC,
@@ -22,74 +23,6 @@ use super::tag::{self, TagId, MAX_TAGS};
 use super::thread_stats::ThreadSlots;
 use super::timeline::Timeline;
 use crate::Error;
-
-/// How much the tracker records per allocation.
-///
-/// # Examples
-///
-/// ```
-/// use mmobject::track::{Mode, Tracker};
-///
-/// let tracker = Tracker::with_mode(Mode::Stacks { depth: 5 });
-/// assert_eq!(tracker.mode(), Mode::Stacks { depth: 5 });
-/// tracker.set_mode(Mode::Counting);
-/// assert_eq!(tracker.mode(), Mode::Counting);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub enum Mode {
-    /// Per-tag counters only: the cheapest mode.
-    Counting,
-    /// Counters plus one record per live allocation: size, tag and creation site.
-    Records,
-    /// Records plus `depth` raw return addresses per allocation (clamped to
-    /// [`MAX_STACK_DEPTH`](super::MAX_STACK_DEPTH)).
-    Stacks {
-        /// Frames to keep.
-        depth: usize,
-    },
-}
-
-impl Mode {
-    const fn encode(self) -> usize {
-        match self {
-            Mode::Counting => 0,
-            Mode::Records => 1,
-            Mode::Stacks { depth } => 2 + if depth > super::MAX_STACK_DEPTH { super::MAX_STACK_DEPTH } else { depth },
-        }
-    }
-
-    const fn decode(raw: usize) -> Mode {
-        match raw {
-            0 => Mode::Counting,
-            1 => Mode::Records,
-            n => Mode::Stacks { depth: n - 2 },
-        }
-    }
-
-    /// Whether this mode keeps a record per allocation.
-    pub const fn keeps_records(self) -> bool {
-        !matches!(self, Mode::Counting)
-    }
-
-    /// Stack frames kept per allocation (0 unless `Stacks`).
-    pub const fn stack_depth(self) -> usize {
-        match self {
-            Mode::Stacks { depth } => depth,
-            _ => 0,
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Mode::Counting => f.write_str("counting"),
-            Mode::Records => f.write_str("records"),
-            Mode::Stacks { depth } => write!(f, "stacks (depth {depth})"),
-        }
-    }
-}
 
 /// Counts of bad frees and overruns the tracker has seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -148,60 +81,6 @@ pub struct Tracker {
 }
 
 static GLOBAL: Tracker = Tracker::new();
-
-/// One load of `Tracker::config`: the mode, the diagnostics flag, and the configuration
-/// epoch, packed in a `u64` so the three are always read together.
-///
-/// Bits 0..16 hold `Mode::encode`, bit 16 the diagnostics flag, bits 17..64 the epoch.
-///
-/// Invariant (what makes the freed ring safe to trust, see `Tracker::decisive_double_free`):
-/// every change of the mode or of the diagnostics flag adds one to the epoch, so two loads
-/// with equal epochs saw the same mode and flag. The epoch saturates at `EPOCH_MAX` instead
-/// of wrapping; from then on no ring entry is trusted (frees fall back to the header check).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Config(u64);
-
-/// The diagnostic-mode bit of a [`Config`].
-const DIAGNOSTICS: u64 = 1 << 16;
-/// The epoch's lowest bit in a [`Config`].
-const EPOCH_SHIFT: u32 = 17;
-/// The largest epoch; it saturates there.
-pub(crate) const EPOCH_MAX: u64 = u64::MAX >> EPOCH_SHIFT;
-
-impl Config {
-    const fn new(mode: Mode, diagnostics: bool) -> Config {
-        Config(mode.encode() as u64 | if diagnostics { DIAGNOSTICS } else { 0 })
-    }
-
-    #[inline]
-    pub(crate) const fn mode(self) -> Mode {
-        Mode::decode((self.0 & (DIAGNOSTICS - 1)) as usize)
-    }
-
-    #[inline]
-    pub(crate) const fn diagnostics(self) -> bool {
-        self.0 & DIAGNOSTICS != 0
-    }
-
-    /// The configuration epoch (see the type's invariant).
-    #[inline]
-    pub(crate) const fn epoch(self) -> u64 {
-        self.0 >> EPOCH_SHIFT
-    }
-
-    /// Whether blocks placed under this configuration get a record (tagged blocks do in
-    /// `Records`/`Stacks` mode, and in diagnostic mode).
-    #[inline]
-    pub(crate) const fn keeps_records(self) -> bool {
-        self.diagnostics() || self.mode().keeps_records()
-    }
-
-    /// This configuration with another mode and flag, one epoch later (saturating).
-    const fn changed(self, mode: Mode, diagnostics: bool) -> Config {
-        let epoch = if self.epoch() < EPOCH_MAX { self.epoch() + 1 } else { EPOCH_MAX };
-        Config(Config::new(mode, diagnostics).0 | epoch << EPOCH_SHIFT)
-    }
-}
 
 impl Default for Tracker {
     fn default() -> Self {
@@ -956,17 +835,6 @@ impl Tracker {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
-
-    #[test]
-    fn mode_roundtrip() {
-        for m in [Mode::Counting, Mode::Records, Mode::Stacks { depth: 0 }, Mode::Stacks { depth: 7 }] {
-            assert_eq!(Mode::decode(m.encode()), m);
-        }
-        assert_eq!(
-            Mode::decode(Mode::Stacks { depth: 1000 }.encode()),
-            Mode::Stacks { depth: super::super::MAX_STACK_DEPTH }
-        );
-    }
 
     #[test]
     fn charge_and_credit() {
