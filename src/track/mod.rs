@@ -134,7 +134,7 @@ pub use global::TrackingAllocator;
 pub use mode::{Mode, Sampling};
 pub use report::{LeakGroup, LeakReport, MemoryReport};
 pub use scope::{current_tag, scope, scope_id, TagGuard};
-pub use stack_trace::{ResolvedFrame, StackTrace, MAX_STACK_DEPTH};
+pub use stack_trace::{ResolvedFrame, StackTrace, StackWalker, MAX_STACK_DEPTH};
 pub use stats::TagStats;
 pub use tag::{Tag, TagId, MAX_TAGS};
 pub use tracker::{ErrorCounts, Tracker};
