@@ -147,7 +147,7 @@ impl StackTrace {
                 frames.push(ResolvedFrame { function: format!("{ip:#x}"), file: None, line: None });
             }
             for f in frames {
-                if skipping && is_own_frame(&f.function) {
+                if skipping && is_own_frame(&f) {
                     continue;
                 }
                 skipping = false;
@@ -306,11 +306,23 @@ mod frame_pointers {
 }
 
 /// The tracker's own frames and the allocation plumbing above the caller: skipped while
-/// they lead a stack.
-fn is_own_frame(function: &str) -> bool {
+/// they lead a stack. Known by qualified name, or by source file: builds with line tables
+/// only (`debug = "line-tables-only"`) name functions without their paths.
+fn is_own_frame(frame: &ResolvedFrame) -> bool {
     const OWN: [&str; 8] =
         ["backtrace::", "mmobject::track::", "<mmobject::track::", "__rust", "__rg_", "__rdl_", "alloc::", "<alloc::"];
-    OWN.iter().any(|p| function.starts_with(p)) || function.contains(" as alloc::")
+    let function = &frame.function;
+    if OWN.iter().any(|p| function.starts_with(p)) || function.contains(" as alloc::") {
+        return true;
+    }
+    let Some(file) = &frame.file else {
+        return false;
+    };
+    let file = file.replace('\\', "/");
+    file.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/track/"))
+        || file.contains("/library/alloc/src/")
+        || file.contains("/src/backtrace/")
+        || (file.contains("/backtrace-") && file.ends_with("/src/lib.rs"))
 }
 
 /// One resolved stack frame.
