@@ -375,6 +375,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     #[test]
     fn per_tag_overrides_default() {
@@ -390,5 +391,55 @@ mod tests {
     fn overrun_formats_as_error() {
         let o = BudgetOverrun { tag: TagId(0), name: "Untagged", budget: 10, current: 8, requested: 4 };
         assert_eq!(o.to_string(), "budget exceeded for tag 'Untagged': budget 10 bytes, 8 in use, 4 requested");
+    }
+
+    #[test]
+    fn charge_and_credit() {
+        let t = Tracker::new();
+        let tag = t.tag_named("tracker-unit-charge");
+        t.try_charge(tag, 10).unwrap();
+        t.try_charge(tag, 20).unwrap();
+        t.credit(tag, 10);
+        let s = t.tag_stats(tag);
+        assert_eq!((s.bytes, s.peak_bytes, s.count, s.peak_count), (20, 30, 1, 2));
+    }
+
+    #[test]
+    fn error_policy_counts_nothing() {
+        let t = Tracker::new();
+        let tag = t.tag_named("tracker-unit-error");
+        t.set_budget(tag, 10);
+        t.set_budget_policy(tag, BudgetPolicy::Error);
+        assert_eq!(
+            t.try_charge(tag, 11),
+            Err(Error::BudgetExceeded { tag: "tracker-unit-error", budget: 10, current: 0, requested: 11 })
+        );
+        assert_eq!(t.tag_stats(tag).count, 0);
+    }
+
+    #[test]
+    fn callback_policy_is_called() {
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        fn on_over(o: &BudgetOverrun) {
+            assert_eq!(o.requested, 5);
+            CALLS.fetch_add(1, Ordering::Relaxed);
+        }
+        let t = Tracker::new();
+        let tag = t.tag_named("tracker-unit-callback");
+        t.set_budget(tag, 4);
+        t.set_budget_policy(tag, BudgetPolicy::Callback(on_over));
+        t.try_charge(tag, 5).unwrap();
+        assert_eq!(CALLS.load(Ordering::Relaxed), 1);
+        assert_eq!(t.tag_stats(tag).bytes, 5);
+    }
+
+    #[test]
+    #[should_panic(expected = "budget exceeded for tag 'tracker-unit-panic'")]
+    fn panic_policy_panics() {
+        let t = Tracker::new();
+        let tag = t.tag_named("tracker-unit-panic");
+        t.set_budget(tag, 1);
+        t.set_budget_policy(tag, BudgetPolicy::Panic);
+        let _ = t.try_charge(tag, 2);
     }
 }

@@ -6,10 +6,11 @@ use std::fmt;
 use std::panic::Location;
 use std::ptr;
 
+use super::block::Placement;
 use super::block::{self, Header, HEADER, H_COUNTED, H_GUARDED, H_RECORD};
-use super::record::{Record, FLAG_GLOBAL_ALLOC, FLAG_GUARDED};
+use super::budget::Charger;
+use super::record::FLAG_GLOBAL_ALLOC;
 use super::scope::{allocation_tag, current_tag, in_tracker};
-use super::stack_trace::NO_STACK;
 use super::tag::TagId;
 use super::tracker::Tracker;
 
@@ -95,78 +96,44 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         self.tracker
     }
 
-    /// Allocates under `tag` (`None`: untracked, for re-entrant calls).
+    /// Allocates under `tag` (`None`: untracked, for re-entrant calls) through
+    /// [`Tracker::place`], with a record and guards as the configuration says.
     ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
     #[inline]
     unsafe fn alloc_tagged(&self, layout: Layout, tag: Option<TagId>, zeroed: bool) -> *mut u8 {
-        let t = self.tracker;
-        let (hflags, guarded, depth, record) = match tag {
-            None => (0, false, 0, false),
+        let (guarded, record) = match tag {
+            None => (false, None),
             Some(_) => {
-                let config = t.config();
-                let diag = config.diagnostics();
-                let records = config.records(layout.size());
-                let mut f = H_COUNTED;
-                if records.is_some() {
-                    f |= H_RECORD;
-                }
-                if diag {
-                    f |= H_GUARDED;
-                }
-                (f, diag, records.unwrap_or(0), records.is_some())
+                let config = self.tracker.config();
+                (config.diagnostics(), config.records(layout.size()))
             }
         };
-        let Some(block) = block::block_layout(layout, guarded) else {
-            return ptr::null_mut();
+        let how = Placement {
+            tag,
+            guarded,
+            record,
+            record_flags: FLAG_GLOBAL_ALLOC,
+            charger: Charger::Allocator,
+            site: Location::caller(),
         };
-        let mut watched = false;
-        if let Some(tag) = tag {
-            match t.count_alloc(tag, layout.size()) {
-                Ok(w) => watched = w,
-                Err(_) => return ptr::null_mut(),
+        let allocate = |outer: Layout| {
+            if zeroed {
+                // SAFETY: the outer layout has a non-zero size (it includes the header).
+                unsafe { self.inner.alloc_zeroed(outer) }
+            } else {
+                // SAFETY: as above.
+                unsafe { self.inner.alloc(outer) }
             }
-        }
-        let base = if zeroed {
-            // SAFETY: `block.outer` has a non-zero size (it includes the header).
-            unsafe { self.inner.alloc_zeroed(block.outer) }
-        } else {
-            // SAFETY: as above.
-            unsafe { self.inner.alloc(block.outer) }
         };
-        if base.is_null() {
-            if let Some(tag) = tag {
-                t.uncount(tag, layout.size(), 0);
-            }
-            return ptr::null_mut();
+        // SAFETY: `allocate` calls the inner allocator with the layout it is given, which
+        // returns a fresh block of it or null (`GlobalAlloc`'s contract).
+        match unsafe { self.tracker.place(layout, how, allocate) } {
+            Ok(placed) => placed.user,
+            Err(_) => ptr::null_mut(),
         }
-        let tag_id = tag.unwrap_or(TagId::UNTAGGED);
-        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, guarded)`.
-        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag_id.0, hflags, layout.size())) };
-        let recorded = record && {
-            let site = Location::caller();
-            let flags = FLAG_GLOBAL_ALLOC | if guarded { FLAG_GUARDED } else { 0 };
-            t.add_record(
-                user as usize,
-                Record { size: layout.size(), tag: tag_id, flags, site, stack: NO_STACK },
-                depth,
-            )
-        };
-        if !recorded {
-            if record {
-                // The record table is out of `System` memory: the block goes on without a
-                // record, and its header must say so (else its free would look double).
-                // SAFETY: `user` is the block `init` just set up.
-                unsafe { block::write_header(user, Header::new(tag_id.0, hflags & !H_RECORD, layout.size())) };
-            }
-            t.placed_without_record(user as usize);
-        }
-        if watched {
-            t.watch_event("alloc", tag_id, layout.size(), Some(user as usize), None);
-        }
-        user
     }
 }
 

@@ -38,13 +38,20 @@
 //!
 //! - [`Tag`] (a `static`), [`TagId`] (its dense id), [`scope`] / [`Tag::enter`] (the
 //!   thread-local tag stack), [`current_tag`].
-//! - [`Tracker`]: counters per tag ([`TagStats`]), budgets with a [`BudgetPolicy`],
-//!   [`Tracker::watch`], [`Mode`] (counting, records, stacks), diagnostics (guard bytes,
-//!   freed-record ring), explicit [`Tracker::track`] / [`Tracker::untrack`] and
-//!   [`Tracker::alloc`] / [`Tracker::dealloc`], and the object manager's hooks
-//!   [`Tracker::tag_named`], [`Tracker::try_charge`] and [`Tracker::credit`].
+//! - [`Tracker`] (`tracker.rs`): counters per tag ([`TagStats`]), [`Mode`] (counting,
+//!   records, stacks, [`Sampling`]), [`Tracker::watch`], the object manager's hooks
+//!   [`Tracker::tag_named`] and [`Tracker::counts_allocations`].
+//! - Budgets (`budget.rs`): [`Tracker::set_budget`], a [`BudgetPolicy`] per tag, and the one
+//!   budget check every charge goes through ([`Tracker::try_charge`], the object manager,
+//!   the allocator).
+//! - Diagnostics (`diagnostics.rs`): guard bytes, the freed-record ring, bad frees
+//!   ([`ErrorCounts`], [`Tracker::check_guards`]).
+//! - The explicit API (`explicit.rs`): [`Tracker::track`] / [`Tracker::untrack`] and
+//!   [`Tracker::alloc`] / [`Tracker::dealloc`]; its blocks are placed by the same function as
+//!   the global allocator's (`block.rs`).
 //! - [`TrackingAllocator`]: the `#[global_allocator]` wrapper.
-//! - [`StackTrace`]: raw return addresses, resolved only when displayed.
+//! - [`StackTrace`]: raw return addresses (by frame pointers or DWARF unwinding, see
+//!   [`StackWalker`]), resolved only when displayed.
 //! - Reports: [`MemoryReport`] (text table, JSON with the `serde` feature),
 //!   [`LeakReport`] (live allocations by call stack), and the CSV timeline
 //!   ([`Tracker::frame_mark`], [`Tracker::write_csv`]).
@@ -95,7 +102,11 @@
 //! Measured overheads are in `BENCHMARKS.md`. Peaks of tags counted through the per-thread
 //! slots are sampled (at flushes, snapshots and frame marks), so they can miss a short spike
 //! of under 64 KiB per thread.
-//! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern.
+//! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern. The walk follows
+//!   frame pointers when the build keeps them (`-C force-frame-pointers=yes`), else it
+//!   unwinds with DWARF (about 10× slower).
+//! - Sampled: counting's cost below the sampling size; records and stacks for one in N
+//!   middle-sized allocations and every large one.
 //! - Diagnostics: plus 32 guard bytes per block, a free stack and a ring entry per free.
 //!
 //! # Safety and correctness
@@ -116,6 +127,8 @@
 
 mod block;
 mod budget;
+mod diagnostics;
+mod explicit;
 mod global;
 mod mode;
 mod record;
@@ -130,6 +143,7 @@ mod timeline;
 mod tracker;
 
 pub use budget::{BudgetOverrun, BudgetPolicy};
+pub use diagnostics::ErrorCounts;
 pub use global::TrackingAllocator;
 pub use mode::{Mode, Sampling};
 pub use report::{LeakGroup, LeakReport, MemoryReport};
@@ -137,4 +151,4 @@ pub use scope::{current_tag, scope, scope_id, TagGuard};
 pub use stack_trace::{ResolvedFrame, StackTrace, StackWalker, MAX_STACK_DEPTH};
 pub use stats::TagStats;
 pub use tag::{Tag, TagId, MAX_TAGS};
-pub use tracker::{ErrorCounts, Tracker};
+pub use tracker::Tracker;
