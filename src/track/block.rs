@@ -294,10 +294,13 @@ impl Tracker {
         // SAFETY: `base` is a fresh block of `block.outer` (the caller's contract for
         // `allocate`), which came from `block_layout(layout, how.guarded)`.
         let user = unsafe { init(base, block, size, Header::new(tag.0, hflags, size)) };
-        let recorded = how.record.is_some_and(|depth| {
-            let flags = how.record_flags | if how.guarded { FLAG_GUARDED } else { 0 };
-            self.add_record(user as usize, Record { size, tag, flags, site: how.site, stack: NO_STACK }, depth)
-        });
+        let recorded = match how.record {
+            Some(depth) => {
+                let flags = how.record_flags | if how.guarded { FLAG_GUARDED } else { 0 };
+                self.add_record(user as usize, Record { size, tag, flags, site: how.site, stack: NO_STACK }, depth)
+            }
+            None => false,
+        };
         if !recorded {
             if how.record.is_some() {
                 // SAFETY: `user` is the block `init` just set up.

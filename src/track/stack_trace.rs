@@ -213,11 +213,14 @@ mod frame_pointers {
         // `walk` finds nothing elsewhere, so `n < 4` returned above.)
         unsafe { backtrace::trace_unsynchronized(&mut on_frame) };
         // `walked[0]` is the return address into `probe` from `walk`; the unwinder sees
-        // `probe` at its call to the tracer instead. From `probe`'s caller up they agree.
+        // `probe` at its call to the tracer instead, a few bytes away. From `probe`'s caller
+        // up they must agree frame for frame. (Without frame pointers, the walk would start
+        // further up, at the nearest caller that keeps them: `walked[0]` would not be in
+        // `probe`.)
         let Some(j) = unwound[..m].iter().position(|&ip| ip == walked[1]) else {
             return false;
         };
-        unwound[j..m].len() >= 3 && unwound[j..j + 3] == walked[1..4]
+        j >= 1 && unwound[j - 1].abs_diff(walked[0]) < 512 && m - j >= 3 && unwound[j..j + 3] == walked[1..4]
     }
 
     /// Fills `out` with return addresses by following saved frame pointers from the
@@ -309,8 +312,18 @@ mod frame_pointers {
 /// they lead a stack. Known by qualified name, or by source file: builds with line tables
 /// only (`debug = "line-tables-only"`) name functions without their paths.
 fn is_own_frame(frame: &ResolvedFrame) -> bool {
-    const OWN: [&str; 8] =
-        ["backtrace::", "mmobject::track::", "<mmobject::track::", "__rust", "__rg_", "__rdl_", "alloc::", "<alloc::"];
+    const OWN: [&str; 10] = [
+        "backtrace::",
+        "mmobject::track::",
+        "<mmobject::track::",
+        "__rust",
+        "__rg_",
+        "__rdl_",
+        "alloc::",
+        "<alloc::",
+        "core::option::",
+        "core::result::",
+    ];
     let function = &frame.function;
     if OWN.iter().any(|p| function.starts_with(p)) || function.contains(" as alloc::") {
         return true;
