@@ -102,7 +102,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
-    #[inline]
+    // Out of line: inlined, its frame (records, stacks, guards) would weigh on the counting
+    // fast path of `alloc` that shares the function.
+    #[inline(never)]
     unsafe fn alloc_tagged(&self, layout: Layout, tag: Option<TagId>, zeroed: bool) -> *mut u8 {
         let (guarded, record) = match tag {
             None => (false, None),

@@ -69,6 +69,20 @@ impl ThreadSlots {
         Self { id: AtomicU64::new(0), slots: [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SLOTS] }
     }
 
+    /// This thread's slot if it is cached (the fast path: one load and one thread-local
+    /// read); `None` sends the caller to [`ThreadSlots::slot`].
+    #[inline(always)]
+    pub(crate) fn cached_slot(&self) -> Option<&ThreadSlot> {
+        let id = self.id.load(Ordering::Relaxed);
+        let (cached_id, p) = CACHE.try_with(Cell::get).ok()?;
+        if cached_id == id && id != 0 && !p.is_null() {
+            // SAFETY: the cache holds a slot of the tracker with this unique id, which is
+            // alive (we borrow it); its slots live as long as it does.
+            return Some(unsafe { &*p });
+        }
+        None
+    }
+
     /// This thread's slot, if it has or can get one.
     #[inline]
     pub(crate) fn slot(&self) -> Option<&ThreadSlot> {
@@ -186,7 +200,7 @@ impl fmt::Debug for ThreadSlots {
 
 impl ThreadSlot {
     /// Counts one allocation of `bytes`; returns whether the deltas should be flushed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alloc(&self, tag: usize, bytes: isize) -> bool {
         // Only the owner stores (type invariant), so load + store loses nothing.
         let d = &self.tags[tag];
@@ -200,7 +214,7 @@ impl ThreadSlot {
     }
 
     /// Counts one free of `bytes`; returns whether the deltas should be flushed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn free(&self, tag: usize, bytes: isize) -> bool {
         // Only the owner stores (type invariant), so load + store loses nothing.
         let d = &self.tags[tag];
