@@ -182,7 +182,8 @@ fn forgotten_tag_guards_are_safe() {
     assert_eq!(current_tag(), TagId::UNTAGGED);
 
     // Allocation still works and is attributed to whatever is current.
-    let tracker: &'static Tracker = Box::leak(Box::new(Tracker::new()));
+    static TRACKER: Tracker = Tracker::new();
+    let tracker = &TRACKER;
     let a = TrackingAllocator::with_tracker(System, tracker);
     std::mem::forget(INNER.enter());
     // SAFETY: a non-zero layout, freed once with it.
@@ -193,8 +194,6 @@ fn forgotten_tag_guards_are_safe() {
     std::mem::forget(TagId::UNTAGGED.enter());
     assert_eq!(tracker.tag_stats(&INNER).count, 0);
     assert_eq!(tracker.tag_stats(&INNER).total_count, 1);
-    // SAFETY: `tracker` came from `Box::leak` above and nothing borrows it any more.
-    drop(unsafe { Box::from_raw(std::ptr::from_ref(tracker).cast_mut()) });
 }
 
 /// What the type system allows for `TrackingAllocator<A>` and `TagGuard`.
@@ -273,22 +272,20 @@ mod auto_traits {
     #[test]
     fn covariance_in_the_inner_allocator_is_harmless() {
         static FORWARD: Forward = Forward;
-        let tracker: &'static Tracker = Box::leak(Box::new(Tracker::new()));
-        let a = shorten(TrackingAllocator::with_tracker(&FORWARD, tracker));
+        static TRACKER: Tracker = Tracker::new();
+        let a = shorten(TrackingAllocator::with_tracker(&FORWARD, &TRACKER));
         // SAFETY: a non-zero layout, freed once with it.
         unsafe {
             let p = a.alloc(GUARDED);
             assert!(!p.is_null());
             a.dealloc(p, GUARDED);
         }
-        // SAFETY: `tracker` came from `Box::leak` and nothing borrows it any more.
-        drop(unsafe { Box::from_raw(std::ptr::from_ref(tracker).cast_mut()) });
     }
 
     #[test]
     fn a_non_sync_inner_allocator_still_works_on_one_thread() {
-        let tracker: &'static Tracker = Box::leak(Box::new(Tracker::new()));
-        let a = TrackingAllocator::with_tracker(CellAlloc(Cell::new(0)), tracker);
+        static TRACKER: Tracker = Tracker::new();
+        let a = TrackingAllocator::with_tracker(CellAlloc(Cell::new(0)), &TRACKER);
         // SAFETY: a non-zero layout, freed once with it.
         unsafe {
             let p = a.alloc(GUARDED);
@@ -296,8 +293,6 @@ mod auto_traits {
             a.dealloc(p, GUARDED);
         }
         assert_eq!(a.inner().0.get(), 1);
-        // SAFETY: `tracker` came from `Box::leak` and nothing borrows it any more.
-        drop(unsafe { Box::from_raw(std::ptr::from_ref(tracker).cast_mut()) });
     }
 }
 
