@@ -42,7 +42,7 @@ impl Tracker {
     /// In diagnostic mode, blocks the tracker allocates get guard bytes (checked on free and
     /// by [`Tracker::check_guards`] / [`Tracker::snapshot`]), frees capture a stack, and
     /// the allocator's freed records are kept in a bounded ring so a double free can show
-    /// where the first free happened. It implies at least [`Mode::Records`] for blocks the
+    /// where the first free happened. It implies at least [`Mode::Records`](super::Mode::Records) for blocks the
     /// tracker allocates.
     ///
     /// # Examples

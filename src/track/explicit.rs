@@ -26,7 +26,7 @@ impl Tracker {
     ///
     /// # Errors
     ///
-    /// [`Error::BudgetExceeded`] under the [`BudgetPolicy::Error`] policy (nothing is
+    /// [`Error::BudgetExceeded`] under the [`BudgetPolicy::Error`](super::BudgetPolicy::Error) policy (nothing is
     /// tracked then).
     ///
     /// # Examples

@@ -58,7 +58,7 @@
 //!
 //! # Objects and the global allocator
 //!
-//! Given a tracker ([`ObjectManagerBuilder::tracker`](crate::ObjectManagerBuilder::tracker)),
+//! Given a tracker ([`ObjectManagerBuilder::tracker`](crate::object::ObjectManagerBuilder::tracker)),
 //! the object manager counts each type's bytes under its `#[mm(tag)]`, and each byte is
 //! counted once:
 //!
