@@ -12,8 +12,9 @@
 //!   up to date by [`ObjectManager::remeasure`] / [`ObjectManager::remeasure_all`].
 //! - **The tracker fed by a `TrackingAllocator`** ([`Tracker::counts_allocations`]): the
 //!   allocator already counts every heap byte, once, under the tag in scope when it was
-//!   allocated (a `realloc` keeps its block's tag). The manager then charges nothing, so
-//!   nothing is counted twice; to have an object's heap bytes under its type's tag, build
+//!   allocated (a `realloc` keeps its block's tag). The manager then charges no bytes
+//!   (each object still counts once in the tag's allocation count), so nothing is counted
+//!   twice; to have an object's heap bytes under its type's tag, build
 //!   it inside that tag's scope, which [`ObjectManager::create_with`] does for you. The
 //!   slots themselves live in the store's segments, counted by the allocator when a
 //!   segment is allocated. Budgets are checked by the allocator as bytes are allocated;
