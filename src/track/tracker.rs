@@ -396,7 +396,7 @@ impl Tracker {
     ///
     /// ```
     /// use mmobject::track::{Tracker, TrackingAllocator};
-    /// use std::alloc::System;
+    /// use std::alloc::{GlobalAlloc, Layout, System};
     ///
     /// static TRACKER: Tracker = Tracker::new();
     /// assert!(!TRACKER.counts_allocations());
