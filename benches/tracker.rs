@@ -1,4 +1,4 @@
-//! Tracker overhead benches (BENCHMARKS.md T1–T3).
+//! Tracker overhead benches (BENCHMARKS.md T1–T3 and S1).
 //!
 //! Every tracked case calls `TrackingAllocator<System>`'s `GlobalAlloc` methods directly
 //! (as the global allocator would be called) on a tracker of its own, and its peer is the
@@ -10,12 +10,13 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 
 use criterion::{criterion_main, Criterion};
-use mmobject::track::{Mode, StackTrace, Tag, Tracker, TrackingAllocator};
+use mmobject::track::{Mode, Sampling, StackTrace, Tag, Tracker, TrackingAllocator};
 
 static BENCH_TAG: Tag = Tag::new("Bench");
 static COUNTING: Tracker = Tracker::with_mode(Mode::Counting);
 static RECORDS: Tracker = Tracker::with_mode(Mode::Records);
 static STACKS: Tracker = Tracker::with_mode(Mode::Stacks { depth: 5 });
+static SAMPLED: Tracker = Tracker::with_mode(Mode::Sampled(Sampling::DEFAULT));
 
 const LAYOUT: Layout = match Layout::from_size_align(64, 8) {
     Ok(l) => l,
@@ -60,8 +61,11 @@ fn t2_records(c: &mut Criterion) {
 /// T3: records with a 5-frame stack (captured as raw addresses, not resolved). Reported in
 /// ns against Tracy's published ~206 ns for a 5-frame capture; untracked `System` runs in
 /// the same group so the stack's share can be read off, and the bare capture is measured
-/// too. Called a few frames deep so there are frames to walk.
+/// too. Called a few frames deep so there are frames to walk. Which walker runs (frame
+/// pointers or the DWARF unwinder) is printed first: build with
+/// `RUSTFLAGS="-C force-frame-pointers=yes"` for the frame-pointer walk.
 fn t3_stacks(c: &mut Criterion) {
+    eprintln!("T3 stack walker: {:?}", StackTrace::walker());
     let tracked = TrackingAllocator::with_tracker(System, &STACKS);
     let _g = BENCH_TAG.enter();
     let mut g = c.benchmark_group("T3_stacks5_alloc_free_64B");
@@ -77,6 +81,18 @@ fn t3_stacks(c: &mut Criterion) {
     g.finish();
 }
 
+/// S1: sampled mode (defaults: no record below 256 B, 1 in 64 up to 64 KiB, all above) at
+/// 64 B, the size that dominates allocation counts: it must cost about what counting does.
+/// The peer is untracked `System`, as in T1.
+fn s1_sampled(c: &mut Criterion) {
+    let tracked = TrackingAllocator::with_tracker(System, &SAMPLED);
+    let _g = BENCH_TAG.enter();
+    let mut g = c.benchmark_group("S1_sampled_alloc_free_64B");
+    g.bench_function("tracked_sampled", |b| b.iter(|| alloc_free(&tracked)));
+    g.bench_function("system_untracked", |b| b.iter(|| alloc_free(&System)));
+    g.finish();
+}
+
 #[inline(never)]
 fn nested(depth: usize, f: &dyn Fn()) {
     if depth == 0 {
@@ -89,7 +105,7 @@ fn nested(depth: usize, f: &dyn Fn()) {
 /// The criterion entry points (the macro's `pub fn` has no docs of its own).
 mod group {
     #![allow(missing_docs)]
-    use super::{t1_counting, t2_records, t3_stacks};
-    criterion::criterion_group!(benches, t1_counting, t2_records, t3_stacks);
+    use super::{s1_sampled, t1_counting, t2_records, t3_stacks};
+    criterion::criterion_group!(benches, t1_counting, t2_records, t3_stacks, s1_sampled);
 }
 criterion_main!(group::benches);

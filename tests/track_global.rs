@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use mmobject::track::{scope, BudgetPolicy, Mode, Tag, TagStats, Tracker, TrackingAllocator};
+use mmobject::{MMObject, ObjectManager};
 
 #[global_allocator]
 static ALLOC: TrackingAllocator<System> = TrackingAllocator::new(System);
@@ -59,6 +60,8 @@ fn global_allocator_attributes_and_balances() {
     watch_logs_from_inside_the_allocator();
     records_mode_leak_report();
     diagnostics_catch_overruns_and_double_frees();
+    objects_and_the_allocator_count_each_byte_once();
+    a_store_allocator_through_the_tracking_allocator_counts_nothing();
     totals_balance();
 }
 
@@ -255,9 +258,94 @@ fn diagnostics_catch_overruns_and_double_frees() {
 }
 
 fn totals_balance() {
-    for tag in [&TEXTURES, &MESHES, &STRINGS, &MAPS, &LIMITED, &LOGGED, &CALLBACK_TAG].into_iter().chain(&THREADS) {
+    for tag in [&TEXTURES, &MESHES, &STRINGS, &MAPS, &LIMITED, &LOGGED, &CALLBACK_TAG, &OBJECT_TEXTURES]
+        .into_iter()
+        .chain(&THREADS)
+    {
         let st = stats(tag);
         assert_eq!((st.bytes, st.count), (0, 0), "{st:?}");
         assert!(st.total_count > 0, "{} was used", st.name);
     }
+}
+
+#[derive(MMObject)]
+#[mm(tag = "global-ObjectTextures")]
+struct Texture {
+    pixels: Vec<u8>,
+}
+
+static OBJECT_TEXTURES: Tag = Tag::new("global-ObjectTextures");
+
+/// Issue 11: with the tracker as the global allocator and the same tracker given to the
+/// object manager, an object's heap bytes were counted by both (1 MiB of pixels showed as
+/// 2 MiB, and budgets tripped at half the real use). The rule: the allocator counts every
+/// heap byte, once, under the tag in scope (`create_with` builds under the object's tag);
+/// the manager adds nothing. A texture whose pixels are freed before it dies, and one that
+/// grows, end at exactly zero, with no refusal under a budget the real use fits.
+/// Issue 15: a store allocator that itself goes through this tracking global allocator
+/// adds nothing to any tag (store memory is never tracked); the manager counts each object
+/// once, under its type's tag.
+fn a_store_allocator_through_the_tracking_allocator_counts_nothing() {
+    let t = Tracker::global();
+    let inline = std::mem::size_of::<Texture>();
+    let mut mm = ObjectManager::builder()
+        .tracker(t)
+        .allocator(mmobject::allocator_api2::alloc::Global)
+        .report_leaks(false)
+        .build();
+    let mut textures = Vec::with_capacity(100);
+    // Segments are allocated in the tag's scope, through the tracking allocator.
+    scope(&OBJECT_TEXTURES, || {
+        for _ in 0..100 {
+            textures.push(mm.create(Texture { pixels: vec![0; 16] }));
+        }
+    });
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, 100 * (16 + inline), "segments are not counted, objects once");
+    drop(textures);
+    mm.collect_garbage();
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, 0);
+    drop(mm);
+    assert_eq!(stats(&OBJECT_TEXTURES).count, 0);
+}
+
+fn objects_and_the_allocator_count_each_byte_once() {
+    let t = Tracker::global();
+    assert!(t.counts_allocations());
+    let kib = if cfg!(miri) { 1 } else { 256 };
+    // The inline part of an object: the allocator never sees it (it lives in the store's
+    // memory, which is never tracked), so the manager charges it to the object's tag.
+    let inline = std::mem::size_of::<Texture>();
+    // Room for 3 units of pixels and two objects' inline bytes (the growth below needs
+    // all 3 units for a moment: `realloc` holds the old and the new block).
+    t.set_budget(&OBJECT_TEXTURES, ((3 * kib) << 10) + 2 * inline);
+    t.set_budget_policy(&OBJECT_TEXTURES, BudgetPolicy::Error);
+    let mut mm = ObjectManager::builder().tracker(t).report_leaks(false).build();
+    // Store memory (segments, side tables) is counted by nobody, whatever tag is in scope.
+    scope(&OBJECT_TEXTURES, || mm.reserve::<Texture>(4));
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, 0);
+
+    let a = mm.create_with(|| Texture { pixels: vec![1; kib << 10] });
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, (kib << 10) + inline, "counted once, under the object's tag");
+    let b_pixels = scope(&OBJECT_TEXTURES, || vec![2u8; kib << 10]);
+    let b = match mm.try_create(Texture { pixels: b_pixels }) {
+        Ok(b) => b,
+        Err(refused) => panic!("2 of a 3 budget must not be refused: {}", refused.error),
+    };
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, ((2 * kib) << 10) + 2 * inline, "not 4: nothing counted twice");
+
+    // Pixels freed before the texture dies: the allocator sees the free.
+    mm.get_mut(&a).pixels = Vec::new();
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, (kib << 10) + 2 * inline);
+    // A texture that grows: `realloc` keeps the block's tag, wherever it runs.
+    mm.get_mut(&b).pixels.resize((2 * kib) << 10, 3);
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, ((2 * kib) << 10) + 2 * inline);
+    assert_eq!(mm.remeasure(&b), inline + ((2 * kib) << 10));
+    assert_eq!(stats(&OBJECT_TEXTURES).bytes, ((2 * kib) << 10) + 2 * inline, "re-measuring adds nothing here");
+
+    drop((a, b));
+    mm.collect_garbage();
+    let st = stats(&OBJECT_TEXTURES);
+    assert_eq!((st.bytes, st.count), (0, 0), "{st:?}");
+    drop(mm);
+    t.clear_budget(&OBJECT_TEXTURES);
 }

@@ -428,7 +428,7 @@ impl ObjectManager {
     }
 
     #[inline]
-    fn store<T: MMObject>(&self) -> Option<&Store<T>> {
+    pub(crate) fn store<T: MMObject>(&self) -> Option<&Store<T>> {
         let index = self.store_index_of(TypeId::of::<T>())?;
         self.store_at::<T>(index)
     }
@@ -468,6 +468,8 @@ impl ObjectManager {
         };
         let alloc = self.alloc_for.iter().find(|(type_id, _)| *type_id == TypeId::of::<T>()).map(|(_, a)| a);
         let alloc = alloc.unwrap_or(&self.alloc).clone();
+        // Store memory is never tracked (see `object/tracking.rs`), the descriptor included.
+        let _untracked = crate::track::Reentry::enter();
         let store: Box<dyn ErasedStore> = Box::new(Store::<T>::new(config, Arc::clone(&self.index_space), alloc)?);
         if self.stores[index].set(StoreEntry { type_id: TypeId::of::<T>(), store }).is_err() {
             unreachable!("store entries are set once, under the register lock");

@@ -203,6 +203,11 @@ impl<T: MMObject> Store<T> {
         unsafe { &*biased.wrapping_add(local as usize) }
     }
 
+    /// The link to the tracker, if the manager has one.
+    pub(crate) fn tracking(&self) -> Option<&Tracking> {
+        self.tracking.as_ref()
+    }
+
     /// This store's log2 of the first segment's slot count.
     #[inline]
     pub(crate) fn base_bits(&self) -> u32 {
@@ -221,10 +226,10 @@ impl<T: MMObject> Store<T> {
     ) -> Result<Inserted<T>, (T, Error)> {
         let charged = match &self.tracking {
             Some(tracking) => {
-                let bytes = value.size();
-                if let Err(error) = tracking.charge(bytes, strict) {
-                    return Err((value, error));
-                }
+                let bytes = match tracking.charge(value.size(), std::mem::size_of::<T>(), strict) {
+                    Ok(charged) => charged,
+                    Err(error) => return Err((value, error)),
+                };
                 Some((tracking, bytes))
             }
             None => None,
@@ -241,8 +246,8 @@ impl<T: MMObject> Store<T> {
                 }
             },
         };
-        if let Some((tracking, _)) = charged {
-            tracking.record_stack(local);
+        if let Some((tracking, bytes)) = charged {
+            tracking.placed(local, bytes);
         }
         let slot = self.slot(local).expect("an allocated slot's segment is published");
         // SAFETY: the slot was popped from the free list or freshly bumped, so
@@ -435,9 +440,7 @@ impl<T: MMObject> Store<T> {
             *budget -= 1;
             stats.objects += 1;
             if let Some(tracking) = &store.tracking {
-                tracking.forget_stack(local);
-                // A panicking `size()` credits nothing now; shutdown credits the rest.
-                tracking.credit(*bytes.as_ref().unwrap_or(&0));
+                tracking.release(local);
             }
             match bytes {
                 Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),

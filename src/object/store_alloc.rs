@@ -8,6 +8,7 @@ use std::sync::Arc;
 use allocator_api2::alloc::{AllocError, Allocator};
 
 use crate::alloc::SegmentAlloc;
+use crate::track::Reentry;
 
 /// A cloneable, type-erased handle to the allocator behind a store's segments
 /// and side tables: the one given to
@@ -16,6 +17,11 @@ use crate::alloc::SegmentAlloc;
 ///
 /// Every clone is the same allocator, so memory taken through one clone may
 /// be given back through another.
+///
+/// Every call runs outside memory tracking ([`Reentry`]): an allocator that
+/// itself goes through a [`TrackingAllocator`](crate::track::TrackingAllocator)
+/// counts nothing, so store memory is never counted twice (the manager
+/// counts objects under their type's tag; see `object/tracking.rs`).
 #[derive(Clone)]
 pub(crate) struct StoreAlloc {
     inner: Arc<dyn Allocator + Send + Sync>,
@@ -49,34 +55,40 @@ impl fmt::Debug for StoreAlloc {
 unsafe impl Allocator for StoreAlloc {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let _untracked = Reentry::enter();
         self.inner.allocate(layout)
     }
 
     #[inline]
     fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let _untracked = Reentry::enter();
         self.inner.allocate_zeroed(layout)
     }
 
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        let _untracked = Reentry::enter();
         // SAFETY: forwarded; the caller's contract is the inner allocator's.
         unsafe { self.inner.deallocate(ptr, layout) }
     }
 
     #[inline]
     unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let _untracked = Reentry::enter();
         // SAFETY: forwarded, as above.
         unsafe { self.inner.grow(ptr, old, new) }
     }
 
     #[inline]
     unsafe fn grow_zeroed(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let _untracked = Reentry::enter();
         // SAFETY: forwarded, as above.
         unsafe { self.inner.grow_zeroed(ptr, old, new) }
     }
 
     #[inline]
     unsafe fn shrink(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let _untracked = Reentry::enter();
         // SAFETY: forwarded, as above.
         unsafe { self.inner.shrink(ptr, old, new) }
     }

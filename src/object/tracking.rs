@@ -1,90 +1,150 @@
-//! Reporting a store's bytes to a memory [`Tracker`], under the type's `#[mm(tag)]`.
-
-use std::collections::HashMap;
+//! Reporting a store's bytes to a memory [`Tracker`], under the type's `#[mm(tag)]`, and
+//! the manager's calls for it: [`ObjectManager::remeasure`],
+//! [`ObjectManager::remeasure_all`] and [`ObjectManager::create_with`].
+//!
+//! # One rule: each byte is counted once
+//!
+//! - **The tracker alone** (no [`TrackingAllocator`](crate::track::TrackingAllocator)
+//!   reports into it): the manager charges each object's `size()` to the type's tag at
+//!   creation, and remembers that amount per object. Destruction credits exactly the
+//!   remembered amount, so every tag returns to its starting value once its objects are
+//!   gone, whatever happened to them in between. An object whose size changed is brought
+//!   up to date by [`ObjectManager::remeasure`] / [`ObjectManager::remeasure_all`].
+//! - **The tracker fed by a `TrackingAllocator`** ([`Tracker::counts_allocations`]): the
+//!   allocator already counts every heap byte, once, under the tag in scope when it was
+//!   allocated (a `realloc` keeps its block's tag). The manager then charges no bytes
+//!   (each object still counts once in the tag's allocation count), so nothing is counted
+//!   twice; to have an object's heap bytes under its type's tag, build
+//!   it inside that tag's scope, which [`ObjectManager::create_with`] does for you. The
+//!   object's inline bytes (`size_of::<T>()`) live in the store's memory, which no
+//!   `TrackingAllocator` ever counts (below), so the manager charges those to the type's
+//!   tag. Budgets are checked by the allocator as bytes are allocated, and by the manager
+//!   for the inline bytes; `try_create` refuses when the tag would go over its budget.
+//!
+//! # Store memory
+//!
+//! A store's segments and side tables come from its
+//! [allocator](crate::object::ObjectManagerBuilder::allocator), and every call to it runs
+//! outside tracking (as the tracker's own tables do): even an allocator that goes through a
+//! `TrackingAllocator` adds nothing to any tag. So store memory is never counted twice,
+//! whichever allocator serves it: under the type's tag, the manager counts the bytes of its
+//! live objects (all of `size()`, or the inline part when the allocator counts the heap);
+//! the slot headers and unused capacity are the store allocator's to report (for the
+//! default, [`SegmentAlloc::global`](crate::alloc::SegmentAlloc::global)`.stats()`), and
+//! [`ObjectManager::report`] shows each type's slot size.
 
 use parking_lot::Mutex;
+use std::collections::HashMap;
 
-use crate::sync::{AtomicU64, Ordering};
-use crate::track::{StackTrace, TagId, Tracker};
+use super::handle::unpack_location;
+use super::manager::ObjectManager;
+use super::store::Store;
+use super::traits::MMObject;
+use super::Handle;
+use crate::track::{scope_id, StackTrace, TagId, Tracker};
 use crate::Error;
 
 /// One store's link to a tracker.
 ///
-/// Objects are charged their `size()` when created and credited their
-/// `size()` when destroyed. An object whose heap use changed in between would
-/// make the two differ, so credits are capped by what the store still has
-/// charged, and shutdown credits the rest: the tag's count never goes below
-/// zero and returns exactly to zero once the store is empty.
+/// Invariant: `charged[local]` is what the live object in slot `local` was charged (and not
+/// yet credited) under `tag`, 0 for vacant slots and objects charged nothing; the tag's
+/// count holds exactly one unit per object with an entry set by [`Tracking::placed`] and
+/// not yet released.
 pub(crate) struct Tracking {
     tracker: &'static Tracker,
     tag: TagId,
-    charged: AtomicU64,
+    /// Per slot: the bytes charged for its object (see the invariant).
+    charged: Mutex<Vec<usize>>,
     /// Creation stacks by local slot index, kept only in `Mode::Stacks`.
     stacks: Mutex<HashMap<u32, StackTrace>>,
 }
 
 impl Tracking {
     pub(crate) fn new(tracker: &'static Tracker, tag_name: &'static str) -> Self {
-        Tracking { tracker, tag: tracker.tag_named(tag_name), charged: AtomicU64::new(0), stacks: Mutex::default() }
+        Tracking { tracker, tag: tracker.tag_named(tag_name), charged: Mutex::default(), stacks: Mutex::default() }
     }
 
-    /// Charges a new object's bytes.
+    /// The tag objects of this store are counted under.
+    pub(crate) fn tag(&self) -> TagId {
+        self.tag
+    }
+
+    /// Charges a new object of `bytes` (its `size()`); returns what was charged, to hand
+    /// to [`Tracking::placed`] (or back to [`Tracking::credit`] if placing fails).
     ///
-    /// `strict` (the `try_create` path) refuses anything over the tag's
-    /// budget, whatever its policy; otherwise the tag's policy decides
-    /// (log, callback, error or panic).
-    pub(crate) fn charge(&self, bytes: usize, strict: bool) -> Result<(), Error> {
-        if strict {
-            if let Some(budget) = self.tracker.budget(self.tag) {
-                let current = self.tracker.tag_stats(self.tag).bytes;
-                if current.saturating_add(bytes) > budget {
-                    return Err(Error::BudgetExceeded { tag: self.tag.name(), budget, current, requested: bytes });
-                }
+    /// `strict` (the `try_create` path) refuses anything over the tag's budget, whatever
+    /// its policy; otherwise the tag's policy decides (log, callback, error or panic). The
+    /// check and the charge are one step ([`Tracker`]'s budget check). When a
+    /// `TrackingAllocator` feeds the tracker, only the object's `inline` bytes are charged
+    /// (its heap is the allocator's; see the module docs).
+    pub(crate) fn charge(&self, bytes: usize, inline: usize, strict: bool) -> Result<usize, Error> {
+        let bytes = if self.tracker.counts_allocations() { inline } else { bytes };
+        self.tracker.charge_object(self.tag, bytes, strict)?;
+        Ok(bytes)
+    }
+
+    /// Gives back a charge that was never placed (the slot could not be had).
+    pub(crate) fn credit(&self, charged: usize) {
+        self.tracker.credit(self.tag, charged);
+    }
+
+    /// Records that the object in slot `local` was charged `charged` bytes, and its
+    /// creation stack if the tracker keeps stacks.
+    pub(crate) fn placed(&self, local: u32, charged: usize) {
+        // These tables are bookkeeping, like the tracker's own: never tracked.
+        let _untracked = crate::track::Reentry::enter();
+        {
+            let mut table = self.charged.lock();
+            let i = local as usize;
+            if table.len() <= i {
+                table.resize(i + 1, 0);
             }
+            table[i] = charged;
         }
-        self.tracker.try_charge(self.tag, bytes)?;
-        self.charged.fetch_add(bytes as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Credits a destroyed object's bytes (capped by what is still charged).
-    pub(crate) fn credit(&self, bytes: usize) {
-        let mut charged = self.charged.load(Ordering::Relaxed);
-        loop {
-            let credit = (bytes as u64).min(charged);
-            match self.charged.compare_exchange_weak(charged, charged - credit, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => {
-                    if credit > 0 {
-                        self.tracker.credit(self.tag, credit as usize);
-                    }
-                    return;
-                }
-                Err(actual) => charged = actual,
-            }
-        }
-    }
-
-    /// Credits everything still charged (the store is empty).
-    pub(crate) fn credit_all(&self) {
-        let charged = self.charged.swap(0, Ordering::Relaxed);
-        if charged > 0 {
-            self.tracker.credit(self.tag, charged as usize);
-        }
-        self.stacks.lock().clear();
-    }
-
-    /// Records the creation stack of the object in slot `local`, if the tracker keeps stacks.
-    pub(crate) fn record_stack(&self, local: u32) {
         let depth = self.tracker.mode().stack_depth();
         if depth > 0 {
             self.stacks.lock().insert(local, StackTrace::capture(depth));
         }
     }
 
-    pub(crate) fn forget_stack(&self, local: u32) {
+    /// Credits what the object in slot `local` was charged (it is being destroyed).
+    pub(crate) fn release(&self, local: u32) {
+        let charged = self.charged.lock().get_mut(local as usize).map_or(0, std::mem::take);
+        self.tracker.credit(self.tag, charged);
         if self.tracker.mode().stack_depth() > 0 {
             self.stacks.lock().remove(&local);
         }
+    }
+
+    /// Brings the charge of the live object in slot `local` to `bytes` (its `size()` now);
+    /// returns `bytes`. Nothing changes when a `TrackingAllocator` feeds the tracker (the
+    /// allocator has counted the change already).
+    pub(crate) fn remeasure(&self, local: u32, bytes: usize) -> usize {
+        if self.tracker.counts_allocations() {
+            return bytes;
+        }
+        let mut table = self.charged.lock();
+        let Some(charged) = table.get_mut(local as usize) else {
+            return bytes;
+        };
+        let old = *charged;
+        *charged = bytes;
+        drop(table);
+        if bytes > old {
+            self.tracker.charge_in_use(self.tag, bytes - old);
+        } else if bytes < old {
+            self.tracker.credit_bytes(self.tag, old - bytes);
+        }
+        bytes
+    }
+
+    /// Credits everything still charged (the store is empty).
+    pub(crate) fn credit_all(&self) {
+        let table = std::mem::take(&mut *self.charged.lock());
+        for charged in table.into_iter().filter(|&c| c != 0) {
+            self.tracker.credit(self.tag, charged);
+        }
+        self.stacks.lock().clear();
     }
 
     pub(crate) fn stack(&self, local: u32) -> Option<StackTrace> {
@@ -96,7 +156,128 @@ impl std::fmt::Debug for Tracking {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tracking")
             .field("tag", &self.tag.name())
-            .field("charged", &self.charged.load(Ordering::Relaxed))
+            .field("charged", &self.charged.lock().iter().sum::<usize>())
             .finish_non_exhaustive()
+    }
+}
+
+/// Memory accounting of objects whose size changes.
+impl ObjectManager {
+    /// Re-measures one object: its tag's charge becomes the object's `size()` now.
+    ///
+    /// The manager charges an object's `size()` when it is created and credits the same
+    /// amount when it is destroyed, so a tag always returns to its starting value. An
+    /// object whose heap use changed meanwhile (pixels dropped, an inventory that grew) is
+    /// counted at its old size until it is re-measured. Growth is counted even over the
+    /// budget (the memory is already in use): the tag's `Log` or `Callback` policy runs,
+    /// `Error` logs a warning, `Panic` panics.
+    ///
+    /// Returns the object's size. Without a tracker, or when a `TrackingAllocator` feeds
+    /// it (the allocator counted the change already), it only measures.
+    ///
+    /// Cost: one `size()` call, one uncontended lock and at most one counter update.
+    ///
+    /// # Panics
+    ///
+    /// If the handle belongs to another manager, or the tag's policy is
+    /// [`BudgetPolicy::Panic`](crate::track::BudgetPolicy::Panic) and the growth takes it
+    /// over budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::Tracker;
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// #[mm(tag = "Textures")]
+    /// struct Texture { pixels: Vec<u8> }
+    ///
+    /// static TRACKER: Tracker = Tracker::new();
+    /// let textures = TRACKER.tag_named("Textures");
+    /// let mut mm = ObjectManager::builder().tracker(&TRACKER).build();
+    /// let t = mm.create(Texture { pixels: vec![0; 4096] });
+    /// mm.get_mut(&t).pixels = Vec::new(); // uploaded to the GPU: pixels freed
+    /// assert!(TRACKER.tag_stats(textures).bytes >= 4096); // still charged
+    /// mm.remeasure(&t);
+    /// assert_eq!(TRACKER.tag_stats(textures).bytes, std::mem::size_of::<Texture>());
+    /// drop(t);
+    /// mm.collect_garbage();
+    /// assert_eq!(TRACKER.tag_stats(textures).bytes, 0);
+    /// ```
+    pub fn remeasure<T: MMObject>(&self, handle: &Handle<T>) -> usize {
+        let size = self.get(handle).size();
+        match self.store::<T>().and_then(Store::tracking) {
+            Some(tracking) => {
+                let (_, local) = unpack_location(handle.downgrade().location());
+                tracking.remeasure(local, size)
+            }
+            None => size,
+        }
+    }
+
+    /// Re-measures every live object of type `T` (see [`ObjectManager::remeasure`]);
+    /// returns their total size.
+    ///
+    /// Cost: O(live objects of `T`): one `size()` call each, under one lock per object. Call
+    /// it where sizes may have changed (after a level load, or once a frame for a type that
+    /// grows), not after every write.
+    ///
+    /// # Panics
+    ///
+    /// If the tag's policy is [`BudgetPolicy::Panic`](crate::track::BudgetPolicy::Panic)
+    /// and the growth takes it over budget.
+    pub fn remeasure_all<T: MMObject>(&self) -> usize {
+        let tracking = self.store::<T>().and_then(Store::tracking);
+        self.iter::<T>()
+            .map(|(weak, value)| {
+                let size = value.size();
+                match tracking {
+                    Some(tracking) => tracking.remeasure(unpack_location(weak.location()).1, size),
+                    None => size,
+                }
+            })
+            .sum()
+    }
+
+    /// Builds an object inside its type's tag scope, then creates it.
+    ///
+    /// When a `TrackingAllocator` reports into the manager's tracker, the heap bytes `make`
+    /// allocates are counted by the allocator under `T`'s `#[mm(tag)]`, once (the manager
+    /// adds nothing of its own then; see the [module docs](crate::track#objects-and-the-global-allocator)).
+    /// Without a tracker it is `create(make())`.
+    ///
+    /// # Panics
+    ///
+    /// As [`ObjectManager::create`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// #[mm(tag = "Meshes")]
+    /// struct Mesh { vertices: Vec<[f32; 3]> }
+    ///
+    /// let mm = ObjectManager::new();
+    /// let mesh = mm.create_with(|| Mesh { vertices: vec![[0.0; 3]; 64] });
+    /// assert_eq!(mm[&mesh].vertices.len(), 64);
+    /// ```
+    #[track_caller]
+    pub fn create_with<T: MMObject>(&self, make: impl FnOnce() -> T) -> Handle<T> {
+        let value = match self.tracker_tag::<T>() {
+            Some(tag) => scope_id(tag, make),
+            None => make(),
+        };
+        self.create(value)
+    }
+
+    /// The tag `T`'s bytes are counted under, if the manager has a tracker.
+    fn tracker_tag<T: MMObject>(&self) -> Option<TagId> {
+        if self.store::<T>().is_none() {
+            self.reserve::<T>(0); // registers the store
+        }
+        self.store::<T>().and_then(Store::tracking).map(Tracking::tag)
     }
 }

@@ -12,7 +12,16 @@
 //! guard.
 
 use std::alloc::Layout;
+use std::panic::Location;
 use std::ptr;
+use std::sync::atomic::Ordering;
+
+use super::budget::Charger;
+use super::record::{Record, FLAG_GUARDED};
+use super::stack_trace::NO_STACK;
+use super::tag::TagId;
+use super::tracker::Tracker;
+use crate::Error;
 
 /// Bytes of header before each user pointer.
 pub(crate) const HEADER: usize = 16;
@@ -137,6 +146,18 @@ pub(crate) unsafe fn read_header(user: *const u8) -> Header {
     unsafe { ptr::read(user.sub(HEADER).cast::<Header>()) }
 }
 
+/// Rewrites the header before a user pointer.
+///
+/// # Safety
+///
+/// As for [`read_header`], and the block must not be freed yet.
+#[inline]
+pub(crate) unsafe fn write_header(user: *mut u8, header: Header) {
+    // SAFETY: the caller guarantees the header slot is live and writable; it is aligned
+    // (see `init`).
+    unsafe { user.sub(HEADER).cast::<Header>().write(header) };
+}
+
 /// Marks the header freed (best-effort double-free detection).
 ///
 /// # Safety
@@ -177,6 +198,121 @@ fn header_bytes(h: &Header) -> [u8; 16] {
     out[4..8].copy_from_slice(&h.magic_flags.to_ne_bytes());
     out[8..8 + std::mem::size_of::<usize>()].copy_from_slice(&h.size.to_ne_bytes());
     out
+}
+
+/// How [`Tracker::place`] tracks one block.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placement {
+    /// The tag to count the block under; `None`: not tracked at all (re-entrant calls).
+    pub(crate) tag: Option<TagId>,
+    /// Guard zones around the user bytes (diagnostic mode).
+    pub(crate) guarded: bool,
+    /// A record, with this many stack frames.
+    pub(crate) record: Option<usize>,
+    /// The record's `FLAG_*` bits (`FLAG_GUARDED` is added for guarded blocks).
+    pub(crate) record_flags: u32,
+    /// Who charges: `Charger::Allocator` counts in the thread's slot where it can.
+    pub(crate) charger: Charger,
+    /// Where the allocation was asked for.
+    pub(crate) site: &'static Location<'static>,
+}
+
+/// A block [`Tracker::place`] put in memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    /// The user pointer.
+    pub(crate) user: *mut u8,
+    /// Whether its record was stored (it was asked for and the table had room).
+    pub(crate) recorded: bool,
+    /// The outer block, as the inner allocator returned it.
+    pub(crate) base: *mut u8,
+    pub(crate) block: BlockLayout,
+}
+
+/// Why [`Tracker::place`] placed nothing (nothing is counted then).
+#[derive(Debug)]
+pub(crate) enum PlaceError {
+    /// The layout cannot take a header (and guards).
+    Layout,
+    /// Refused by the tag's budget.
+    Budget(Error),
+    /// The inner allocator returned null for this outer layout.
+    OutOfMemory(Layout),
+}
+
+impl Tracker {
+    /// Puts one tracked block in memory: the outer layout (header, guards), the count (and
+    /// budget check), the inner allocation through `allocate`, the header and guards, the
+    /// record. The one placement used by the explicit API ([`Tracker::try_alloc`]) and by
+    /// [`TrackingAllocator`](super::TrackingAllocator) (whose counting-only fast path is the
+    /// same steps without a record, inlined).
+    ///
+    /// A record the table has no room for is dropped, and the header says so (else the
+    /// block's free would look like a double free); `Placed::recorded` tells the caller.
+    ///
+    /// # Safety
+    ///
+    /// `allocate` must return null or a fresh block valid for the layout it is given.
+    #[inline]
+    pub(crate) unsafe fn place(
+        &self,
+        layout: Layout,
+        how: Placement,
+        allocate: impl FnOnce(Layout) -> *mut u8,
+    ) -> Result<Placed, PlaceError> {
+        let size = layout.size();
+        let block = block_layout(layout, how.guarded).ok_or(PlaceError::Layout)?;
+        let in_allocator = how.charger == Charger::Allocator;
+        let mut watched = false;
+        if let Some(tag) = how.tag {
+            watched = if in_allocator {
+                self.count_alloc(tag, size).map_err(PlaceError::Budget)?
+            } else {
+                self.charge_counters(tag, size, how.charger).map_err(PlaceError::Budget)?;
+                self.counters[tag.index()].watch.load(Ordering::Relaxed)
+            };
+        }
+        let base = allocate(block.outer);
+        if base.is_null() {
+            if let Some(tag) = how.tag {
+                if in_allocator {
+                    self.count_free(tag, size);
+                } else {
+                    self.counters[tag.index()].sub(size);
+                }
+            }
+            return Err(PlaceError::OutOfMemory(block.outer));
+        }
+        let tag = how.tag.unwrap_or(TagId::UNTAGGED);
+        let mut hflags = if how.tag.is_some() { H_COUNTED } else { 0 };
+        if how.record.is_some() {
+            hflags |= H_RECORD;
+        }
+        if how.guarded {
+            hflags |= H_GUARDED;
+        }
+        // SAFETY: `base` is a fresh block of `block.outer` (the caller's contract for
+        // `allocate`), which came from `block_layout(layout, how.guarded)`.
+        let user = unsafe { init(base, block, size, Header::new(tag.0, hflags, size)) };
+        let recorded = match how.record {
+            Some(depth) => {
+                let flags = how.record_flags | if how.guarded { FLAG_GUARDED } else { 0 };
+                self.add_record(user as usize, Record { size, tag, flags, site: how.site, stack: NO_STACK }, depth)
+            }
+            None => false,
+        };
+        if !recorded {
+            if how.record.is_some() {
+                // SAFETY: `user` is the block `init` just set up.
+                unsafe { write_header(user, Header::new(tag.0, hflags & !H_RECORD, size)) };
+            }
+            self.placed_without_record(user as usize);
+        }
+        if watched {
+            self.watch_event("alloc", tag, size, Some(user as usize), Some(how.site));
+        }
+        Ok(Placed { user, recorded, base, block })
+    }
 }
 
 #[cfg(test)]

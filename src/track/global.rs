@@ -6,10 +6,11 @@ use std::fmt;
 use std::panic::Location;
 use std::ptr;
 
+use super::block::Placement;
 use super::block::{self, Header, HEADER, H_COUNTED, H_GUARDED, H_RECORD};
-use super::record::{Record, FLAG_GLOBAL_ALLOC, FLAG_GUARDED};
+use super::budget::Charger;
+use super::record::FLAG_GLOBAL_ALLOC;
 use super::scope::{allocation_tag, current_tag, in_tracker};
-use super::stack_trace::NO_STACK;
 use super::tag::TagId;
 use super::tracker::Tracker;
 
@@ -95,68 +96,46 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         self.tracker
     }
 
-    /// Allocates under `tag` (`None`: untracked, for re-entrant calls).
+    /// Allocates under `tag` (`None`: untracked, for re-entrant calls) through
+    /// [`Tracker::place`], with a record and guards as the configuration says.
     ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
-    #[inline]
+    // Out of line: inlined, its frame (records, stacks, guards) would weigh on the counting
+    // fast path of `alloc` that shares the function.
+    #[inline(never)]
     unsafe fn alloc_tagged(&self, layout: Layout, tag: Option<TagId>, zeroed: bool) -> *mut u8 {
-        let t = self.tracker;
-        let (hflags, guarded, depth, record) = match tag {
-            None => (0, false, 0, false),
+        let (guarded, record) = match tag {
+            None => (false, None),
             Some(_) => {
-                let (mode, diag) = t.config();
-                let record = mode.keeps_records() || diag;
-                let mut f = H_COUNTED;
-                if record {
-                    f |= H_RECORD;
-                }
-                if diag {
-                    f |= H_GUARDED;
-                }
-                (f, diag, mode.stack_depth(), record)
+                let config = self.tracker.config();
+                (config.diagnostics(), config.records(layout.size()))
             }
         };
-        let Some(block) = block::block_layout(layout, guarded) else {
-            return ptr::null_mut();
+        let how = Placement {
+            tag,
+            guarded,
+            record,
+            record_flags: FLAG_GLOBAL_ALLOC,
+            charger: Charger::Allocator,
+            site: Location::caller(),
         };
-        let mut watched = false;
-        if let Some(tag) = tag {
-            match t.count_alloc(tag, layout.size()) {
-                Ok(w) => watched = w,
-                Err(_) => return ptr::null_mut(),
+        let allocate = |outer: Layout| {
+            if zeroed {
+                // SAFETY: the outer layout has a non-zero size (it includes the header).
+                unsafe { self.inner.alloc_zeroed(outer) }
+            } else {
+                // SAFETY: as above.
+                unsafe { self.inner.alloc(outer) }
             }
-        }
-        let base = if zeroed {
-            // SAFETY: `block.outer` has a non-zero size (it includes the header).
-            unsafe { self.inner.alloc_zeroed(block.outer) }
-        } else {
-            // SAFETY: as above.
-            unsafe { self.inner.alloc(block.outer) }
         };
-        if base.is_null() {
-            if let Some(tag) = tag {
-                t.uncount(tag, layout.size(), 0);
-            }
-            return ptr::null_mut();
+        // SAFETY: `allocate` calls the inner allocator with the layout it is given, which
+        // returns a fresh block of it or null (`GlobalAlloc`'s contract).
+        match unsafe { self.tracker.place(layout, how, allocate) } {
+            Ok(placed) => placed.user,
+            Err(_) => ptr::null_mut(),
         }
-        let tag_id = tag.unwrap_or(TagId::UNTAGGED);
-        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, guarded)`.
-        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag_id.0, hflags, layout.size())) };
-        if record {
-            let site = Location::caller();
-            let flags = FLAG_GLOBAL_ALLOC | if guarded { FLAG_GUARDED } else { 0 };
-            t.add_record(
-                user as usize,
-                Record { size: layout.size(), tag: tag_id, flags, site, stack: NO_STACK },
-                depth,
-            );
-        }
-        if watched {
-            t.watch_event("alloc", tag_id, layout.size(), Some(user as usize), None);
-        }
-        user
     }
 }
 
@@ -178,8 +157,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, None, false) };
         };
-        let (mode, diag) = self.tracker.config();
-        if diag || mode.keeps_records() || layout.align() > HEADER {
+        let config = self.tracker.config();
+        if config.keeps_records() || layout.align() > HEADER || config.may_sample(layout.size()) {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, Some(tag), false) };
         }
@@ -200,6 +179,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         }
         // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
         let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, H_COUNTED, layout.size())) };
+        self.tracker.placed_without_record(user as usize);
         if watched {
             self.tracker.watch_event("alloc", tag, layout.size(), Some(user as usize), None);
         }
@@ -214,7 +194,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if !self.tracker.config().1 && layout.align() <= HEADER {
+        if !self.tracker.config().diagnostics() && layout.align() <= HEADER {
             // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
             // has a header.
             let header = unsafe { block::read_header(ptr) };
@@ -243,16 +223,13 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
         // `layout.align()` (the caller's contract for `realloc`).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        if !in_tracker() {
-            let (mode, diag) = self.tracker.config();
-            if !diag && !mode.keeps_records() && layout.align() <= HEADER {
-                // SAFETY: `ptr` is live and came from this allocator (caller's contract).
-                let header = unsafe { block::read_header(ptr) };
-                if header.is_counted_only() {
-                    // SAFETY: the caller's contract, passed on; the header says the block
-                    // is counted only.
-                    return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
-                }
+        if !in_tracker() && !self.tracker.config().keeps_records() && layout.align() <= HEADER {
+            // SAFETY: `ptr` is live and came from this allocator (caller's contract).
+            let header = unsafe { block::read_header(ptr) };
+            if header.is_counted_only() {
+                // SAFETY: the caller's contract, passed on; the header says the block is
+                // counted only.
+                return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
             }
         }
         let tag = if in_tracker() {
@@ -309,6 +286,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         }
         // SAFETY: `base` is a live block of `new_block.outer`.
         let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED, new_size)) };
+        t.placed_without_record(user as usize);
         if t.count_free(tag, header.size) || watched {
             t.watch_event("realloc", tag, new_size, Some(user as usize), None);
         }
@@ -325,13 +303,12 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     unsafe fn dealloc_slow(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
         let addr = ptr as usize;
-        let diag = t.config().1;
+        let config = t.config();
         let mut record = None;
-        if diag {
+        if config.diagnostics() {
             // Look the pointer up before touching its memory.
             record = t.take_record(addr, true);
-            if record.is_none() && t.recently_freed(addr) {
-                let _ = t.bad_free(addr);
+            if record.is_none() && t.decisive_double_free(addr, config) {
                 return; // leak rather than free twice
             }
         }
@@ -424,6 +401,32 @@ mod tests {
         static TAG: Tag = Tag::new("global-unit-records");
         roundtrip(&T_REC, &TAG);
         assert_eq!(T_REC.live_records(), 0);
+    }
+
+    #[test]
+    fn sampled_mode_records_by_size() {
+        use crate::track::Sampling;
+        static T_SAMPLED: Tracker = Tracker::with_mode(Mode::Sampled(Sampling::new(0, 256, 4096, 4)));
+        static TAG: Tag = Tag::new("global-unit-sampled");
+        let a = TrackingAllocator::with_tracker(System, &T_SAMPLED);
+        let _g = TAG.enter();
+        let mut blocks = Vec::new();
+        for size in [64usize, 300, 5000] {
+            let l = Layout::from_size_align(size, 8).unwrap();
+            for _ in 0..8 {
+                // SAFETY: a non-zero layout; freed below with it.
+                blocks.push((unsafe { a.alloc(l) }, l));
+            }
+        }
+        // None of the 64-B blocks, 2 in 8 of the 300-B ones, all 5000-B ones.
+        assert_eq!(T_SAMPLED.live_records(), 2 + 8);
+        assert_eq!(T_SAMPLED.tag_stats(&TAG).count, 24);
+        for (p, l) in blocks {
+            // SAFETY: each block is live, from `a`, with `l`, freed once.
+            unsafe { a.dealloc(p, l) };
+        }
+        assert_eq!(T_SAMPLED.live_records(), 0);
+        assert_eq!((T_SAMPLED.tag_stats(&TAG).bytes, T_SAMPLED.tag_stats(&TAG).count), (0, 0));
     }
 
     #[test]

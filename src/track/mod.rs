@@ -38,16 +38,57 @@
 //!
 //! - [`Tag`] (a `static`), [`TagId`] (its dense id), [`scope`] / [`Tag::enter`] (the
 //!   thread-local tag stack), [`current_tag`].
-//! - [`Tracker`]: counters per tag ([`TagStats`]), budgets with a [`BudgetPolicy`],
-//!   [`Tracker::watch`], [`Mode`] (counting, records, stacks), diagnostics (guard bytes,
-//!   freed-record ring), explicit [`Tracker::track`] / [`Tracker::untrack`] and
-//!   [`Tracker::alloc`] / [`Tracker::dealloc`], and the object manager's hooks
-//!   [`Tracker::tag_named`], [`Tracker::try_charge`] and [`Tracker::credit`].
+//! - [`Tracker`] (`tracker.rs`): counters per tag ([`TagStats`]), [`Mode`] (counting,
+//!   records, stacks, [`Sampling`]), [`Tracker::watch`], the object manager's hooks
+//!   [`Tracker::tag_named`] and [`Tracker::counts_allocations`].
+//! - Budgets (`budget.rs`): [`Tracker::set_budget`], a [`BudgetPolicy`] per tag, and the one
+//!   budget check every charge goes through ([`Tracker::try_charge`], the object manager,
+//!   the allocator).
+//! - Diagnostics (`diagnostics.rs`): guard bytes, the freed-record ring, bad frees
+//!   ([`ErrorCounts`], [`Tracker::check_guards`]).
+//! - The explicit API (`explicit.rs`): [`Tracker::track`] / [`Tracker::untrack`] and
+//!   [`Tracker::alloc`] / [`Tracker::dealloc`]; its blocks are placed by the same function as
+//!   the global allocator's (`block.rs`).
 //! - [`TrackingAllocator`]: the `#[global_allocator]` wrapper.
-//! - [`StackTrace`]: raw return addresses, resolved only when displayed.
+//! - [`StackTrace`]: raw return addresses (by frame pointers or DWARF unwinding, see
+//!   [`StackWalker`]), resolved only when displayed.
 //! - Reports: [`MemoryReport`] (text table, JSON with the `serde` feature),
 //!   [`LeakReport`] (live allocations by call stack), and the CSV timeline
 //!   ([`Tracker::frame_mark`], [`Tracker::write_csv`]).
+//!
+//! # Objects and the global allocator
+//!
+//! Given a tracker ([`ObjectManagerBuilder::tracker`](crate::object::ObjectManagerBuilder::tracker)),
+//! the object manager counts each type's bytes under its `#[mm(tag)]`, and each byte is
+//! counted once:
+//!
+//! - **Tracker alone.** The manager charges an object's `size()` when it is created,
+//!   remembers the amount per object, and credits exactly that amount when the object is
+//!   destroyed: every tag returns to its starting value once its objects are gone. An
+//!   object whose size changed is brought up to date with
+//!   [`ObjectManager::remeasure`](crate::ObjectManager::remeasure) or
+//!   [`remeasure_all`](crate::ObjectManager::remeasure_all) (one `size()` call per
+//!   object).
+//! - **Tracker fed by a [`TrackingAllocator`]** ([`Tracker::counts_allocations`]). The
+//!   allocator counts every heap byte, once, under the tag in scope when it was allocated,
+//!   and a `realloc` keeps its block's tag; the manager then charges nothing of its own.
+//!   Build objects inside their tag's scope to have their heap bytes under it:
+//!   [`ObjectManager::create_with`](crate::ObjectManager::create_with) does that. Growth
+//!   and frees while the object lives are exact with no re-measuring.
+//!
+//! # File and line in release builds
+//!
+//! Stacks are resolved from debug info, so a release build without it shows function
+//! names only. Line tables are enough, and cost no speed:
+//!
+//! ```toml
+//! [profile.release]
+//! debug = "line-tables-only"
+//! ```
+//!
+//! (or `CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo build --release`). Stripping
+//! (`strip = true` / `"debuginfo"`) removes them again. This crate's own examples are
+//! built that way.
 //!
 //! # Performance characteristics
 //!
@@ -61,7 +102,11 @@
 //! Measured overheads are in `BENCHMARKS.md`. Peaks of tags counted through the per-thread
 //! slots are sampled (at flushes, snapshots and frame marks), so they can miss a short spike
 //! of under 64 KiB per thread.
-//! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern.
+//! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern. The walk follows
+//!   frame pointers when the build keeps them (`-C force-frame-pointers=yes`), else it
+//!   unwinds with DWARF (about 10× slower).
+//! - Sampled: counting's cost below the sampling size; records and stacks for one in N
+//!   middle-sized allocations and every large one.
 //! - Diagnostics: plus 32 guard bytes per block, a free stack and a ring entry per free.
 //!
 //! # Safety and correctness
@@ -72,10 +117,20 @@
 //! thread-local flag sends those allocations to the inner allocator untracked. A free is
 //! looked up (in diagnostic mode, before the block's memory is touched), and a bad one is
 //! reported and the block leaked rather than freed twice.
+//!
+//! Switching [`Mode`] or diagnostics is safe at any time. Each switch starts a new
+//! configuration epoch; the ring of freed records proves a double free only for entries of
+//! the current epoch, and a block placed without a record while records are kept forgets
+//! its address in the ring. So a legitimate free is never taken for a double free, whatever
+//! the switches; a free the ring cannot decide is checked through the block's header, as
+//! outside diagnostic mode.
 
 mod block;
 mod budget;
+mod diagnostics;
+mod explicit;
 mod global;
+mod mode;
 mod record;
 mod report;
 mod scope;
@@ -88,10 +143,13 @@ mod timeline;
 mod tracker;
 
 pub use budget::{BudgetOverrun, BudgetPolicy};
+pub use diagnostics::ErrorCounts;
 pub use global::TrackingAllocator;
+pub use mode::{Mode, Sampling};
 pub use report::{LeakGroup, LeakReport, MemoryReport};
+pub(crate) use scope::Reentry;
 pub use scope::{current_tag, scope, scope_id, TagGuard};
-pub use stack_trace::{ResolvedFrame, StackTrace, MAX_STACK_DEPTH};
+pub use stack_trace::{ResolvedFrame, StackTrace, StackWalker, MAX_STACK_DEPTH};
 pub use stats::TagStats;
 pub use tag::{Tag, TagId, MAX_TAGS};
-pub use tracker::{ErrorCounts, Mode, Tracker};
+pub use tracker::Tracker;

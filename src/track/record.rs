@@ -124,6 +124,9 @@ pub(crate) struct Freed {
     pub(crate) record: Record,
     /// Stack of the (first) free, or `NO_STACK`.
     pub(crate) free_stack: u32,
+    /// The tracker's configuration epoch when the block was freed. The entry proves a
+    /// double free only while the epoch is unchanged (see `Tracker::decisive_double_free`).
+    pub(crate) epoch: u64,
 }
 
 /// How many freed records are kept.
@@ -161,7 +164,20 @@ impl FreedRing {
         (0..s.len()).map(|k| (next + s.len() - 1 - k) % s.len()).map(|i| s[i]).find(|f| f.addr == addr)
     }
 
-    /// Forgets `addr` (it was allocated again).
+    /// Forgets every entry of `addr` (a block without a record was placed there).
+    ///
+    /// Entries are overwritten with address 0, which no block has; the ring's order is kept.
+    #[cold]
+    pub(crate) fn forget(&self, addr: usize) {
+        let mut g = self.inner.lock();
+        for f in g.0.as_mut_slice() {
+            if f.addr == addr {
+                f.addr = 0;
+            }
+        }
+    }
+
+    /// Forgets every entry.
     pub(crate) fn clear(&self) {
         let mut g = self.inner.lock();
         g.0.clear();
@@ -200,14 +216,17 @@ mod tests {
     fn ring_keeps_the_newest() {
         let ring = FreedRing::new();
         for i in 0..FREED_RING + 10 {
-            ring.push(Freed { addr: i, record: rec(i), free_stack: 0 });
+            ring.push(Freed { addr: i, record: rec(i), free_stack: 0, epoch: 0 });
         }
         assert!(ring.find(3).is_none(), "overwritten");
         assert_eq!(ring.find(FREED_RING + 9).unwrap().record.size, FREED_RING + 9);
-        ring.push(Freed { addr: 5000, record: rec(1), free_stack: 0 });
-        ring.push(Freed { addr: 5000, record: rec(2), free_stack: 0 });
+        ring.push(Freed { addr: 5000, record: rec(1), free_stack: 0, epoch: 0 });
+        ring.push(Freed { addr: 5000, record: rec(2), free_stack: 0, epoch: 0 });
         assert_eq!(ring.find(5000).unwrap().record.size, 2);
-        ring.clear();
+        ring.forget(5000);
         assert!(ring.find(5000).is_none());
+        assert_eq!(ring.find(FREED_RING + 9).unwrap().record.size, FREED_RING + 9, "others stay");
+        ring.clear();
+        assert!(ring.find(FREED_RING + 9).is_none());
     }
 }

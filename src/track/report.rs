@@ -3,12 +3,14 @@
 use std::fmt;
 use std::panic::Location;
 
+use super::diagnostics::ErrorCounts;
+use super::mode::Mode;
 use super::record::FLAG_GLOBAL_ALLOC;
 use super::scope::Reentry;
 use super::stack_trace::StackTrace;
 use super::stats::TagStats;
 use super::tag::TagId;
-use super::tracker::{ErrorCounts, Mode, Tracker};
+use super::tracker::Tracker;
 use crate::Error;
 
 /// Every tag's numbers at one moment, plus the tracker's overhead and error counts.

@@ -80,22 +80,29 @@ pub fn scope_id<R>(id: TagId, f: impl FnOnce() -> R) -> R {
 
 /// Restores the previous current tag when dropped. Returned by [`Tag::enter`].
 ///
-/// Guards must drop in reverse order of creation (as `let` bindings do); it is not `Send`.
+/// Guards drop in reverse order of creation (as `let` bindings do); it is not `Send`, so it
+/// drops on the thread whose tag it changed.
+///
+/// Forgetting a guard (`mem::forget`) or dropping guards out of order is safe: the tag is
+/// plain data, never a pointer, so the worst outcome is a wrong attribution, never undefined
+/// behaviour. A forgotten guard's tag stays current until an enclosing guard drops, which
+/// restores the tag that was current before that enclosing guard; the re-entrancy flag
+/// sharing the word is never touched by a guard.
 #[derive(Debug)]
 #[must_use = "the tag is only current while the guard is alive"]
 pub struct TagGuard {
+    /// The tag current before this guard (restored on drop).
     previous: u32,
-    entered: u32,
+    /// `PhantomData<*const ()>`: `!Send` and `!Sync`, because the guard restores a
+    /// thread-local of the thread that created it.
     _not_send: PhantomData<*const ()>,
 }
 
 impl Drop for TagGuard {
     fn drop(&mut self) {
-        let _ = STATE.try_with(|c| {
-            let s = c.get();
-            debug_assert_eq!(s & !IN_TRACKER, self.entered, "tag guards dropped out of order");
-            c.set(s & IN_TRACKER | self.previous);
-        });
+        // No check that this guard's tag is still current: a forgotten inner guard changes it,
+        // and a `Drop` must not panic (see the type's docs for what happens then).
+        let _ = STATE.try_with(|c| c.set(c.get() & IN_TRACKER | self.previous));
     }
 }
 
@@ -107,7 +114,7 @@ pub(crate) fn enter(id: TagId) -> TagGuard {
             s & !IN_TRACKER
         })
         .unwrap_or(0);
-    TagGuard { previous, entered: id.0, _not_send: PhantomData }
+    TagGuard { previous, _not_send: PhantomData }
 }
 
 /// Whether this thread is already inside the tracker.

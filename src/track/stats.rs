@@ -47,15 +47,32 @@ impl TagCounters {
         }
     }
 
-    /// Counts one allocation of `size` bytes (no budget check).
+    /// Counts `size` bytes (no budget check), and one allocation if `one_more`.
     #[inline]
-    pub(crate) fn add(&self, size: usize) {
+    pub(crate) fn add(&self, size: usize, one_more: bool) {
         let bytes = self.bytes.fetch_add(size, Ordering::Relaxed).wrapping_add(size);
-        if bytes > self.peak_bytes.load(Ordering::Relaxed) {
+        self.added(bytes, one_more);
+    }
+
+    /// Takes `size` bytes off, counting no free.
+    pub(crate) fn sub_bytes(&self, size: usize) {
+        self.bytes.fetch_sub(size, Ordering::Relaxed);
+    }
+
+    /// Follows bytes that were already added, `bytes` being the byte total right after:
+    /// raises the byte peak, and counts one allocation if `one_more`.
+    #[inline]
+    pub(crate) fn added(&self, bytes: usize, one_more: bool) {
+        // Both may sit below zero (wrapped) for a while, like `sub` leaves them: a peak is
+        // only raised from a non-negative value, and nothing overflows.
+        if (bytes as isize) >= 0 && bytes > self.peak_bytes.load(Ordering::Relaxed) {
             self.peak_bytes.fetch_max(bytes, Ordering::Relaxed);
         }
-        let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
-        if count > self.peak_count.load(Ordering::Relaxed) {
+        if !one_more {
+            return;
+        }
+        let count = self.count.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        if (count as isize) >= 0 && count > self.peak_count.load(Ordering::Relaxed) {
             self.peak_count.fetch_max(count, Ordering::Relaxed);
         }
         self.total_count.fetch_add(1, Ordering::Relaxed);
@@ -191,8 +208,8 @@ mod tests {
     #[test]
     fn add_sub_tracks_peaks() {
         let c = TagCounters::new();
-        c.add(10);
-        c.add(30);
+        c.add(10, true);
+        c.add(30, true);
         c.sub(10);
         let s = c.snapshot(TagId(0), "x", (0, 0, 0));
         assert_eq!((s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count), (30, 40, 1, 2, 2));

@@ -29,14 +29,20 @@ pub(crate) const FLUSH_BYTES: isize = 64 << 10;
 /// Fold a slot's count delta for a tag into the shared counter beyond this.
 pub(crate) const FLUSH_COUNT: isize = 64;
 
-/// One thread's pending deltas. Invariant: only the owning thread (`owner`) stores to
-/// `bytes` and `count`; anyone may load them.
+/// One thread's pending deltas, per tag. Invariant: only the owning thread (`owner`) stores
+/// to `tags` (except `take`, by the owner too); anyone may load them.
 pub(crate) struct ThreadSlot {
     owner: AtomicUsize,
-    pub(crate) bytes: [AtomicIsize; MAX_TAGS],
-    pub(crate) count: [AtomicIsize; MAX_TAGS],
+    tags: [TagDelta; MAX_TAGS],
+}
+
+/// One tag's pending deltas in a thread slot, side by side so a count touches one cache line.
+#[repr(align(32))]
+struct TagDelta {
+    bytes: AtomicIsize,
+    count: AtomicIsize,
     /// Allocations counted here (only grows; folded into `total_count` on flush).
-    pub(crate) allocs: [AtomicIsize; MAX_TAGS],
+    allocs: AtomicIsize,
 }
 
 static NEXT_TRACKER_ID: AtomicU64 = AtomicU64::new(1);
@@ -61,6 +67,20 @@ pub(crate) struct ThreadSlots {
 impl ThreadSlots {
     pub(crate) const fn new() -> Self {
         Self { id: AtomicU64::new(0), slots: [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SLOTS] }
+    }
+
+    /// This thread's slot if it is cached (the fast path: one load and one thread-local
+    /// read); `None` sends the caller to [`ThreadSlots::slot`].
+    #[inline(always)]
+    pub(crate) fn cached_slot(&self) -> Option<&ThreadSlot> {
+        let id = self.id.load(Ordering::Relaxed);
+        let (cached_id, p) = CACHE.try_with(Cell::get).ok()?;
+        if cached_id == id && id != 0 && !p.is_null() {
+            // SAFETY: the cache holds a slot of the tracker with this unique id, which is
+            // alive (we borrow it); its slots live as long as it does.
+            return Some(unsafe { &*p });
+        }
+        None
     }
 
     /// This thread's slot, if it has or can get one.
@@ -122,6 +142,11 @@ impl ThreadSlots {
         None
     }
 
+    /// Whether any thread got a slot (slots are taken in order, so the first is set then).
+    pub(crate) fn used(&self) -> bool {
+        !self.slots[0].load(Ordering::Relaxed).is_null()
+    }
+
     /// Calls `f` on every allocated slot.
     pub(crate) fn for_each(&self, mut f: impl FnMut(&ThreadSlot)) {
         for cell in &self.slots {
@@ -137,9 +162,10 @@ impl ThreadSlots {
     pub(crate) fn pending(&self, tag: usize) -> (isize, isize, isize) {
         let (mut b, mut n, mut a) = (0isize, 0isize, 0isize);
         self.for_each(|s| {
-            b = b.wrapping_add(s.bytes[tag].load(Ordering::Relaxed));
-            n = n.wrapping_add(s.count[tag].load(Ordering::Relaxed));
-            a = a.wrapping_add(s.allocs[tag].load(Ordering::Relaxed));
+            let d = &s.tags[tag];
+            b = b.wrapping_add(d.bytes.load(Ordering::Relaxed));
+            n = n.wrapping_add(d.count.load(Ordering::Relaxed));
+            a = a.wrapping_add(d.allocs.load(Ordering::Relaxed));
         });
         (b, n, a)
     }
@@ -174,35 +200,38 @@ impl fmt::Debug for ThreadSlots {
 
 impl ThreadSlot {
     /// Counts one allocation of `bytes`; returns whether the deltas should be flushed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alloc(&self, tag: usize, bytes: isize) -> bool {
         // Only the owner stores (type invariant), so load + store loses nothing.
-        let b = self.bytes[tag].load(Ordering::Relaxed).wrapping_add(bytes);
-        self.bytes[tag].store(b, Ordering::Relaxed);
-        let n = self.count[tag].load(Ordering::Relaxed) + 1;
-        self.count[tag].store(n, Ordering::Relaxed);
-        let a = self.allocs[tag].load(Ordering::Relaxed) + 1;
-        self.allocs[tag].store(a, Ordering::Relaxed);
+        let d = &self.tags[tag];
+        let b = d.bytes.load(Ordering::Relaxed).wrapping_add(bytes);
+        d.bytes.store(b, Ordering::Relaxed);
+        let n = d.count.load(Ordering::Relaxed).wrapping_add(1);
+        d.count.store(n, Ordering::Relaxed);
+        let a = d.allocs.load(Ordering::Relaxed).wrapping_add(1);
+        d.allocs.store(a, Ordering::Relaxed);
         b > FLUSH_BYTES || n > FLUSH_COUNT
     }
 
     /// Counts one free of `bytes`; returns whether the deltas should be flushed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn free(&self, tag: usize, bytes: isize) -> bool {
         // Only the owner stores (type invariant), so load + store loses nothing.
-        let b = self.bytes[tag].load(Ordering::Relaxed).wrapping_sub(bytes);
-        self.bytes[tag].store(b, Ordering::Relaxed);
-        let n = self.count[tag].load(Ordering::Relaxed) - 1;
-        self.count[tag].store(n, Ordering::Relaxed);
+        let d = &self.tags[tag];
+        let b = d.bytes.load(Ordering::Relaxed).wrapping_sub(bytes);
+        d.bytes.store(b, Ordering::Relaxed);
+        let n = d.count.load(Ordering::Relaxed).wrapping_sub(1);
+        d.count.store(n, Ordering::Relaxed);
         b < -FLUSH_BYTES || n < -FLUSH_COUNT
     }
 
     /// Takes this thread's `(bytes, count, allocs)` deltas for `tag`, to fold them into the
     /// shared counters.
     pub(crate) fn take(&self, tag: usize) -> (isize, isize, isize) {
-        let b = self.bytes[tag].swap(0, Ordering::Relaxed);
-        let n = self.count[tag].swap(0, Ordering::Relaxed);
-        let a = self.allocs[tag].swap(0, Ordering::Relaxed);
+        let d = &self.tags[tag];
+        let b = d.bytes.swap(0, Ordering::Relaxed);
+        let n = d.count.swap(0, Ordering::Relaxed);
+        let a = d.allocs.swap(0, Ordering::Relaxed);
         (b, n, a)
     }
 }

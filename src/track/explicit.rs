@@ -1,0 +1,240 @@
+//! The explicit API: [`Tracker::track`] / [`Tracker::untrack`] for memory the tracker did
+//! not allocate, and [`Tracker::alloc`] / [`Tracker::dealloc`] for blocks it allocates from
+//! [`System`]. Blocks are placed by [`Tracker::place`], as the global allocator's are.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::panic::Location;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+
+use super::block::{self, Header, PlaceError, Placement, H_COUNTED, H_GUARDED, H_RECORD};
+use super::budget::Charger;
+use super::record::{Record, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GUARDED, FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC};
+use super::scope::Reentry;
+use super::stack_trace::{StackTrace, NO_STACK};
+use super::tag::TagId;
+use super::tracker::Tracker;
+use crate::Error;
+
+/// The explicit tracking API.
+impl Tracker {
+    /// Tracks memory the tracker did not allocate (from an external library, say).
+    ///
+    /// Counts `size` bytes under `tag` and keeps a record of `ptr` (whatever the mode), so
+    /// that [`Tracker::untrack`] can find it. Policies apply as for
+    /// [`Tracker::try_charge`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BudgetExceeded`] under the [`BudgetPolicy::Error`](super::BudgetPolicy::Error) policy (nothing is
+    /// tracked then).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{Tag, Tracker};
+    ///
+    /// static FFI: Tag = Tag::new("FFI");
+    /// let tracker = Tracker::new();
+    /// let external = [0u8; 64]; // stands in for memory a C library handed us
+    /// tracker.try_track(external.as_ptr(), 64, FFI.id())?;
+    /// assert_eq!(tracker.tag_stats(&FFI).bytes, 64);
+    /// assert_eq!(tracker.try_untrack(external.as_ptr())?, 64);
+    /// assert!(tracker.try_untrack(external.as_ptr()).is_err()); // a double free
+    /// # Ok::<(), mmobject::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn try_track(&self, ptr: *const u8, size: usize, tag: TagId) -> Result<(), Error> {
+        let site = Location::caller();
+        self.charge_counters(tag, size, Charger::Policy)?;
+        let depth = self.mode().stack_depth();
+        let stack = if depth == 0 {
+            NO_STACK
+        } else {
+            let _reentry = Reentry::enter();
+            self.stacks.intern(&StackTrace::capture(depth))
+        };
+        let record = Record { size, tag, flags: FLAG_EXTERNAL, site, stack };
+        let addr = (ptr as usize).max(2);
+        if let Ok(Some(old)) = self.records.insert(addr, record) {
+            // A block tracked twice without `untrack`: count the old one as freed.
+            self.counters[old.tag.index()].sub(old.size);
+        }
+        if self.counters[tag.index()].watch.load(Ordering::Relaxed) {
+            self.watch_event("track", tag, size, Some(addr), Some(site));
+        }
+        Ok(())
+    }
+
+    /// Tracks external memory, like [`Tracker::try_track`].
+    ///
+    /// # Panics
+    ///
+    /// With the [`Error::BudgetExceeded`] message if the tag goes over budget under the
+    /// `Error` or `Panic` policy.
+    #[track_caller]
+    pub fn track(&self, ptr: *const u8, size: usize, tag: TagId) {
+        if let Err(e) = self.try_track(ptr, size, tag) {
+            panic!("{e}");
+        }
+    }
+
+    /// Stops tracking `ptr`; returns the size it was tracked with.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DoubleFree`] if `ptr` was untracked or freed recently (and not tracked
+    /// again), [`Error::UntrackedFree`] if the tracker has no record of it. Both are also
+    /// logged (`log::error!`) and counted in [`Tracker::error_counts`].
+    pub fn try_untrack(&self, ptr: *const u8) -> Result<usize, Error> {
+        self.remove_record((ptr as usize).max(2), true).map(|r| r.size)
+    }
+
+    /// Stops tracking `ptr`.
+    ///
+    /// A bad free is logged and counted but does not panic (this is typically called from
+    /// `Drop`, which must not panic); use [`Tracker::try_untrack`] to see it.
+    pub fn untrack(&self, ptr: *const u8) {
+        let _ = self.try_untrack(ptr);
+    }
+
+    // ---- allocation through the tracker ----------------------------------------------
+
+    /// Allocates a block from [`System`] under `tag`, with a record (and guard bytes in
+    /// diagnostic mode).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BudgetExceeded`] under the `Error` policy; [`Error::OutOfMemory`] if
+    /// `System` fails; [`Error::UnsupportedAlignment`] if the layout cannot be padded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{Tag, Tracker};
+    /// use std::alloc::Layout;
+    ///
+    /// static PARTICLES: Tag = Tag::new("Particles");
+    /// let tracker = Tracker::new();
+    /// let p = tracker.try_alloc(Layout::new::<[u32; 16]>(), PARTICLES.id())?;
+    /// assert_eq!(tracker.tag_stats(&PARTICLES).bytes, 64);
+    /// tracker.try_dealloc(p)?;
+    /// assert!(tracker.try_dealloc(p).is_err()); // double free, detected
+    /// # Ok::<(), mmobject::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn try_alloc(&self, layout: Layout, tag: TagId) -> Result<NonNull<u8>, Error> {
+        let config = self.config();
+        let how = Placement {
+            tag: Some(tag),
+            guarded: config.diagnostics(),
+            record: Some(config.mode().stack_depth()),
+            record_flags: FLAG_TRACKER_ALLOC | (layout.align().trailing_zeros() << ALIGN_SHIFT),
+            charger: Charger::Policy,
+            site: Location::caller(),
+        };
+        // SAFETY: `System.alloc` is called with the outer layout, which has a non-zero size
+        // (it includes the header), and returns a fresh block of it or null.
+        let placed = unsafe { self.place(layout, how, |outer| System.alloc(outer)) };
+        match placed {
+            Ok(placed) if placed.recorded => {
+                // SAFETY: `user` is inside a non-null block.
+                Ok(unsafe { NonNull::new_unchecked(placed.user) })
+            }
+            Ok(placed) => {
+                // No room for its record: `try_dealloc` could not free it, so give it back.
+                self.counters[tag.index()].sub(layout.size());
+                // SAFETY: `base` came from `System.alloc(block.outer)` in `place`, and the
+                // block was never handed out.
+                unsafe { System.dealloc(placed.base, placed.block.outer) };
+                Err(Error::OutOfMemory { requested: placed.block.outer.size(), available: 0 })
+            }
+            Err(PlaceError::Layout) => Err(Error::UnsupportedAlignment { align: layout.align(), max: 1 << 20 }),
+            Err(PlaceError::Budget(e)) => Err(e),
+            Err(PlaceError::OutOfMemory(outer)) => Err(Error::OutOfMemory { requested: outer.size(), available: 0 }),
+        }
+    }
+
+    /// Allocates a block under `tag`, like [`Tracker::try_alloc`].
+    ///
+    /// # Panics
+    ///
+    /// With the error's message where `try_alloc` would return an error.
+    #[track_caller]
+    pub fn alloc(&self, layout: Layout, tag: TagId) -> NonNull<u8> {
+        match self.try_alloc(layout, tag) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Frees a block from [`Tracker::alloc`], checking its guard bytes.
+    ///
+    /// Safe because the pointer is looked up in the record table before its memory is
+    /// touched: a pointer without a live record is reported and left alone.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::DoubleFree`] if `ptr` was freed already (recently enough to be in the
+    ///   ring of freed records); [`Error::UntrackedFree`] if the tracker never allocated
+    ///   it. Nothing is freed.
+    /// - [`Error::BufferOverrun`] if guard bytes were overwritten; the block is still freed.
+    pub fn try_dealloc(&self, ptr: NonNull<u8>) -> Result<(), Error> {
+        let addr = ptr.as_ptr() as usize;
+        match self.records.get(addr) {
+            Some(r) if r.flags & FLAG_TRACKER_ALLOC != 0 => {}
+            // Tracked with `track`: not ours to free.
+            Some(_) => return Err(self.untracked_free(addr)),
+            None => return Err(self.bad_free(addr)),
+        }
+        // Another thread may free it between `get` and here; then this reports the bad free.
+        let record = self.remove_record(addr, true)?;
+        let guarded = record.flags & FLAG_GUARDED != 0;
+        let layout = Layout::from_size_align(record.size, record.align()).expect("layout was valid at allocation");
+        let block = block::block_layout(layout, guarded).expect("layout was valid at allocation");
+        let mut result = Ok(());
+        if guarded {
+            let hflags = H_COUNTED | H_RECORD | H_GUARDED;
+            // SAFETY: the record was live until we removed it, so the block is live, guarded
+            // and of this size; only this thread could remove the record.
+            let bad = unsafe {
+                block::damaged_bytes(ptr.as_ptr(), record.size, Header::new(record.tag.0, hflags, record.size))
+            };
+            if bad != 0 && record.flags & FLAG_OVERRUN_REPORTED == 0 {
+                result = Err(self.overrun(addr, record.size, bad, record.site));
+            }
+        }
+        // SAFETY: the block was allocated by `System` with `block.outer` at
+        // `ptr - block.prefix` (see `try_alloc`), and its record is gone, so it is freed once.
+        unsafe { System.dealloc(ptr.as_ptr().sub(block.prefix), block.outer) };
+        result
+    }
+
+    /// Frees a block from [`Tracker::alloc`]. Bad frees and overruns are logged and
+    /// counted, not raised (this is typically called from `Drop`); see
+    /// [`Tracker::try_dealloc`].
+    pub fn dealloc(&self, ptr: NonNull<u8>) {
+        let _ = self.try_dealloc(ptr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::track::ErrorCounts;
+
+    #[test]
+    fn alloc_dealloc_and_bad_frees() {
+        let t = Tracker::new();
+        let tag = t.tag_named("tracker-unit-alloc");
+        let p = t.alloc(Layout::from_size_align(40, 64).unwrap(), tag);
+        assert_eq!(p.as_ptr() as usize % 64, 0);
+        assert_eq!(t.tag_stats(tag).bytes, 40);
+        t.try_dealloc(p).unwrap();
+        assert_eq!(t.try_dealloc(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
+        let bogus = NonNull::new(std::ptr::without_provenance_mut(0x1234_5670)).unwrap();
+        assert_eq!(t.try_dealloc(bogus), Err(Error::UntrackedFree { addr: 0x1234_5670 }));
+        assert_eq!(t.error_counts(), ErrorCounts { untracked_frees: 1, double_frees: 1, buffer_overruns: 0 });
+        assert_eq!(t.tag_stats(tag).bytes, 0);
+    }
+}

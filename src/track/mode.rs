@@ -1,0 +1,346 @@
+//! What the tracker records per allocation ([`Mode`], [`Sampling`]), and the packed
+//! configuration word the allocator reads once per call.
+
+use std::cell::Cell;
+use std::fmt;
+
+use super::MAX_STACK_DEPTH;
+
+/// How much the tracker records per allocation.
+///
+/// # Examples
+///
+/// ```
+/// use mmobject::track::{Mode, Sampling, Tracker};
+///
+/// let tracker = Tracker::with_mode(Mode::Stacks { depth: 5 });
+/// assert_eq!(tracker.mode(), Mode::Stacks { depth: 5 });
+/// tracker.set_mode(Mode::Sampled(Sampling::new(5, 256, 64 << 10, 64)));
+/// assert_eq!(tracker.mode().stack_depth(), 5);
+/// tracker.set_mode(Mode::Counting);
+/// assert_eq!(tracker.mode(), Mode::Counting);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Mode {
+    /// Per-tag counters only: the cheapest mode.
+    Counting,
+    /// Counters plus one record per live allocation: size, tag and creation site.
+    Records,
+    /// Records plus `depth` raw return addresses per allocation (clamped to
+    /// [`MAX_STACK_DEPTH`]).
+    Stacks {
+        /// Frames to keep.
+        depth: usize,
+    },
+    /// Records with stacks for a sample of the allocations, by size (see [`Sampling`]):
+    /// the cost of counting for small blocks, stacks where the bytes are.
+    Sampled(Sampling),
+}
+
+/// Which allocations [`Mode::Sampled`] records, with a stack: none below `small` bytes,
+/// one in `one_in` from `small` up to `large`, and every one of `large` bytes or more.
+///
+/// The three numbers are powers of two ([`Sampling::new`] rounds them up), so that a
+/// [`Mode`] fits the tracker's configuration word. Sampling is per thread and
+/// deterministic: every `one_in`-th middle-sized allocation of a thread.
+///
+/// # Examples
+///
+/// ```
+/// use mmobject::track::Sampling;
+///
+/// let s = Sampling::new(8, 200, 50_000, 100);
+/// assert_eq!((s.small(), s.large(), s.one_in()), (256, 65_536, 128));
+/// assert_eq!(s.depth(), 8);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Sampling {
+    /// Stack frames kept (at most `MAX_STACK_DEPTH`).
+    depth: u8,
+    /// log2 of `small` (`< 32`).
+    small_log2: u8,
+    /// log2 of `large` (`<= 63`, `>= small_log2`).
+    large_log2: u8,
+    /// log2 of `one_in` (`< 32`).
+    one_in_log2: u8,
+}
+
+impl Sampling {
+    /// Defaults: 5 frames; no record below 256 B; 1 in 64 up to 64 KiB; every
+    /// allocation of 64 KiB or more.
+    pub const DEFAULT: Sampling = Sampling::new(5, 256, 64 << 10, 64);
+
+    /// Sampling with `depth` frames, nothing below `small` bytes, one in `one_in` up to
+    /// `large` bytes, and everything from `large` up. Each number is rounded up to a power
+    /// of two (`small` and `one_in` to at most 2^31, `large` to at least `small`); `depth`
+    /// is clamped to [`MAX_STACK_DEPTH`].
+    pub const fn new(depth: usize, small: usize, large: usize, one_in: usize) -> Sampling {
+        const fn log2_up(n: usize, max: u32) -> u8 {
+            let bits = if n <= 1 { 0 } else { usize::BITS - (n - 1).leading_zeros() };
+            (if bits > max { max } else { bits }) as u8
+        }
+        let small_log2 = log2_up(small, 31);
+        let large_log2 = log2_up(large, 63);
+        Sampling {
+            depth: (if depth > MAX_STACK_DEPTH { MAX_STACK_DEPTH } else { depth }) as u8,
+            small_log2,
+            large_log2: if large_log2 < small_log2 { small_log2 } else { large_log2 },
+            one_in_log2: log2_up(one_in, 31),
+        }
+    }
+
+    /// Stack frames kept per sampled allocation.
+    pub const fn depth(self) -> usize {
+        self.depth as usize
+    }
+
+    /// Allocations below this many bytes are never recorded.
+    pub const fn small(self) -> usize {
+        1 << self.small_log2
+    }
+
+    /// Allocations of this many bytes or more are always recorded.
+    pub const fn large(self) -> usize {
+        if (self.large_log2 as u32) < usize::BITS {
+            1 << self.large_log2
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// One in this many allocations between `small` and `large` is recorded.
+    pub const fn one_in(self) -> usize {
+        1 << self.one_in_log2
+    }
+
+    const fn encode(self) -> u64 {
+        SAMPLED
+            | self.depth as u64
+            | (self.small_log2 as u64) << 6
+            | (self.large_log2 as u64) << 11
+            | (self.one_in_log2 as u64) << 17
+    }
+
+    const fn decode(raw: u64) -> Sampling {
+        Sampling {
+            depth: (raw & 0x3f) as u8,
+            small_log2: ((raw >> 6) & 0x1f) as u8,
+            large_log2: ((raw >> 11) & 0x3f) as u8,
+            one_in_log2: ((raw >> 17) & 0x1f) as u8,
+        }
+    }
+
+    /// Whether this allocation of `size` bytes is recorded: one thread-local countdown in
+    /// the middle range, nothing else.
+    #[inline]
+    pub(crate) fn samples(self, size: usize) -> bool {
+        if size < self.small() {
+            return false;
+        }
+        if size >= self.large() {
+            return true;
+        }
+        SAMPLE_COUNTDOWN
+            .try_with(|c| {
+                let n = c.get();
+                if n == 0 {
+                    c.set((1u32 << self.one_in_log2) - 1);
+                    true
+                } else {
+                    c.set(n - 1);
+                    false
+                }
+            })
+            .unwrap_or(false)
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling::DEFAULT
+    }
+}
+
+thread_local! {
+    /// Middle-sized allocations to skip before the next sampled one, on this thread.
+    static SAMPLE_COUNTDOWN: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The `Sampled` flag of an encoded mode (the other modes encode below 64).
+const SAMPLED: u64 = 1 << 23;
+
+impl Mode {
+    const fn encode(self) -> u64 {
+        match self {
+            Mode::Counting => 0,
+            Mode::Records => 1,
+            Mode::Stacks { depth } => 2 + if depth > MAX_STACK_DEPTH { MAX_STACK_DEPTH } else { depth } as u64,
+            Mode::Sampled(s) => s.encode(),
+        }
+    }
+
+    const fn decode(raw: u64) -> Mode {
+        if raw & SAMPLED != 0 {
+            return Mode::Sampled(Sampling::decode(raw));
+        }
+        match raw {
+            0 => Mode::Counting,
+            1 => Mode::Records,
+            n => Mode::Stacks { depth: n as usize - 2 },
+        }
+    }
+
+    /// Whether this mode keeps a record for every allocation (`Sampled` keeps some).
+    pub const fn keeps_records(self) -> bool {
+        matches!(self, Mode::Records | Mode::Stacks { .. })
+    }
+
+    /// Stack frames kept per recorded allocation (0 in `Counting` and `Records`).
+    pub const fn stack_depth(self) -> usize {
+        match self {
+            Mode::Stacks { depth } => depth,
+            Mode::Sampled(s) => s.depth(),
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Counting => f.write_str("counting"),
+            Mode::Records => f.write_str("records"),
+            Mode::Stacks { depth } => write!(f, "stacks (depth {depth})"),
+            Mode::Sampled(s) => write!(
+                f,
+                "sampled (depth {}; none below {} B, 1 in {} below {} B, all above)",
+                s.depth(),
+                s.small(),
+                s.one_in(),
+                s.large()
+            ),
+        }
+    }
+}
+
+/// One load of `Tracker::config`: the mode, the diagnostics flag, and the configuration
+/// epoch, packed in a `u64` so the three are always read together.
+///
+/// Bits 0..24 hold `Mode::encode`, bit 24 the diagnostics flag, bits 25..64 the epoch.
+///
+/// Invariant (what makes the freed ring safe to trust, see `Tracker::decisive_double_free`):
+/// every change of the mode or of the diagnostics flag adds one to the epoch, so two loads
+/// with equal epochs saw the same mode and flag. The epoch saturates at `EPOCH_MAX` instead
+/// of wrapping; from then on no ring entry is trusted (frees fall back to the header check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Config(pub(crate) u64);
+
+/// The diagnostic-mode bit of a [`Config`].
+const DIAGNOSTICS: u64 = 1 << 24;
+/// The epoch's lowest bit in a [`Config`].
+pub(crate) const EPOCH_SHIFT: u32 = 25;
+/// The largest epoch; it saturates there.
+pub(crate) const EPOCH_MAX: u64 = u64::MAX >> EPOCH_SHIFT;
+
+impl Config {
+    pub(crate) const fn new(mode: Mode, diagnostics: bool) -> Config {
+        Config(mode.encode() | if diagnostics { DIAGNOSTICS } else { 0 })
+    }
+
+    #[inline]
+    pub(crate) const fn mode(self) -> Mode {
+        Mode::decode(self.0 & (DIAGNOSTICS - 1))
+    }
+
+    #[inline]
+    pub(crate) const fn diagnostics(self) -> bool {
+        self.0 & DIAGNOSTICS != 0
+    }
+
+    /// The configuration epoch (see the type's invariant).
+    #[inline]
+    pub(crate) const fn epoch(self) -> u64 {
+        self.0 >> EPOCH_SHIFT
+    }
+
+    /// Whether every tagged block placed under this configuration gets a record
+    /// (`Records`/`Stacks` mode, or diagnostic mode). Sampling keeps only some, so it does
+    /// not count: the freed ring's rule (see `Tracker::placed_without_record`) relies on
+    /// this being `true` only where a block without a record is the exception.
+    #[inline]
+    pub(crate) const fn keeps_records(self) -> bool {
+        self.diagnostics() || matches!(self.mode(), Mode::Records | Mode::Stacks { .. })
+    }
+
+    /// Whether a tagged block of `size` bytes gets a record, and how many stack frames.
+    #[inline]
+    pub(crate) fn records(self, size: usize) -> Option<usize> {
+        let mode = self.mode();
+        match mode {
+            Mode::Sampled(s) if !self.diagnostics() => s.samples(size).then_some(s.depth()),
+            _ if self.keeps_records() => Some(mode.stack_depth()),
+            _ => None,
+        }
+    }
+
+    /// Whether a block of `size` bytes might be sampled (`Sampled` mode, at least `small`
+    /// bytes): the allocator's fast path leaves such blocks to the general one.
+    #[inline]
+    pub(crate) const fn may_sample(self, size: usize) -> bool {
+        self.0 & SAMPLED != 0 && size >= Sampling::decode(self.0).small()
+    }
+
+    /// This configuration with another mode and flag, one epoch later (saturating).
+    pub(crate) const fn changed(self, mode: Mode, diagnostics: bool) -> Config {
+        let epoch = if self.epoch() < EPOCH_MAX { self.epoch() + 1 } else { EPOCH_MAX };
+        Config(Config::new(mode, diagnostics).0 | epoch << EPOCH_SHIFT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_roundtrip() {
+        for m in [
+            Mode::Counting,
+            Mode::Records,
+            Mode::Stacks { depth: 0 },
+            Mode::Stacks { depth: 7 },
+            Mode::Sampled(Sampling::DEFAULT),
+            Mode::Sampled(Sampling::new(32, 1, usize::MAX, 1 << 31)),
+        ] {
+            assert_eq!(Mode::decode(m.encode()), m);
+            assert_eq!(Config::new(m, true).changed(m, false).mode(), m);
+        }
+        assert_eq!(Mode::decode(Mode::Stacks { depth: 1000 }.encode()), Mode::Stacks { depth: MAX_STACK_DEPTH });
+    }
+
+    #[test]
+    fn sampling_by_size() {
+        let s = Sampling::new(3, 100, 1000, 4);
+        assert_eq!((s.small(), s.large(), s.one_in()), (128, 1024, 4));
+        assert!(!s.samples(127));
+        assert!(s.samples(1024) && s.samples(1 << 20));
+        let hits = (0..400).filter(|_| s.samples(500)).count();
+        assert_eq!(hits, 100, "one in four, deterministically");
+        let c = Config::new(Mode::Sampled(s), false);
+        assert!(!c.keeps_records());
+        assert_eq!(c.records(64), None);
+        assert_eq!(c.records(4096), Some(3));
+        assert_eq!(Config::new(Mode::Sampled(s), true).records(64), Some(3), "diagnostics record all");
+        assert!(!c.may_sample(127) && c.may_sample(128));
+        assert!(!Config::new(Mode::Records, false).may_sample(1 << 20));
+    }
+
+    #[test]
+    fn epochs_saturate() {
+        let c = Config(Config::new(Mode::Records, true).0 | EPOCH_MAX << EPOCH_SHIFT);
+        let d = c.changed(Mode::Counting, false);
+        assert_eq!(d.epoch(), EPOCH_MAX);
+        assert_eq!((d.mode(), d.diagnostics()), (Mode::Counting, false));
+    }
+}
