@@ -121,8 +121,10 @@ const OBJECTS: usize = if cfg!(miri) { 300 } else { 20_000 };
 /// back when the manager drops.
 #[test]
 fn every_store_byte_comes_from_the_allocator_and_goes_back() {
+    // With a tracker too: its per-object charge table is store memory as well.
+    static TRACKER: mmobject::track::Tracker = mmobject::track::Tracker::new();
     let counting = Counting::default();
-    let mut mm = ObjectManager::builder().allocator(counting.clone()).build();
+    let mut mm = ObjectManager::builder().allocator(counting.clone()).tracker(&TRACKER).build();
     drop(mm.create(entity(0.0))); // registers the type: its store's fixed part is a `Box`
 
     let mut handles = Vec::with_capacity(OBJECTS);
@@ -150,6 +152,7 @@ fn every_store_byte_comes_from_the_allocator_and_goes_back() {
     assert_eq!(report.len(), OBJECTS.div_ceil(7), "raw references are leaks, and are reported");
     assert_eq!(report.outliving_handles(), 0);
     assert_eq!(counting.live_bytes(), 0, "every byte went back");
+    assert_eq!(TRACKER.tag_stats(TRACKER.tag_named("Entity")).bytes, 0);
 }
 
 /// `allocator_for` serves one type's store; the others keep the manager's.

@@ -193,12 +193,14 @@ impl ObjectManagerBuilder {
 
     /// Takes every byte of store memory from `allocator`: the segments that
     /// hold the objects, and the side tables that grow with them (raw
-    /// references, the manager's index ranges, each store's shared header).
+    /// references, the manager's index ranges, each store's shared header,
+    /// and with a [tracker](Self::tracker) the per-object charge table).
     /// All of it goes back to the allocator when the manager drops, except
     /// what handles that outlive the manager still point into (then the leak
     /// report says how many bytes were kept on purpose). What stays on the
-    /// global allocator is fixed per type, not per object: each store's
-    /// descriptor (about half a KiB, allocated when the type is first used).
+    /// global allocator: each store's descriptor (about half a KiB per type,
+    /// allocated when the type is first used), and the diagnostics tables of
+    /// the `handle-sites` feature and of a tracker in `Mode::Stacks`.
     ///
     /// Any [`Allocator`](allocator_api2::alloc::Allocator) that is
     /// `Send + Sync + 'static` works, including a `&'static` reference to one

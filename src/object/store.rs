@@ -145,7 +145,7 @@ impl<T: MMObject> Store<T> {
             peak_resident: AtomicU64::new(0),
             grow_lock: Mutex::new(()),
             index_space,
-            tracking: config.tracker.map(|tracker| Tracking::new(tracker, T::TAG)),
+            tracking: config.tracker.map(|tracker| Tracking::new(tracker, T::TAG, alloc.clone())),
             config,
             alloc,
             leaked: false,
@@ -329,11 +329,24 @@ impl<T: MMObject> Store<T> {
         let len = segment_len(segment, base_bits);
         let base = allocate_segment::<T>(&self.alloc, len as usize, self.config.first_generation)?;
         let first_local = segment_first(segment, base_bits);
-        let start = match self.index_space.reserve(len, self.config.store_index, first_local, T::TYPE_NAME) {
+        let slots = first_local as usize + len as usize;
+        let tables = match &self.tracking {
+            Some(tracking) => tracking.reserve_slots(slots).map_err(|()| Error::StoreOutOfMemory {
+                type_name: T::TYPE_NAME,
+                part: "the tracker's charge table",
+                bytes: slots * std::mem::size_of::<usize>(),
+                allocator: self.alloc.name(),
+            }),
+            None => Ok(()),
+        };
+        let start =
+            tables.and_then(|()| self.index_space.reserve(len, self.config.store_index, first_local, T::TYPE_NAME));
+        let start = match start {
             Ok(start) => start,
             Err(error) => {
                 // SAFETY: `base` was just allocated from `alloc` with this
-                // length and was never published.
+                // length and was never published. (A charge table that grew
+                // stays: it only covers slots that do not exist yet.)
                 unsafe { free_segment(&self.alloc, base, len as usize) };
                 return Err(error);
             }

@@ -33,35 +33,57 @@
 //! default, [`SegmentAlloc::global`](crate::alloc::SegmentAlloc::global)`.stats()`), and
 //! [`ObjectManager::report`] shows each type's slot size.
 
+use allocator_api2::vec::Vec;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 
 use super::handle::unpack_location;
 use super::manager::ObjectManager;
 use super::store::Store;
+use super::store_alloc::StoreAlloc;
 use super::traits::MMObject;
 use super::Handle;
 use crate::track::{scope_id, StackTrace, TagId, Tracker};
 use crate::Error;
 
+/// A charge-table entry with no charged object.
+const VACANT: usize = usize::MAX;
+
 /// One store's link to a tracker.
 ///
 /// Invariant: `charged[local]` is what the live object in slot `local` was charged (and not
-/// yet credited) under `tag`, 0 for vacant slots and objects charged nothing; the tag's
-/// count holds exactly one unit per object with an entry set by [`Tracking::placed`] and
-/// not yet released.
+/// yet credited) under `tag`, or [`VACANT`] when no object there is charged; the tag's
+/// count holds exactly one unit per non-vacant entry. The table has an entry for every slot
+/// of every published segment: it grows with the segments ([`Tracking::reserve_slots`]),
+/// in the store's allocator, so placing an object never allocates.
 pub(crate) struct Tracking {
     tracker: &'static Tracker,
     tag: TagId,
     /// Per slot: the bytes charged for its object (see the invariant).
-    charged: Mutex<Vec<usize>>,
+    charged: Mutex<Vec<usize, StoreAlloc>>,
     /// Creation stacks by local slot index, kept only in `Mode::Stacks`.
     stacks: Mutex<HashMap<u32, StackTrace>>,
 }
 
 impl Tracking {
-    pub(crate) fn new(tracker: &'static Tracker, tag_name: &'static str) -> Self {
-        Tracking { tracker, tag: tracker.tag_named(tag_name), charged: Mutex::default(), stacks: Mutex::default() }
+    pub(crate) fn new(tracker: &'static Tracker, tag_name: &'static str, alloc: StoreAlloc) -> Self {
+        Tracking {
+            tracker,
+            tag: tracker.tag_named(tag_name),
+            charged: Mutex::new(Vec::new_in(alloc)),
+            stacks: Mutex::default(),
+        }
+    }
+
+    /// Makes the charge table cover slots `0..slots` (a segment is being added), or says
+    /// that the store's allocator refused; nothing changes then.
+    pub(crate) fn reserve_slots(&self, slots: usize) -> Result<(), ()> {
+        let mut table = self.charged.lock();
+        let more = slots.saturating_sub(table.len());
+        table.try_reserve(more).map_err(|_| ())?;
+        let len = table.len() + more;
+        table.resize(len, VACANT);
+        Ok(())
     }
 
     /// The tag objects of this store are counted under.
@@ -93,13 +115,9 @@ impl Tracking {
     pub(crate) fn placed(&self, local: u32, charged: usize) {
         // These tables are bookkeeping, like the tracker's own: never tracked.
         let _untracked = crate::track::Reentry::enter();
-        {
-            let mut table = self.charged.lock();
-            let i = local as usize;
-            if table.len() <= i {
-                table.resize(i + 1, 0);
-            }
-            table[i] = charged;
+        match self.charged.lock().get_mut(local as usize) {
+            Some(entry) => *entry = charged.min(VACANT - 1),
+            None => unreachable!("the charge table covers every published slot"),
         }
         let depth = self.tracker.mode().stack_depth();
         if depth > 0 {
@@ -109,8 +127,10 @@ impl Tracking {
 
     /// Credits what the object in slot `local` was charged (it is being destroyed).
     pub(crate) fn release(&self, local: u32) {
-        let charged = self.charged.lock().get_mut(local as usize).map_or(0, std::mem::take);
-        self.tracker.credit(self.tag, charged);
+        let charged = self.charged.lock().get_mut(local as usize).map_or(VACANT, |e| std::mem::replace(e, VACANT));
+        if charged != VACANT {
+            self.tracker.credit(self.tag, charged);
+        }
         if self.tracker.mode().stack_depth() > 0 {
             self.stacks.lock().remove(&local);
         }
@@ -124,10 +144,11 @@ impl Tracking {
             return bytes;
         }
         let mut table = self.charged.lock();
-        let Some(charged) = table.get_mut(local as usize) else {
+        let Some(charged) = table.get_mut(local as usize).filter(|c| **c != VACANT) else {
             return bytes;
         };
         let old = *charged;
+        let bytes = bytes.min(VACANT - 1);
         *charged = bytes;
         drop(table);
         if bytes > old {
@@ -140,10 +161,14 @@ impl Tracking {
 
     /// Credits everything still charged (the store is empty).
     pub(crate) fn credit_all(&self) {
-        let table = std::mem::take(&mut *self.charged.lock());
-        for charged in table.into_iter().filter(|&c| c != 0) {
-            self.tracker.credit(self.tag, charged);
+        let mut table = self.charged.lock();
+        for entry in table.iter_mut() {
+            let charged = std::mem::replace(entry, VACANT);
+            if charged != VACANT {
+                self.tracker.credit(self.tag, charged);
+            }
         }
+        drop(table);
         self.stacks.lock().clear();
     }
 
@@ -156,7 +181,7 @@ impl std::fmt::Debug for Tracking {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tracking")
             .field("tag", &self.tag.name())
-            .field("charged", &self.charged.lock().iter().sum::<usize>())
+            .field("charged", &self.charged.lock().iter().filter(|&&c| c != VACANT).sum::<usize>())
             .finish_non_exhaustive()
     }
 }
