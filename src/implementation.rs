@@ -203,6 +203,21 @@
 //! memory is leaked on purpose (as for any handle that outlives the
 //! manager). Views, iterators and snapshots are plain borrows or values.
 //!
+//! ## The tracker's types
+//!
+//! | type | variance | `Send`/`Sync` | why |
+//! |---|---|---|---|
+//! | [`TrackingAllocator<A>`](crate::track::TrackingAllocator) | covariant in `A` | when `A` is | It owns `A` like a plain field and never writes an `A` through `&self`. |
+//! | [`Tracker`](crate::track::Tracker) | (not generic) | both | All of its state is atomic or behind its own locks; its tables come from `System`. |
+//! | [`TagGuard`](crate::track::TagGuard) | (not generic) | neither | It restores a thread-local of the thread that made it. Forgetting it, or dropping guards out of order, only misattributes bytes: the tag is plain data. |
+//!
+//! `GlobalAlloc` is an `unsafe` trait, so the tracker trusts the inner
+//! allocator's blocks. A double free or an untracked free through the explicit
+//! API is reported, never followed; a runtime switch of mode or diagnostics
+//! never makes a legitimate free look like a double free (a counter of
+//! switches dates every remembered free). `tests/soundness/track.rs` holds
+//! the cases.
+//!
 //! ## Raw handles and shutdown
 //!
 //! Shutdown frees a store that raw references alone hold, because a raw
