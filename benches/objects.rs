@@ -255,26 +255,10 @@ fn o1_frame(c: &mut Criterion) {
     group.throughput(Throughput::Elements(FRAME_CHURN as u64));
     group.sample_size(30).warm_up_time(Duration::from_millis(700)).measurement_time(Duration::from_secs(2));
 
-    {
-        let mut mm = ObjectManager::new();
+    for (name, mut mm) in [("mmobject", ObjectManager::new()), ("mmobject_global_alloc", manager_on_global())] {
         let mut handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
         let mut cursor = Cursor::new(&picks);
-        group.bench_function("mmobject", |b| {
-            cpu_iter(b, || {
-                for n in 0..FRAME_CHURN {
-                    let i = cursor.next();
-                    handles[i] = mm.create(Obj(payload(n)));
-                }
-                black_box(mm.collect_garbage());
-            })
-        });
-        drop(handles);
-    }
-    {
-        let mut mm = manager_on_global();
-        let mut handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
-        let mut cursor = Cursor::new(&picks);
-        group.bench_function("mmobject_global_alloc", |b| {
+        group.bench_function(name, |b| {
             cpu_iter(b, || {
                 for n in 0..FRAME_CHURN {
                     let i = cursor.next();

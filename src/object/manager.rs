@@ -285,8 +285,8 @@ fn next_manager_id() -> u32 {
     match next {
         Ok(id) => id,
         Err(_) => panic!(
-            "mmobject: object manager ids are used up: this process built {} managers, and ids are never \
-             reused (a handle of a dropped manager must never match a new one)",
+            "mmobject: object manager ids are used up: all {} have been handed out in this process, and ids \
+             are never reused (a handle of a dropped manager must never match a new one)",
             u32::MAX - 1
         ),
     }
