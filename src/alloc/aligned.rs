@@ -114,7 +114,8 @@ struct LiveBlock {
 // SAFETY: `raw` is only an address with provenance, kept to free the block later; the ledger
 // never reads or writes through it while the block is live, and frees happen under the
 // ledger's lock, from whichever thread owns the block. Whether the raw allocator itself may
-// be used from several threads is `A`'s bound on `AlignedAlloc<A>`'s `Send`/`Sync`.
+// be used from several threads is `A`'s bound on `AlignedAlloc<A>`'s `Send`/`Sync`. No
+// type parameter, so no bound is needed here.
 unsafe impl Send for LiveBlock {}
 
 /// Live and recently freed blocks, to check frees.

@@ -94,7 +94,8 @@ pub(crate) struct Store<T> {
 // slot values are only written by the thread that popped the slot (`create`)
 // or under `&mut self` (collection).
 unsafe impl<T: Send + Sync> Send for Store<T> {}
-// SAFETY: as for `Send`.
+// SAFETY: `&Store<T>` gives `&T` to its thread (`T: Sync`) and may create a
+// `T` that another thread later drops (`T: Send`); the rest is as for `Send`.
 unsafe impl<T: Send + Sync> Sync for Store<T> {}
 
 /// A newly occupied slot, holding one counted reference.

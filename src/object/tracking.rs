@@ -113,14 +113,14 @@ impl Tracking {
     /// Records that the object in slot `local` was charged `charged` bytes, and its
     /// creation stack if the tracker keeps stacks.
     pub(crate) fn placed(&self, local: u32, charged: usize) {
-        // These tables are bookkeeping, like the tracker's own: never tracked.
-        let _untracked = crate::track::Reentry::enter();
         match self.charged.lock().get_mut(local as usize) {
             Some(entry) => *entry = charged.min(VACANT - 1),
             None => unreachable!("the charge table covers every published slot"),
         }
         let depth = self.tracker.mode().stack_depth();
         if depth > 0 {
+            // The stack table is bookkeeping, like the tracker's own: never tracked.
+            let _untracked = crate::track::Reentry::enter();
             self.stacks.lock().insert(local, StackTrace::capture(depth));
         }
     }

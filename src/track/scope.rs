@@ -129,6 +129,8 @@ pub(crate) fn in_tracker() -> bool {
 #[derive(Debug)]
 pub(crate) struct Reentry {
     was: bool,
+    /// `*const ()`: `!Send` and `!Sync`, because the guard clears a flag in a thread-local
+    /// of the thread that set it. Not generic, so there is no variance to choose.
     _not_send: PhantomData<*const ()>,
 }
 

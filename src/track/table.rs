@@ -73,7 +73,11 @@ impl<T> fmt::Debug for SpinLock<T> {
 
 /// Exclusive access to a [`SpinLock`]'s value; unlocks on drop.
 pub(crate) struct SpinGuard<'a, T> {
+    /// Covariant in `'a` and invariant in `T` (through `SpinLock<T>`'s `UnsafeCell`), as a
+    /// `MutexGuard` is: the guard gives `&mut T`.
     lock: &'a SpinLock<T>,
+    /// `*const ()`: `!Send` and `!Sync`, like std's `MutexGuard`: a guard stays on the
+    /// thread that locked (it never needs to move); it adds no variance of its own.
     _not_send: PhantomData<*const ()>,
 }
 
@@ -109,7 +113,9 @@ pub(crate) struct SysVec<T: Copy> {
     cap: usize,
 }
 
-// SAFETY: `SysVec` owns its elements like a `Vec<T>` does.
+// SAFETY: `SysVec` owns its elements like a `Vec<T>` does, and its raw pointer is its own
+// allocation; so it may move to another thread exactly when `T: Send` (an `Rc` inside is
+// refused by that bound).
 unsafe impl<T: Copy + Send> Send for SysVec<T> {}
 
 impl<T: Copy> SysVec<T> {
@@ -232,7 +238,8 @@ pub(crate) struct SysMap<V: Copy> {
     tombstones: usize,
 }
 
-// SAFETY: `SysMap` owns its slots like a `Vec<(usize, V)>` does.
+// SAFETY: `SysMap` owns its slots like a `Vec<(usize, V)>` does, through a raw pointer to
+// its own allocation; so it may move to another thread exactly when `V: Send`.
 unsafe impl<V: Copy + Send> Send for SysMap<V> {}
 
 #[inline]
