@@ -307,15 +307,8 @@ impl<A: RawAlloc> AlignedAlloc<A> {
 
     #[cold]
     fn bad_free(ledger: &Ledger, addr: usize) -> Error {
-        if ledger.freed.contains(&addr) {
-            return Error::DoubleFree { addr };
-        }
-        if let Some((&start, block)) = ledger.live.range(..addr).next_back() {
-            if addr < start + block.layout.size() {
-                return Error::NotBlockStart { addr, block_start: start };
-            }
-        }
-        Error::ForeignPointer { addr }
+        let below = ledger.live.range(..addr).next_back().map(|(&start, block)| (start, block.layout.size()));
+        shell::bad_free(addr, ledger.freed.contains(&addr), below)
     }
 
     /// A snapshot of the usage; `in_use` counts raw bytes (with header and padding).

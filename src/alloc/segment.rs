@@ -212,13 +212,8 @@ impl SegmentAlloc {
 impl SegmentLedger {
     #[cold]
     fn bad_free(&self, addr: usize) -> Error {
-        if self.freed.contains(&addr) {
-            return Error::DoubleFree { addr };
-        }
-        match self.live.range(..addr).next_back() {
-            Some((&start, layout)) if addr < start + layout.size() => Error::NotBlockStart { addr, block_start: start },
-            _ => Error::ForeignPointer { addr },
-        }
+        let below = self.live.range(..addr).next_back().map(|(&start, layout)| (start, layout.size()));
+        shell::bad_free(addr, self.freed.contains(&addr), below)
     }
 }
 

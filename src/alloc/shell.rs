@@ -80,6 +80,17 @@ pub(crate) fn ok_or_fail<T>(result: Result<T>) -> T {
     }
 }
 
+/// The error for a free of `addr` that is no live block, for allocators that keep a ledger:
+/// a double free if `addr` was freed recently, a free inside a block if the nearest live
+/// block below it, `(start, size)`, covers it, and a foreign pointer otherwise.
+pub(crate) fn bad_free(addr: usize, freed_recently: bool, below: Option<(usize, usize)>) -> Error {
+    match below {
+        _ if freed_recently => Error::DoubleFree { addr },
+        Some((start, size)) if addr < start + size => Error::NotBlockStart { addr, block_start: start },
+        _ => Error::ForeignPointer { addr },
+    }
+}
+
 /// The one failure path: panics with the error's message.
 #[cold]
 #[inline(never)]
