@@ -44,6 +44,39 @@ pub enum Error {
         /// The key's index.
         index: u32,
     },
+    /// The same object was asked for twice in one disjoint borrow
+    /// ([`ObjectManager::get_disjoint_mut`](crate::ObjectManager::get_disjoint_mut)).
+    #[error("aliased handles: {type_name}#{index} was asked for more than once in one disjoint borrow")]
+    AliasedHandles {
+        /// The object type.
+        type_name: &'static str,
+        /// The key's index.
+        index: u32,
+    },
+    /// A type was taken twice from one [`Views`](crate::Views), and at least once for writing.
+    #[error(
+        "{type_name} is already borrowed {} from these views; a type is taken for writing once, or for \
+         reading any number of times, until the views are dropped",
+        if *mutably { "for writing" } else { "for reading" }
+    )]
+    AlreadyBorrowed {
+        /// The object type.
+        type_name: &'static str,
+        /// True if the earlier borrow was for writing.
+        mutably: bool,
+    },
+    /// An [`ObjectKey`](crate::ObjectKey) names no object slot of this manager.
+    #[error("unknown key: index {index} names no object slot of this manager")]
+    UnknownKey {
+        /// The key's index.
+        index: u32,
+    },
+    /// A [`Loader`](crate::Loader) was used after its manager shut down.
+    #[error("object manager #{manager} has shut down: its loader cannot create objects any more")]
+    ManagerShutDown {
+        /// The manager's id.
+        manager: u32,
+    },
     /// A raw handle is malformed: it names no slot this manager ever handed out.
     #[error("invalid raw handle {raw:#018x}: it names no object slot of this manager")]
     InvalidRawHandle {

@@ -19,9 +19,10 @@ pub mod track;
 pub use allocator_api2;
 pub use error::{Error, Result};
 pub use object::{
-    CollectStats, CycleCollector, CycleStep, Handle, HandleOrigin, HandleSite, HeapSize, Holder, LeakEntry, LeakRoot,
-    LeakTally, MMObject, MemoryTimeline, ObjectKey, ObjectLeakReport, ObjectManager, ObjectMemoryReport, ObjectName,
-    ObjectView, RawHandle, ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, VisitHandles,
+    CollectStats, CycleCollector, CycleStep, Destroyed, Handle, HandleOrigin, HandleSite, HeapSize, Holder, Iter,
+    IterMut, LeakEntry, LeakRoot, LeakTally, Loader, MMObject, MemoryTimeline, ObjectKey, ObjectLeakReport,
+    ObjectManager, ObjectManagerBuilder, ObjectMemoryReport, ObjectName, ObjectView, ObjectViewMut, RawHandle,
+    ReferenceCycle, ReleaseHandles, RetentionPath, RetentionRoot, Snapshot, TryCreateError, Views, VisitHandles,
     WeakHandle,
 };
 #[doc(hidden)]

@@ -379,9 +379,7 @@ impl ObjectManager {
                 .collect()
         };
         for key in members {
-            let Some((store_index, local)) = self.locate_key(key) else { continue };
-            let object = self.store_by_index_mut(store_index).and_then(|s| s.live_object_mut(local, key.generation()));
-            if let Some(object) = object {
+            if let Some(object) = self.live_object_mut(key) {
                 object.release_handles();
             }
         }

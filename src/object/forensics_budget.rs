@@ -166,7 +166,7 @@ impl CycleCollector {
     fn next_candidate(&mut self, mm: &mut ObjectManager, looked: &mut usize) -> Option<ObjectKey> {
         let stores = mm.all_stores().count() as u32;
         while self.store < stores {
-            let store = mm.store_by_index_mut(self.store).expect("below the store count");
+            let store = mm.registry().store_by_index(self.store).expect("below the store count");
             while let Some(header) = store.header(self.local) {
                 let local = self.local;
                 self.local += 1;
@@ -241,7 +241,7 @@ impl CycleCollector {
 /// True if `key` names a live (referenced) object of `mm`.
 fn is_live(mm: &mut ObjectManager, key: ObjectKey) -> bool {
     let Some((store, local)) = mm.locate_key(key) else { return false };
-    let Some(store) = mm.store_by_index_mut(store) else { return false };
+    let Some(store) = mm.registry().store_by_index(store) else { return false };
     store.header(local).is_some_and(|header| header.is_live(key.generation()))
 }
 
@@ -249,12 +249,12 @@ fn is_live(mm: &mut ObjectManager, key: ObjectKey) -> bool {
 /// it is live. A panicking `visit_handles` propagates.
 fn read_object(mm: &mut ObjectManager, key: ObjectKey) -> Option<(u32, Vec<ObjectKey>)> {
     let (store, local) = mm.locate_key(key)?;
-    let store = mm.store_by_index_mut(store)?;
+    let store = mm.registry().store_by_index(store)?;
     let count = match store.header(local)?.state() {
         SlotState::Live(count) => count,
         SlotState::Vacant | SlotState::Dead => return None,
     };
-    let object = store.live_object_mut(local, key.generation())?;
+    let object = mm.live_object_mut(key)?;
     let mut held = Vec::new();
     object.visit_handles(&mut |key| held.push(key));
     Some((count, held))
@@ -263,9 +263,7 @@ fn read_object(mm: &mut ObjectManager, key: ObjectKey) -> Option<(u32, Vec<Objec
 /// Releases the handles of each object in `keys`, as `collect_cycles` does.
 fn release(mm: &mut ObjectManager, keys: &[ObjectKey]) {
     for &key in keys {
-        let Some((store, local)) = mm.locate_key(key) else { continue };
-        let object = mm.store_by_index_mut(store).and_then(|s| s.live_object_mut(local, key.generation()));
-        if let Some(object) = object {
+        if let Some(object) = mm.live_object_mut(key) {
             object.release_handles();
         }
     }

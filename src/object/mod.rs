@@ -15,20 +15,27 @@
 //! - A [`WeakHandle`] is a key plus a location; every use checks the
 //!   generation, so a reused slot never validates an old weak or raw handle.
 
+mod access;
+mod builder;
+mod collect;
 mod forensics;
 mod forensics_budget;
 mod forensics_graph;
 mod handle;
 mod handle_sites;
-mod incremental;
 mod index_space;
+mod iter;
 mod key;
 mod leak;
 mod leak_render;
+mod loader;
 mod manager;
+mod raw;
+mod registry;
 mod release;
 mod report;
 mod shared;
+mod shutdown;
 mod slot;
 mod snapshot;
 mod store;
@@ -36,18 +43,24 @@ mod store_alloc;
 mod timeline;
 mod tracking;
 mod traits;
+mod view;
 
+#[doc(hidden)]
+pub use builder::skip_manager_ids_for_tests;
+pub use builder::ObjectManagerBuilder;
+pub use collect::{CollectStats, Destroyed};
 pub use forensics::{Holder, ObjectName, ReferenceCycle, RetentionPath, RetentionRoot};
 pub use forensics_budget::{CycleCollector, CycleStep};
 pub use handle::{Handle, RawHandle, WeakHandle};
 pub use handle_sites::{HandleOrigin, HandleSite};
+pub use iter::{Iter, IterMut};
 pub use key::ObjectKey;
 #[doc(hidden)]
 pub use leak::LeakReport;
 pub use leak::{LeakEntry, LeakRoot, LeakTally, ObjectLeakReport};
-#[doc(hidden)]
-pub use manager::skip_manager_ids_for_tests;
-pub use manager::{CollectStats, Iter, ObjectManager, ObjectManagerBuilder, ObjectView, TryCreateError, MAX_TYPES};
+pub use loader::Loader;
+pub use manager::{ObjectManager, TryCreateError};
+pub use registry::MAX_TYPES;
 #[doc(hidden)]
 pub use release::probe as release_probe;
 pub use release::ReleaseHandles;
@@ -59,3 +72,4 @@ pub use timeline::MemoryTimeline;
 #[doc(hidden)]
 pub use traits::probe;
 pub use traits::{HeapSize, MMObject, VisitHandles};
+pub use view::{ObjectView, ObjectViewMut, Views};

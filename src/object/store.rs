@@ -3,20 +3,22 @@
 //! Segment `k` holds `base << k` slots and is allocated once, when the store
 //! first needs it, and never moved or freed while the store lives. Handles can
 //! therefore point straight at their slot. Free slots form a list threaded
-//! through their header words; `create` pops it with one CAS (no lock), and
-//! only collection, which holds `&mut`, pushes onto it.
+//! through their header words; `create` pops it with one CAS (no lock), a
+//! [`Loader`](super::Loader) pops it under the store's `free_lock`, and only
+//! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
+//! collection, under the same lock). So pops never race a push: no ABA.
 
 use std::alloc::Layout;
 use std::any::Any;
 use std::collections::HashMap;
 use std::panic::Location;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use allocator_api2::alloc::Allocator;
-use parking_lot::Mutex;
 
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::track::StackTrace;
 use crate::Error;
 
@@ -26,7 +28,7 @@ use super::shared::{locate, segment_first, segment_len, StoreShared, MAX_SEGMENT
 use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
-use super::{CollectStats, LeakEntry, MMObject, ObjectKey};
+use super::{CollectStats, Destroyed, LeakEntry, MMObject, ObjectKey};
 
 /// A store's configuration, fixed at creation.
 #[derive(Debug, Clone, Copy)]
@@ -60,8 +62,16 @@ pub(crate) struct StoreConfig {
 ///   list, on the free list (or is about to be, inside `create`), or retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
 ///   `retired`).
-/// - While other threads may use the store (`&self`), the free list is only
-///   popped; pushes happen under `&mut self`.
+/// - The store is only ever borrowed shared (see `registry.rs`). The free
+///   list is popped by `create` with a CAS while the manager is borrowed
+///   shared, and by loaders at any time, under `free_lock`; it is pushed only
+///   by collection, which holds `&mut ObjectManager` (so no `create` runs)
+///   and takes `free_lock` for the push (so no loader pops meanwhile).
+/// - While `iterating` is non-zero, new objects take never-used slots (past
+///   every iterator's end) instead of free ones, so an iteration never
+///   yields an object created after it began. It is reset under
+///   `&mut ObjectManager`, where no iterator can be alive (a forgotten one
+///   only costs fresh slots until then).
 /// - The free list's length is the high half of `free_head`, kept in the same
 ///   word as its head so that a pop updates both with its one CAS. Objects
 ///   created and not yet destroyed are therefore
@@ -76,26 +86,48 @@ pub(crate) struct Store<T> {
     len: AtomicU32,
     destroyed: AtomicU64,
     /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
-    destroyed_in_place: u64,
+    destroyed_in_place: AtomicU64,
     /// Slots retired because their generation reached [`GENERATION_LIMIT`].
     retired: AtomicU64,
     peak_resident: AtomicU64,
     grow_lock: Mutex<()>,
+    /// Taken by loaders to pop, and by collection to push (see the invariants).
+    free_lock: Mutex<()>,
+    /// Live iterators over this store (see the invariants).
+    iterating: AtomicU32,
     index_space: Arc<IndexSpace>,
     config: StoreConfig,
     tracking: Option<Tracking>,
+    /// Called with each object just before collection drops it.
+    on_destroy: Mutex<Option<DestroyHook<T>>>,
     alloc: StoreAlloc,
-    leaked: bool,
+    leaked: AtomicBool,
+}
+
+/// A per-type destroy callback: see [`ObjectManager::on_destroy`](super::ObjectManager::on_destroy).
+pub(crate) type DestroyHook<T> = Box<dyn FnMut(ObjectKey, &mut T) + Send>;
+
+/// Where `create` may take a used slot from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotSource {
+    /// A create through `&ObjectManager`: no collection can run, so the free
+    /// list is popped without its lock.
+    Manager,
+    /// A create through a loader, which may run during a collection: the free
+    /// list is popped under `free_lock`.
+    Loader,
 }
 
 // SAFETY: the store owns `T`s, hands out `&T` to any thread holding `&self`
-// (needs `T: Sync`) and drops them on the thread holding `&mut self` (needs
-// `T: Send`). All shared mutable state is atomic or behind `grow_lock`; the
+// (needs `T: Sync`) and drops them on the thread holding `&mut ObjectManager`
+// (needs `T: Send`). All shared mutable state is atomic or behind a lock; the
 // slot values are only written by the thread that popped the slot (`create`)
-// or under `&mut self` (collection).
+// or under `&mut ObjectManager` (collection, `get_mut`). The destroy hook is
+// `Send` and only called under its lock.
 unsafe impl<T: Send + Sync> Send for Store<T> {}
 // SAFETY: `&Store<T>` gives `&T` to its thread (`T: Sync`) and may create a
 // `T` that another thread later drops (`T: Send`); the rest is as for `Send`.
+// The destroy hook is reached only through its mutex.
 unsafe impl<T: Send + Sync> Sync for Store<T> {}
 
 /// A newly occupied slot, holding one counted reference.
@@ -141,15 +173,18 @@ impl<T: MMObject> Store<T> {
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
             destroyed: AtomicU64::new(0),
-            destroyed_in_place: 0,
+            destroyed_in_place: AtomicU64::new(0),
             retired: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
             grow_lock: Mutex::new(()),
+            free_lock: Mutex::new(()),
+            iterating: AtomicU32::new(0),
             index_space,
             tracking: config.tracker.map(|tracker| Tracking::new(tracker, T::TAG, alloc.clone())),
+            on_destroy: Mutex::new(None),
             config,
             alloc,
-            leaked: false,
+            leaked: AtomicBool::new(false),
         })
     }
 
@@ -224,6 +259,7 @@ impl<T: MMObject> Store<T> {
         value: T,
         site: &'static Location<'static>,
         strict: bool,
+        source: SlotSource,
     ) -> Result<Inserted<T>, (T, Error)> {
         let charged = match &self.tracking {
             Some(tracking) => {
@@ -235,7 +271,15 @@ impl<T: MMObject> Store<T> {
             }
             None => None,
         };
-        let local = match self.pop_free() {
+        let reused = match source {
+            _ if self.iterating.load(Ordering::Relaxed) > 0 => None,
+            SlotSource::Manager => self.pop_free(),
+            SlotSource::Loader => {
+                let _free = self.free_lock.lock();
+                self.pop_free()
+            }
+        };
+        let local = match reused {
             Some(local) => local,
             None => match self.bump() {
                 Ok(local) => local,
@@ -266,8 +310,8 @@ impl<T: MMObject> Store<T> {
     }
 
     /// Pops the free list, decrementing its length in the same CAS.
-    /// Concurrent callers only pop, so the head never returns to a value it
-    /// held: a stale `next` read makes the CAS fail.
+    /// Concurrent callers only pop (see the type's invariants), so the head
+    /// never returns to a value it held: a stale `next` read makes the CAS fail.
     #[inline]
     fn pop_free(&self) -> Option<u32> {
         let mut word = self.free_head.load(Ordering::Acquire);
@@ -415,14 +459,28 @@ impl<T: MMObject> Store<T> {
         self.peak_resident.fetch_max(resident, Ordering::Relaxed).max(resident)
     }
 
-    /// Destroys dead objects until the dead list is empty or `budget` runs out.
+    /// Destroys dead objects until the dead list is empty or `budget` runs out,
+    /// recording each in `events` if given. Returns how many it destroyed.
     ///
-    /// If a `Drop` (or `size()`) panics, the slot being destroyed is already
-    /// on the free list (its value counts as dropped, as after any panicking
-    /// drop), and the rest of the chain goes back onto the dead list before
-    /// the panic propagates.
-    pub(crate) fn collect(&mut self, budget: &mut usize, stats: &mut CollectStats) -> usize {
+    /// If a `Drop`, `size()` or the destroy hook panics, that object is
+    /// destroyed all the same (its value counts as dropped, as after any
+    /// panicking drop), the rest of the chain goes back onto the dead list,
+    /// and then the panic propagates.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager: no
+    /// reference into any of its values is alive, and no `create` through the
+    /// manager runs (loaders may).
+    pub(crate) unsafe fn collect(
+        &self,
+        budget: &mut usize,
+        stats: &mut CollectStats,
+        mut events: Option<&mut std::vec::Vec<Destroyed>>,
+    ) -> usize {
         self.note_peak();
+        // No iterator is alive under `&mut ObjectManager` (invariants).
+        self.iterating.store(0, Ordering::Relaxed);
         if *budget == 0 {
             return 0;
         }
@@ -430,50 +488,57 @@ impl<T: MMObject> Store<T> {
         if head == NIL {
             return 0;
         }
-        let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: 0 };
+        let mut hook = self.on_destroy.lock();
+        let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: FreedChain::default() };
         while requeue.rest != NIL && *budget > 0 {
             let local = requeue.rest;
-            let store = &*requeue.store;
-            let slot = store.slot(local).expect("dead slots live in published segments");
+            let slot = self.slot(local).expect("dead slots live in published segments");
             requeue.rest = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
             requeue.current = local;
-            // A panicking `size()` must not keep the object queued forever (every
-            // later collection, and shutdown, would stop at it): destroy the
-            // object first, then let the panic propagate.
-            let bytes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                // SAFETY: a dead slot is still occupied; we hold `&mut self`.
-                unsafe { Self::value_unchecked(slot) }.size()
+            let generation = slot.header.generation.load(Ordering::Relaxed);
+            // A panicking `size()` or hook must not keep the object queued
+            // forever (every later collection, and shutdown, would stop at
+            // it): destroy the object first, then let the panic propagate.
+            let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: a dead slot is still occupied, and the caller's
+                // `&mut ObjectManager` excludes every other reference to it.
+                let value = unsafe { (*slot.value.get()).assume_init_mut() };
+                let bytes = value.size();
+                if let Some(hook) = hook.as_mut() {
+                    hook(self.key_of(local, generation), value);
+                }
+                bytes
             }));
             requeue.current = NIL;
-            store.free_slot(slot, local);
-            requeue.freed += 1;
+            if let Some(events) = events.as_deref_mut() {
+                events.push(Destroyed::new::<T>(self.key_of(local, generation)));
+            }
+            requeue.freed.destroyed += 1;
+            if self.free_slot(slot) {
+                requeue.freed.push(local, slot);
+            }
             // SAFETY: the slot was occupied (its value initialised) and is now
             // vacant and unreachable from any handle; the value is dropped
             // exactly once, here.
             unsafe { (*slot.value.get()).assume_init_drop() };
             *budget -= 1;
             stats.objects += 1;
-            if let Some(tracking) = &store.tracking {
+            if let Some(tracking) = &self.tracking {
                 tracking.release(local);
             }
-            match bytes {
+            match seen {
                 Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),
                 Err(payload) => std::panic::resume_unwind(payload),
             }
         }
-        requeue.freed as usize
+        requeue.freed.destroyed as usize
     }
 
-    /// Marks a dead slot vacant and pushes it on the free list.
-    ///
-    /// The caller counts it in `destroyed` (see [`Requeue::freed`]): one plain
-    /// add per collection instead of a locked add per slot, which would wait
-    /// for the stores to this cold slot to drain.
-    ///
-    /// A slot whose next occupied generation would reach
-    /// [`GENERATION_LIMIT`] is retired instead: it stays vacant for good.
+    /// Marks a dead slot vacant. Returns false if the slot retired instead
+    /// (its next occupied generation would reach [`GENERATION_LIMIT`]): it
+    /// then stays vacant for good, and must not go on the free list.
     #[inline]
-    fn free_slot(&self, slot: &Slot<T>, local: u32) {
+    fn free_slot(&self, slot: &Slot<T>) -> bool {
         let generation = slot.header.generation.load(Ordering::Relaxed) + 1;
         debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
         debug_assert!(generation <= GENERATION_LIMIT, "generations never pass the limit");
@@ -481,22 +546,70 @@ impl<T: MMObject> Store<T> {
         if generation >= GENERATION_LIMIT {
             slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
             self.retire();
+            return false;
+        }
+        true
+    }
+
+    /// Puts a chain of freed slots on the free list, under `free_lock`.
+    fn push_free_chain(&self, chain: &FreedChain) {
+        if chain.head == NIL {
             return;
         }
+        let _free = self.free_lock.lock();
         let (head, free) = split_free(self.free_head.load(Ordering::Relaxed));
-        slot.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
-        self.free_head.store(free_word(local, free + 1), Ordering::Release);
+        let tail = self.slot(chain.tail).expect("freed slots live in published segments");
+        tail.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
+        // Release: a popper that sees the new head sees the links above.
+        self.free_head.store(free_word(chain.head, free + chain.len), Ordering::Release);
+    }
+
+    /// Sets (or clears) the destroy hook.
+    pub(crate) fn set_destroy_hook(&self, hook: Option<DestroyHook<T>>) {
+        *self.on_destroy.lock() = hook;
+    }
+
+    /// The store's segment `k` and the manager-wide index of its first slot,
+    /// if it is published: for iterators, which walk a segment at a time.
+    #[inline]
+    pub(crate) fn segment(&self, segment: usize) -> Option<(NonNull<Slot<T>>, u32)> {
+        let base = NonNull::new(self.segments.get(segment)?.load(Ordering::Acquire))?;
+        let first = segment_first(segment, self.config.base_bits);
+        Some((base, self.shared().global_index(first)))
+    }
+
+    /// Live objects (dead ones not counted). Costs O(dead).
+    pub(crate) fn live_count_now(&self) -> usize {
+        (self.resident() as usize).saturating_sub(self.dead_count())
+    }
+
+    /// One past the last used local index.
+    #[inline]
+    pub(crate) fn used(&self) -> u32 {
+        self.len.load(Ordering::Acquire)
     }
 }
 
 impl<T> Store<T> {
+    /// Counts a new iterator over the store (see the invariants).
+    pub(crate) fn begin_iteration(&self) {
+        self.iterating.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Uncounts an iterator.
+    pub(crate) fn end_iteration(&self) {
+        // A collection may have reset the count under a forgotten iterator's
+        // feet; never wrap below zero.
+        let _ = self.iterating.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
     /// Objects created and not yet destroyed (live or dead): used slots that
     /// are neither free, retired, nor destroyed in place.
     pub(crate) fn resident(&self) -> u64 {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
         let retired = self.retired.load(Ordering::Relaxed);
-        used.saturating_sub(free + retired + self.destroyed_in_place)
+        used.saturating_sub(free + retired + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
     #[cold]
@@ -576,20 +689,52 @@ fn split_free(word: u64) -> (u32, u32) {
     (word as u32, (word >> 32) as u32)
 }
 
-/// Puts the unprocessed part of a dead chain back if collection unwinds.
+/// Slots freed by one collection, linked through their header words, to be
+/// put on the free list at once (one lock, not one per slot).
+struct FreedChain {
+    head: u32,
+    tail: u32,
+    /// Slots in the chain.
+    len: u32,
+    /// Objects destroyed, retired slots included: added to `destroyed` at the
+    /// end (one add per collection, not a locked add per slot, which would
+    /// wait for the stores to each cold slot to drain).
+    destroyed: u64,
+}
+
+impl Default for FreedChain {
+    fn default() -> Self {
+        FreedChain { head: NIL, tail: NIL, len: 0, destroyed: 0 }
+    }
+}
+
+impl FreedChain {
+    /// Links the freed slot `local` in front of the chain.
+    fn push<T>(&mut self, local: u32, slot: &Slot<T>) {
+        slot.header.word.store(LINK_FLAG | self.head, Ordering::Relaxed);
+        if self.head == NIL {
+            self.tail = local;
+        }
+        self.head = local;
+        self.len += 1;
+    }
+}
+
+/// Finishes a collection, also when it unwinds: frees the chain of freed
+/// slots, and puts the unprocessed part of the dead chain back.
 struct Requeue<'a, T: MMObject> {
-    store: &'a mut Store<T>,
+    store: &'a Store<T>,
     /// The next dead slot to process.
     rest: u32,
     /// A dead slot taken off the chain whose value is still in use.
     current: u32,
-    /// Slots put on the free list so far, added to `destroyed` on drop (also when unwinding).
-    freed: u64,
+    freed: FreedChain,
 }
 
 impl<T: MMObject> Drop for Requeue<'_, T> {
     fn drop(&mut self) {
-        self.store.destroyed.fetch_add(self.freed, Ordering::Relaxed);
+        self.store.destroyed.fetch_add(self.freed.destroyed, Ordering::Relaxed);
+        self.store.push_free_chain(&self.freed);
         let shared = self.store.shared();
         if self.current != NIL {
             let slot = self.store.slot(self.current).expect("published");
@@ -611,21 +756,53 @@ impl<T: MMObject> Drop for Requeue<'_, T> {
 }
 
 /// The type-erased face of a store, used by the manager.
+///
+/// The `unsafe` methods need the manager's exclusive access: their caller
+/// holds `&mut ObjectManager` of the store's manager, so no reference into
+/// its values is alive and no `create` through the manager runs.
 pub(crate) trait ErasedStore: Send + Sync {
     fn as_any(&self) -> &dyn Any;
     fn type_name(&self) -> &'static str;
     fn header(&self, local: u32) -> Option<&SlotHeader>;
     fn shared(&self) -> &StoreShared;
-    fn collect(&mut self, budget: &mut usize, stats: &mut CollectStats) -> usize;
+    /// See [`Store::collect`].
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` (see the trait).
+    unsafe fn collect(
+        &self,
+        budget: &mut usize,
+        stats: &mut CollectStats,
+        events: Option<&mut std::vec::Vec<Destroyed>>,
+    ) -> usize;
     fn dead_count(&self) -> usize;
     fn live_count(&self) -> usize;
     fn report(&self) -> TypeReport;
     fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject));
-    fn live_object_mut(&mut self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject>;
-    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str, ObjectKey));
+    /// The live object in slot `local` with `generation`, for writing.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` (see the trait), and keeps the
+    /// result no longer than that borrow.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn live_object_mut(&self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject>;
+    /// Drops every object in place (shutdown).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` (see the trait), and no loader
+    /// can create any more (the registry is closed).
+    unsafe fn destroy_all(&self, on_panic: &mut dyn FnMut(&'static str, ObjectKey));
     /// Creation stacks of occupied slots, when a tracker in `Mode::Stacks` is attached.
     fn creation_stacks(&self) -> HashMap<ObjectKey, StackTrace>;
-    fn settle(&mut self) -> Settled;
+    /// Decides whether the store's memory may be freed when it drops.
+    ///
+    /// # Safety
+    ///
+    /// As for [`destroy_all`](Self::destroy_all), which must have run.
+    unsafe fn settle(&self) -> Settled;
 }
 
 /// A live object seen without its type.
@@ -671,8 +848,14 @@ impl<T: MMObject> ErasedStore for Store<T> {
         Store::shared(self)
     }
 
-    fn collect(&mut self, budget: &mut usize, stats: &mut CollectStats) -> usize {
-        Store::collect(self, budget, stats)
+    unsafe fn collect(
+        &self,
+        budget: &mut usize,
+        stats: &mut CollectStats,
+        events: Option<&mut std::vec::Vec<Destroyed>>,
+    ) -> usize {
+        // SAFETY: the caller's contract is `Store::collect`'s.
+        unsafe { Store::collect(self, budget, stats, events) }
     }
 
     fn dead_count(&self) -> usize {
@@ -680,7 +863,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     }
 
     fn live_count(&self) -> usize {
-        (self.resident() as usize).saturating_sub(self.dead_count())
+        self.live_count_now()
     }
 
     fn report(&self) -> TypeReport {
@@ -717,34 +900,44 @@ impl<T: MMObject> ErasedStore for Store<T> {
         });
     }
 
-    fn live_object_mut(&mut self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject> {
+    unsafe fn live_object_mut(&self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject> {
         let slot = self.slot(local)?;
         if !slot.header.is_live(generation) {
             return None;
         }
         // SAFETY: `is_live` read the generation as odd with `Acquire`, so the
-        // value is initialised; `&mut self` (reached only through
-        // `&mut ObjectManager`) excludes every other reference to the value.
+        // value is initialised; the caller's `&mut ObjectManager` excludes
+        // every other reference to the value for as long as it keeps this one.
         Some(unsafe { (*slot.value.get()).assume_init_mut() })
     }
 
-    fn destroy_all(&mut self, on_panic: &mut dyn FnMut(&'static str, ObjectKey)) {
+    unsafe fn destroy_all(&self, on_panic: &mut dyn FnMut(&'static str, ObjectKey)) {
         let mut destroyed = 0;
+        let mut hook = self.on_destroy.lock();
         self.for_each_slot(|local, slot| {
             let generation = slot.header.generation.load(Ordering::Relaxed);
             if generation & 1 == 1 {
+                let key = self.key_of(local, generation);
+                if let Some(hook) = hook.as_mut() {
+                    // SAFETY: the slot is occupied, and the caller's
+                    // `&mut ObjectManager` excludes every other reference.
+                    let value = unsafe { (*slot.value.get()).assume_init_mut() };
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(key, value))).is_err() {
+                        on_panic(T::TYPE_NAME, key);
+                    }
+                }
                 slot.header.generation.store(generation.wrapping_add(1), Ordering::Release);
                 destroyed += 1;
                 // SAFETY: the slot was occupied, so its value is initialised; it
                 // is now marked vacant, so nothing reads or drops it again.
                 let drop_value = || unsafe { (*slot.value.get()).assume_init_drop() };
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_value)).is_err() {
-                    on_panic(T::TYPE_NAME, self.key_of(local, generation));
+                    on_panic(T::TYPE_NAME, key);
                 }
             }
         });
         self.destroyed.fetch_add(destroyed, Ordering::Relaxed);
-        self.destroyed_in_place += destroyed;
+        self.destroyed_in_place.fetch_add(destroyed, Ordering::Relaxed);
         if let Some(tracking) = &self.tracking {
             tracking.credit_all();
         }
@@ -770,7 +963,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     /// that is not is still referenced from outside the manager, or its last
     /// handle is being dropped on another thread right now: then the memory
     /// is leaked on purpose, so those handles stay sound.
-    fn settle(&mut self) -> Settled {
+    unsafe fn settle(&self) -> Settled {
         let limit = self.len.load(Ordering::Relaxed) as usize;
         let mut accounted = vec![false; limit];
         let mut mark = |store: &Self, mut at: u32| {
@@ -807,7 +1000,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
         let outliving = accounted.iter().filter(|&&a| !a).count();
         let mut settled = Settled { outliving, leaked_bytes: 0 };
         if outliving > 0 {
-            self.leaked = true;
+            self.leaked.store(true, Ordering::Relaxed);
             for segment in 0..MAX_SEGMENTS {
                 if !self.segments[segment].load(Ordering::Relaxed).is_null() {
                     settled.leaked_bytes +=
@@ -822,7 +1015,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
 
 impl<T> Drop for Store<T> {
     fn drop(&mut self) {
-        if self.leaked {
+        if *self.leaked.get_mut() {
             // The leaked segments and shared part stay in the allocator, so
             // it must outlive them: keep one reference to it forever.
             std::mem::forget(self.alloc.clone());

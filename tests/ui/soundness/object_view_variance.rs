@@ -1,6 +1,7 @@
-// An `ObjectView` (and its `Iter`) is invariant in its type, like the store it reads.
+// Views and iterators are invariant in their type, like the store they read
+// (and `ObjectViewMut` and `IterMut` write).
 use mmobject::object::Iter;
-use mmobject::{MMObject, ObjectView};
+use mmobject::{IterMut, MMObject, ObjectView, ObjectViewMut};
 
 #[derive(MMObject)]
 struct Callback<F: Send + Sync + 'static> {
@@ -13,6 +14,16 @@ fn widen_view<'m>(v: ObjectView<'m, Callback<for<'a> fn(&'a str)>>) -> ObjectVie
 }
 
 fn widen_iter<'m>(i: Iter<'m, Callback<for<'a> fn(&'a str)>>) -> Iter<'m, Callback<fn(&'static str)>> {
+    i
+}
+
+fn widen_view_mut<'m>(
+    v: ObjectViewMut<'m, Callback<for<'a> fn(&'a str)>>,
+) -> ObjectViewMut<'m, Callback<fn(&'static str)>> {
+    v
+}
+
+fn widen_iter_mut<'m>(i: IterMut<'m, Callback<for<'a> fn(&'a str)>>) -> IterMut<'m, Callback<fn(&'static str)>> {
     i
 }
 

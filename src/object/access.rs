@@ -1,0 +1,353 @@
+//! Reading and writing objects: through handles, weak handles, keys, and
+//! several at once.
+
+use std::panic::Location;
+
+use crate::sync::Ordering;
+use crate::{Error, Result};
+
+use super::handle::unpack_location;
+use super::manager::fail;
+use super::slot::{AddRefError, Slot};
+use super::store::Store;
+use super::{Handle, HandleOrigin, MMObject, ObjectKey, ObjectManager, WeakHandle};
+
+impl ObjectManager {
+    #[inline]
+    pub(crate) fn check_manager(&self, found: u32) -> Result<()> {
+        if found == self.id() {
+            Ok(())
+        } else {
+            Err(Error::WrongManager { expected: self.id(), found })
+        }
+    }
+
+    /// Reads an object.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the handle belongs to another manager.
+    #[inline]
+    pub fn get<T: MMObject>(&self, handle: &Handle<T>) -> &T {
+        self.try_get(handle).unwrap_or_else(|e| fail(e))
+    }
+
+    /// Reads an object.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongManager`] if the handle belongs to another manager.
+    #[inline]
+    pub fn try_get<T: MMObject>(&self, handle: &Handle<T>) -> Result<&T> {
+        self.check_manager(handle.manager_id())?;
+        let slot = handle.slot();
+        debug_assert!(slot.header.generation.load(Ordering::Relaxed) & 1 == 1, "a handle's slot is occupied");
+        // SAFETY: the handle is counted, so its slot is occupied and its value
+        // initialised; it belongs to this manager, and `&self` keeps
+        // collection (the only thing that destroys values) away.
+        Ok(unsafe { (*slot.value.get()).assume_init_ref() })
+    }
+
+    /// Writes an object.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the handle belongs to another manager.
+    #[inline]
+    pub fn get_mut<T: MMObject>(&mut self, handle: &Handle<T>) -> &mut T {
+        self.try_get_mut(handle).unwrap_or_else(|e| fail(e))
+    }
+
+    /// Writes an object.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongManager`] if the handle belongs to another manager.
+    #[inline]
+    pub fn try_get_mut<T: MMObject>(&mut self, handle: &Handle<T>) -> Result<&mut T> {
+        self.check_manager(handle.manager_id())?;
+        // SAFETY: as in `try_get`; `&mut self` also excludes every other
+        // reference to objects of this manager.
+        Ok(unsafe { (*handle.slot().value.get()).assume_init_mut() })
+    }
+
+    /// The weak handle's slot if its object is live.
+    ///
+    /// # Safety
+    ///
+    /// The weak handle must belong to this manager (`weak.manager_id() == self.id`).
+    #[inline]
+    unsafe fn live_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&Slot<T>> {
+        let (store_index, local) = unpack_location(weak.location());
+        let store = self.registry().store_at::<T>(store_index)?;
+        // SAFETY: `local < 2^24` (unpacked) and `base_bits` is the store's.
+        // The weak handle belongs to this manager (caller), so
+        // (`WeakHandle` invariant) it names a slot of this store in a segment
+        // published before the weak handle was made, and so before this call.
+        let slot = unsafe { store.published_slot(local, store.base_bits()) };
+        slot.header.is_live(weak.key().generation()).then_some(slot)
+    }
+
+    #[inline]
+    fn weak_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<&Slot<T>> {
+        self.check_manager(weak.manager_id())?;
+        // SAFETY: the manager id was checked just above.
+        unsafe { self.live_slot(weak) }.ok_or_else(|| Error::StaleHandle {
+            type_name: T::TYPE_NAME,
+            index: weak.key().index(),
+            generation: weak.key().generation(),
+        })
+    }
+
+    /// Reads an object through a weak handle, touching no count.
+    ///
+    /// Returns `None` once the object's last strong handle is gone.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the weak handle belongs to another manager.
+    #[inline]
+    pub fn get_weak<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&T> {
+        if let Err(e) = self.check_manager(weak.manager_id()) {
+            fail(e)
+        }
+        // SAFETY: the manager id was checked just above.
+        let slot = unsafe { self.live_slot(weak) }?;
+        // SAFETY: `live_slot` saw the slot live with `Acquire`, so the value is
+        // initialised; `&self` keeps collection away.
+        Some(unsafe { Store::value_unchecked(slot) })
+    }
+
+    /// Reads an object through a weak handle.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleHandle`] if the object is dead or destroyed;
+    /// [`Error::WrongManager`] if the handle belongs to another manager.
+    #[inline]
+    pub fn try_get_weak<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<&T> {
+        let slot = self.weak_slot(weak)?;
+        // SAFETY: `weak_slot` saw the slot live with `Acquire`, so the value is
+        // initialised; `&self` keeps collection away.
+        Ok(unsafe { Store::value_unchecked(slot) })
+    }
+
+    /// Writes an object through a weak handle, if it is still live.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the weak handle belongs to another manager.
+    pub fn get_weak_mut<T: MMObject>(&mut self, weak: WeakHandle<T>) -> Option<&mut T> {
+        match self.weak_slot(weak) {
+            // SAFETY: live slot (value initialised) and `&mut self` is exclusive.
+            Ok(slot) => Some(unsafe { (*slot.value.get()).assume_init_mut() }),
+            Err(Error::StaleHandle { .. }) => None,
+            Err(e) => fail(e),
+        }
+    }
+
+    /// True while the object has strong handles.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the weak handle belongs to another manager.
+    pub fn is_alive<T: MMObject>(&self, weak: WeakHandle<T>) -> bool {
+        self.get_weak(weak).is_some()
+    }
+
+    /// A new strong handle from a weak one, while the object is live.
+    ///
+    /// A dead object is never revived: once the last strong handle is gone
+    /// this returns `None`, even before the object is collected.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the weak handle belongs to another manager, or on reference count overflow.
+    #[track_caller]
+    pub fn upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<Handle<T>> {
+        match self.try_upgrade(weak) {
+            Ok(handle) => Some(handle),
+            Err(Error::StaleHandle { .. }) => None,
+            Err(e) => fail(e),
+        }
+    }
+
+    /// A new strong handle from a weak one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleHandle`] if the object is dead or destroyed,
+    /// [`Error::WrongManager`] if the handle belongs to another manager,
+    /// [`Error::RefCountOverflow`] past 2^30 references.
+    #[track_caller]
+    pub fn try_upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<Handle<T>> {
+        let slot = self.weak_slot(weak)?;
+        let (store_index, local) = unpack_location(weak.location());
+        let key = weak.key();
+        match slot.header.try_add_ref(key.generation()) {
+            Ok(()) => {
+                let store = self.registry().store_at::<T>(store_index).expect("checked by weak_slot");
+                // SAFETY: we just counted a reference to this occupied slot.
+                Ok(unsafe {
+                    Handle::from_counted(
+                        std::ptr::NonNull::from(slot),
+                        store.shared_ptr(),
+                        key.generation(),
+                        local,
+                        HandleOrigin::Upgraded,
+                        Location::caller(),
+                    )
+                })
+            }
+            Err(AddRefError::Stale) => {
+                Err(Error::StaleHandle { type_name: T::TYPE_NAME, index: key.index(), generation: key.generation() })
+            }
+            Err(AddRefError::Overflow) => Err(Error::RefCountOverflow { type_name: T::TYPE_NAME, index: key.index() }),
+        }
+    }
+
+    // ---- keys ------------------------------------------------------------------
+
+    /// The slot a key names, if it is a live `T`.
+    fn key_slot<T: MMObject>(&self, key: ObjectKey) -> Result<&Slot<T>> {
+        let (store_index, local) = self.locate_key(key).ok_or(Error::UnknownKey { index: key.index() })?;
+        let Some(store) = self.registry().store_at::<T>(store_index) else {
+            let found = self.registry().store_by_index(store_index).map_or("?", |s| s.type_name());
+            return Err(Error::WrongType { expected: T::TYPE_NAME, found });
+        };
+        let slot = store.slot(local).ok_or(Error::UnknownKey { index: key.index() })?;
+        if !slot.header.is_live(key.generation()) {
+            return Err(Error::StaleHandle {
+                type_name: T::TYPE_NAME,
+                index: key.index(),
+                generation: key.generation(),
+            });
+        }
+        Ok(slot)
+    }
+
+    /// Reads the object an [`ObjectKey`] names, if it is a live `T`: the
+    /// typed lookup for side tables keyed by `ObjectKey` (a
+    /// `slotmap::SecondaryMap`, a [`Destroyed`](crate::Destroyed) event).
+    ///
+    /// A key carries no manager id, so a key of another manager is only
+    /// caught if it names no slot here, a slot of another type, or a slot
+    /// whose generation differs (generations start at a different value in
+    /// each manager). Use handles where the manager check matters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Mesh { vertices: u32 }
+    /// #[derive(MMObject)]
+    /// struct Texture { width: u32 }
+    ///
+    /// let mm = ObjectManager::new();
+    /// let mesh = mm.create(Mesh { vertices: 3 });
+    /// let key = mesh.key();
+    /// assert_eq!(mm.get_by_key::<Mesh>(key).map(|m| m.vertices), Some(3));
+    /// assert!(mm.get_by_key::<Texture>(key).is_none(), "another type");
+    /// assert!(mm.try_get_by_key::<Texture>(key).is_err());
+    /// ```
+    pub fn get_by_key<T: MMObject>(&self, key: ObjectKey) -> Option<&T> {
+        self.try_get_by_key(key).ok()
+    }
+
+    /// Reads the object an [`ObjectKey`] names, or says why not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownKey`] if the key names no slot of this manager,
+    /// [`Error::WrongType`] if it names a slot of another type,
+    /// [`Error::StaleHandle`] if its object is dead or destroyed.
+    pub fn try_get_by_key<T: MMObject>(&self, key: ObjectKey) -> Result<&T> {
+        let slot = self.key_slot::<T>(key)?;
+        // SAFETY: `key_slot` saw the slot live with `Acquire`, so the value is
+        // initialised; `&self` keeps collection away.
+        Ok(unsafe { Store::value_unchecked(slot) })
+    }
+
+    /// Writes the object an [`ObjectKey`] names, if it is a live `T`.
+    pub fn get_by_key_mut<T: MMObject>(&mut self, key: ObjectKey) -> Option<&mut T> {
+        let slot = self.key_slot::<T>(key).ok()?;
+        // SAFETY: live slot (value initialised) and `&mut self` is exclusive.
+        Some(unsafe { (*slot.value.get()).assume_init_mut() })
+    }
+
+    // ---- several at once -----------------------------------------------------
+
+    /// Writes several objects of one type at once, as
+    /// `slotmap::SlotMap::get_disjoint_mut` does.
+    ///
+    /// # Panics
+    ///
+    /// Panics if two handles name the same object, or a handle belongs to
+    /// another manager: see [`try_get_disjoint_mut`](Self::try_get_disjoint_mut).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Body { velocity: f32 }
+    ///
+    /// let mut mm = ObjectManager::new();
+    /// let (a, b) = (mm.create(Body { velocity: 1.0 }), mm.create(Body { velocity: -1.0 }));
+    /// let [x, y] = mm.get_disjoint_mut([&a, &b]);
+    /// std::mem::swap(&mut x.velocity, &mut y.velocity);
+    /// assert_eq!(mm[&a].velocity, -1.0);
+    /// ```
+    #[track_caller]
+    pub fn get_disjoint_mut<T: MMObject, const N: usize>(&mut self, handles: [&Handle<T>; N]) -> [&mut T; N] {
+        self.try_get_disjoint_mut(handles).unwrap_or_else(|e| fail(e))
+    }
+
+    /// Writes several objects of one type at once, or says why not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AliasedHandles`] if two handles name the same object;
+    /// [`Error::WrongManager`] if a handle belongs to another manager.
+    pub fn try_get_disjoint_mut<T: MMObject, const N: usize>(
+        &mut self,
+        handles: [&Handle<T>; N],
+    ) -> Result<[&mut T; N]> {
+        self.view_mut::<T>().try_into_disjoint_mut(handles)
+    }
+
+    /// Writes several objects of one type at once through weak handles;
+    /// `None` if any of them is dead.
+    ///
+    /// # Panics
+    ///
+    /// Panics if two weak handles name the same object, or one belongs to
+    /// another manager.
+    #[track_caller]
+    pub fn get_disjoint_weak_mut<T: MMObject, const N: usize>(
+        &mut self,
+        weaks: [WeakHandle<T>; N],
+    ) -> Option<[&mut T; N]> {
+        match self.try_get_disjoint_weak_mut(weaks) {
+            Ok(values) => Some(values),
+            Err(Error::StaleHandle { .. }) => None,
+            Err(e) => fail(e),
+        }
+    }
+
+    /// Writes several objects of one type at once through weak handles, or says why not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleHandle`] if one is dead; [`Error::AliasedHandles`] if
+    /// two name the same object; [`Error::WrongManager`].
+    pub fn try_get_disjoint_weak_mut<T: MMObject, const N: usize>(
+        &mut self,
+        weaks: [WeakHandle<T>; N],
+    ) -> Result<[&mut T; N]> {
+        self.view_mut::<T>().try_into_disjoint_weak_mut(weaks)
+    }
+}

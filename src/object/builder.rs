@@ -1,0 +1,280 @@
+//! Building an [`ObjectManager`]: options, and the process-wide manager ids.
+
+use std::any::TypeId;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use allocator_api2::alloc::Allocator;
+
+use crate::track::Tracker;
+
+use super::index_space::MAX_INDEX;
+use super::registry::{Registry, RegistryConfig};
+use super::slot::GENERATION_LIMIT;
+use super::store_alloc::StoreAlloc;
+use super::{MMObject, ObjectManager};
+
+static NEXT_MANAGER_ID: AtomicU32 = AtomicU32::new(1);
+
+/// Options for an [`ObjectManager`].
+///
+/// # Examples
+///
+/// ```
+/// use mmobject::ObjectManager;
+///
+/// let mm = ObjectManager::builder()
+///     .segment_base(1024)
+///     .max_objects_per_type(100_000)
+///     .build();
+/// # drop(mm);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ObjectManagerBuilder {
+    segment_base: u32,
+    max_objects_per_type: u32,
+    report_leaks: bool,
+    tracker: Option<&'static Tracker>,
+    first_generation: Option<u32>,
+    alloc: Option<StoreAlloc>,
+    alloc_for: Vec<(TypeId, StoreAlloc)>,
+    destroy_events: bool,
+}
+
+impl Default for ObjectManagerBuilder {
+    fn default() -> Self {
+        ObjectManagerBuilder {
+            segment_base: 64,
+            max_objects_per_type: MAX_INDEX,
+            report_leaks: true,
+            tracker: None,
+            first_generation: None,
+            alloc: None,
+            alloc_for: Vec::new(),
+            destroy_events: false,
+        }
+    }
+}
+
+impl ObjectManagerBuilder {
+    /// Starts from the defaults: first segment of 64 slots, 2^24 objects per type, leak logging on.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Slots in each type's first segment (rounded up to a power of two, at most 2^20).
+    /// Segment `k` holds `base << k` slots.
+    pub fn segment_base(mut self, slots: u32) -> Self {
+        self.segment_base = slots.clamp(1, 1 << 20).next_power_of_two();
+        self
+    }
+
+    /// The most objects of one type alive (or dead, not yet collected) at once.
+    /// Past it, `try_create` fails with [`Error::CapacityExceeded`].
+    pub fn max_objects_per_type(mut self, max: u32) -> Self {
+        self.max_objects_per_type = max.min(MAX_INDEX);
+        self
+    }
+
+    /// Whether shutdown logs each leaked object (default: on). The
+    /// [`ObjectLeakReport`](super::ObjectLeakReport) is returned either way.
+    pub fn report_leaks(mut self, on: bool) -> Self {
+        self.report_leaks = on;
+        self
+    }
+
+    /// Reports each type's bytes to `tracker`, under the type's `#[mm(tag)]`.
+    ///
+    /// A budget on that tag then limits creation: [`ObjectManager::try_create`]
+    /// returns [`Error::BudgetExceeded`] when the new object would go over it,
+    /// whatever the tag's policy, and [`ObjectManager::create`] follows the
+    /// tag's [`BudgetPolicy`](crate::track::BudgetPolicy) (log, callback, or
+    /// panic for `Error` and `Panic`). In [`Mode::Stacks`](crate::track::Mode::Stacks)
+    /// the leak report also shows each leaked object's creation stack.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::track::{BudgetPolicy, Tracker};
+    /// use mmobject::{Error, MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// #[mm(tag = "Textures")]
+    /// struct Texture { pixels: Vec<u8> }
+    ///
+    /// static TRACKER: Tracker = Tracker::new();
+    /// TRACKER.set_budget(TRACKER.tag_named("Textures"), 4096);
+    ///
+    /// let mm = ObjectManager::builder().tracker(&TRACKER).build();
+    /// let small = mm.create(Texture { pixels: vec![0; 1024] });
+    /// let big = mm.try_create(Texture { pixels: vec![0; 8192] });
+    /// assert!(matches!(big.unwrap_err().error, Error::BudgetExceeded { tag: "Textures", .. }));
+    /// assert!(TRACKER.tag_stats(TRACKER.tag_named("Textures")).bytes >= 1024);
+    /// # drop(small);
+    /// ```
+    pub fn tracker(mut self, tracker: &'static Tracker) -> Self {
+        self.tracker = Some(tracker);
+        self
+    }
+
+    /// Test hook: new slots start at this generation (even, below 2^31)
+    /// instead of the manager's own, so a test can reach the generation limit
+    /// in a few creates. Any start is sound; it only moves the limit closer.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `generation` is odd or not below 2^31.
+    #[doc(hidden)]
+    pub fn first_generation_for_tests(mut self, generation: u32) -> Self {
+        assert!(
+            generation & 1 == 0 && generation < GENERATION_LIMIT,
+            "a first generation is even and below 2^31, got {generation}"
+        );
+        self.first_generation = Some(generation);
+        self
+    }
+
+    /// Takes every byte of store memory from `allocator`: the segments that
+    /// hold the objects, and the side tables that grow with them (raw
+    /// references, the manager's index ranges, each store's shared header,
+    /// and with a [tracker](Self::tracker) the per-object charge table).
+    /// All of it goes back to the allocator when the manager drops, except
+    /// what handles that outlive the manager still point into (then the leak
+    /// report says how many bytes were kept on purpose). What stays on the
+    /// global allocator: each store's descriptor (about half a KiB per type,
+    /// allocated when the type is first used), and the diagnostics tables of
+    /// the `handle-sites` feature and of a tracker in `Mode::Stacks`.
+    ///
+    /// Any [`Allocator`](allocator_api2::alloc::Allocator) that is
+    /// `Send + Sync + 'static` works, including a `&'static` reference to one
+    /// of the crate's allocators. Without this call, store memory comes from
+    /// [`SegmentAlloc::global`](crate::alloc::SegmentAlloc::global). A store
+    /// asks for about `log2(objects)` segments over its life, each twice the
+    /// size of the one before, so the allocator sees few, large requests.
+    ///
+    /// When the allocator refuses, [`ObjectManager::try_create`] returns
+    /// [`Error::StoreOutOfMemory`] with the value, and
+    /// [`ObjectManager::create`] panics with that error's message, which names
+    /// the type and the allocator. Objects already alive are untouched.
+    ///
+    /// # Examples
+    ///
+    /// A level whose objects live under a 16 MiB cap:
+    ///
+    /// ```
+    /// use mmobject::alloc::SegmentAlloc;
+    /// use mmobject::{Error, MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Prop { transform: [f32; 16] }
+    ///
+    /// static LEVEL_MEMORY: SegmentAlloc = SegmentAlloc::with_limit(16 << 20);
+    ///
+    /// let mut level = ObjectManager::builder().allocator(&LEVEL_MEMORY).build();
+    /// let props: Vec<_> = (0..1000).map(|_| level.create(Prop { transform: [0.0; 16] })).collect();
+    /// assert!(LEVEL_MEMORY.stats().in_use > 1000 * 64);
+    /// drop(props);
+    /// level.collect_garbage();
+    /// drop(level);
+    /// assert_eq!(LEVEL_MEMORY.stats().in_use, 0, "all of it went back");
+    /// ```
+    pub fn allocator<A: Allocator + Send + Sync + 'static>(mut self, allocator: A) -> Self {
+        self.alloc = Some(StoreAlloc::new(allocator));
+        self
+    }
+
+    /// Like [`allocator`](Self::allocator), for the store of `T` alone; it
+    /// wins over `allocator` for that type. (The manager-wide index table
+    /// stays with the manager's allocator.)
+    pub fn allocator_for<T: MMObject, A: Allocator + Send + Sync + 'static>(mut self, allocator: A) -> Self {
+        self.alloc_for.retain(|(type_id, _)| *type_id != TypeId::of::<T>());
+        self.alloc_for.push((TypeId::of::<T>(), StoreAlloc::new(allocator)));
+        self
+    }
+
+    /// Records a [`Destroyed`](super::Destroyed) event for every object collection destroys
+    /// (default: off), to be read with
+    /// [`ObjectManager::drain_destroyed`]. Each costs 32 bytes until drained:
+    /// drain them every frame.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Mesh { vertices: u32 }
+    ///
+    /// let mut mm = ObjectManager::builder().destroy_events(true).build();
+    /// let mesh = mm.create(Mesh { vertices: 3 });
+    /// let key = mesh.key();
+    /// drop(mesh);
+    /// mm.collect_garbage();
+    /// let events: Vec<_> = mm.drain_destroyed().collect();
+    /// assert_eq!(events.len(), 1);
+    /// assert_eq!(events[0].key(), key);
+    /// assert!(events[0].is::<Mesh>());
+    /// ```
+    pub fn destroy_events(mut self, on: bool) -> Self {
+        self.destroy_events = on;
+        self
+    }
+
+    /// Creates the manager.
+    ///
+    /// # Panics
+    ///
+    /// Panics once a process has built `u32::MAX - 1` managers. Manager ids are
+    /// never reused, because a handle of a dropped manager must never pass
+    /// another manager's check.
+    pub fn build(self) -> ObjectManager {
+        let id = next_manager_id();
+        let config = RegistryConfig {
+            base_bits: self.segment_base.trailing_zeros(),
+            max_objects: self.max_objects_per_type,
+            tracker: self.tracker,
+            first_generation: self.first_generation.unwrap_or_else(|| first_generation_of(id)),
+            alloc: self.alloc.unwrap_or_else(StoreAlloc::default_segments),
+            alloc_for: self.alloc_for,
+        };
+        ObjectManager::from_parts(
+            Arc::new(Registry::new(id, config)),
+            self.report_leaks,
+            self.destroy_events.then(Vec::new),
+        )
+    }
+}
+
+/// Hands out the next manager id: each once per process, never wrapping.
+fn next_manager_id() -> u32 {
+    let next = NEXT_MANAGER_ID.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1));
+    match next {
+        Ok(id) => id,
+        Err(_) => panic!(
+            "mmobject: object manager ids are used up: all {} have been handed out in this process, and ids \
+             are never reused (a handle of a dropped manager must never match a new one)",
+            u32::MAX - 1
+        ),
+    }
+}
+
+/// Test hook: moves the next manager id up to at least `id`, so a test can
+/// reach the end of the ids quickly. It never moves it down, so no id is ever
+/// handed out twice.
+#[doc(hidden)]
+pub fn skip_manager_ids_for_tests(id: u32) {
+    NEXT_MANAGER_ID.fetch_max(id, Ordering::Relaxed);
+}
+
+/// The generation a manager's new slots start at: even, spread over
+/// `0..2^22` by the id, so that a raw handle of one manager rarely matches a
+/// slot of another, while leaving each slot about 2^31 reuses before it
+/// retires.
+fn first_generation_of(id: u32) -> u32 {
+    (id.wrapping_mul(0x9E37_79B9) >> 11) << 1
+}
+
+/// The next id [`next_manager_id`] would hand out (ids below it were made).
+pub(crate) fn manager_ids_made() -> u32 {
+    NEXT_MANAGER_ID.load(Ordering::Relaxed)
+}

@@ -1,0 +1,200 @@
+//! Collection: destroying the dead, all at once, by count or by time, and
+//! telling the caller what was destroyed ([`Destroyed`] events and
+//! [`ObjectManager::on_destroy`] hooks).
+
+use std::any::TypeId;
+use std::time::{Duration, Instant};
+
+use super::{MMObject, ObjectKey, ObjectManager};
+
+/// Objects destroyed between two looks at the clock.
+const BATCH: usize = if cfg!(miri) { 4 } else { 32 };
+
+/// What [`ObjectManager::collect_garbage`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CollectStats {
+    /// Objects destroyed.
+    pub objects: usize,
+    /// Their bytes, as [`MMObject::size`] reported just before each was dropped.
+    pub bytes: usize,
+    /// Passes over the dead lists that destroyed something: more than one when
+    /// destroying objects released others (a cascade).
+    pub rounds: usize,
+}
+
+/// An object that collection destroyed: its key and type.
+///
+/// Recorded when the manager was built with
+/// [`destroy_events(true)`](crate::ObjectManagerBuilder::destroy_events), by
+/// every collection (`collect_garbage`, the budgeted and timed forms, cascades
+/// and [`collect_cycles`](ObjectManager::collect_cycles)), and read with
+/// [`ObjectManager::drain_destroyed`]. Shutdown records none: the manager is
+/// gone by then. Use it to clean side tables keyed by [`ObjectKey`] (a
+/// `SecondaryMap` of GPU buffers, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Destroyed {
+    key: ObjectKey,
+    type_name: &'static str,
+    type_id: TypeId,
+}
+
+impl Destroyed {
+    pub(crate) fn new<T: MMObject>(key: ObjectKey) -> Self {
+        Destroyed { key, type_name: T::TYPE_NAME, type_id: TypeId::of::<T>() }
+    }
+
+    /// The destroyed object's key (no live object has it any more).
+    pub fn key(&self) -> ObjectKey {
+        self.key
+    }
+
+    /// Its type's [`MMObject::TYPE_NAME`].
+    pub fn type_name(&self) -> &'static str {
+        self.type_name
+    }
+
+    /// True if the object was a `T`.
+    pub fn is<T: MMObject>(&self) -> bool {
+        self.type_id == TypeId::of::<T>()
+    }
+}
+
+impl ObjectManager {
+    /// Destroys every dead object, including those that become dead while
+    /// others are destroyed (cascades finish in the same call).
+    ///
+    /// Costs O(dead + types), never O(live). If a `Drop` panics, the manager
+    /// stays consistent (that object counts as destroyed, the rest stay
+    /// queued) and the panic propagates; the next call carries on.
+    pub fn collect_garbage(&mut self) -> CollectStats {
+        self.collect_garbage_budgeted(usize::MAX)
+    }
+
+    /// Like [`collect_garbage`](Self::collect_garbage), but stops after
+    /// `max_objects`; the rest stay queued for the next call.
+    pub fn collect_garbage_budgeted(&mut self, max_objects: usize) -> CollectStats {
+        let mut stats = CollectStats::default();
+        let mut budget = max_objects;
+        let registry = std::sync::Arc::clone(self.registry());
+        loop {
+            let mut freed = 0;
+            for store in registry.all_stores() {
+                // SAFETY: we hold `&mut self`.
+                freed += unsafe { store.collect(&mut budget, &mut stats, self.destroyed.as_mut()) };
+            }
+            if freed == 0 {
+                break;
+            }
+            stats.rounds += 1;
+            if budget == 0 {
+                break;
+            }
+        }
+        stats
+    }
+
+    /// Destroys dead objects for about `budget`, leaving the rest queued for
+    /// the next call.
+    ///
+    /// It works in batches of 32 objects (through
+    /// [`collect_garbage_budgeted`](Self::collect_garbage_budgeted)) and reads
+    /// the clock after each, so it overruns its budget by at most one batch of
+    /// `Drop`s. It always runs at least one batch, so repeated calls make
+    /// progress even with a zero budget. Nothing is lost between calls:
+    /// objects not destroyed stay on the dead lists. Cascades that outlast
+    /// the budget also stay queued.
+    ///
+    /// # Panics
+    ///
+    /// A panic in a `Drop` impl propagates, as in
+    /// [`collect_garbage`](Self::collect_garbage); the manager stays consistent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Particle { pos: [f32; 2] }
+    ///
+    /// let mut mm = ObjectManager::new();
+    /// for _ in 0..100 {
+    ///     drop(mm.create(Particle { pos: [0.0; 2] }));
+    /// }
+    /// let mut freed = 0;
+    /// while mm.dead_count() > 0 {
+    ///     freed += mm.collect_garbage_for(Duration::from_micros(50)).objects;
+    /// }
+    /// assert_eq!(freed, 100);
+    /// ```
+    pub fn collect_garbage_for(&mut self, budget: Duration) -> CollectStats {
+        let start = Instant::now();
+        let mut stats = CollectStats::default();
+        loop {
+            let batch = self.collect_garbage_budgeted(BATCH);
+            stats.objects += batch.objects;
+            stats.bytes = stats.bytes.saturating_add(batch.bytes);
+            stats.rounds += batch.rounds;
+            // Fewer than a batch means every dead list was found empty.
+            if batch.objects < BATCH || start.elapsed() >= budget {
+                return stats;
+            }
+        }
+    }
+
+    /// The [`Destroyed`] events recorded since the last drain, oldest first;
+    /// empty unless the manager was built with
+    /// [`destroy_events(true)`](crate::ObjectManagerBuilder::destroy_events).
+    ///
+    /// Events not drained stay (and take memory) until the next drain.
+    pub fn drain_destroyed(&mut self) -> std::vec::Drain<'_, Destroyed> {
+        let events = self.destroyed.get_or_insert_with(Vec::new);
+        events.drain(..)
+    }
+
+    /// Calls `hook` with each `T` collection destroys, just before its value
+    /// drops, with the key it had: to free what a side table keeps for it
+    /// (renderer resources, say), or to read its last state. It runs for
+    /// every collection (cascades and cycles included) and at shutdown for
+    /// the objects destroyed there. A second call replaces the hook.
+    ///
+    /// The hook must not panic; if it does, the object is destroyed all the
+    /// same and the panic propagates from the collection (at shutdown it is
+    /// logged and counted in [`ObjectLeakReport::drop_panics`](crate::ObjectLeakReport)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Texture { gpu_id: u32 }
+    ///
+    /// let mut mm = ObjectManager::new();
+    /// let (freed, gpu_frees) = mpsc::channel();
+    /// mm.on_destroy::<Texture>(move |_key, texture| freed.send(texture.gpu_id).unwrap());
+    /// drop(mm.create(Texture { gpu_id: 7 }));
+    /// mm.collect_garbage();
+    /// assert_eq!(gpu_frees.try_recv(), Ok(7));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Panics if `T`'s store cannot be made (see [`try_reserve`](Self::try_reserve)).
+    #[track_caller]
+    pub fn on_destroy<T: MMObject>(&mut self, hook: impl FnMut(ObjectKey, &mut T) + Send + 'static) {
+        match self.registry().store_or_register::<T>() {
+            Ok(store) => store.set_destroy_hook(Some(Box::new(hook))),
+            Err(e) => super::manager::fail(e),
+        }
+    }
+
+    /// Removes `T`'s destroy hook, if any.
+    pub fn clear_on_destroy<T: MMObject>(&mut self) {
+        if let Some(store) = self.store::<T>() {
+            store.set_destroy_hook(None);
+        }
+    }
+}

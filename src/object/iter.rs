@@ -1,0 +1,250 @@
+//! Iterators over the live objects of one type: [`Iter`] and [`IterMut`].
+//!
+//! Both walk the store a segment at a time, up to the slots used when they
+//! were made, so an object created during the iteration is never yielded
+//! (the store gives new objects fresh slots while an iterator is alive; see
+//! `store.rs`). Keys come from the segment's first index plus the offset, so
+//! a step is a generation load, a count load and an add.
+
+use std::iter::FusedIterator;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use crate::sync::Ordering;
+
+use super::handle::pack_location;
+use super::shared::{segment_first, segment_len, MAX_SEGMENTS};
+use super::slot::Slot;
+use super::store::Store;
+use super::{MMObject, ObjectKey, WeakHandle};
+
+/// The walk over one store's used slots, shared by [`Iter`] and [`IterMut`].
+///
+/// # Invariants
+///
+/// - While `offset < len`, `base` points to the published segment `segment`
+///   of `store`, whose slot `offset` has local index `first_local + offset`
+///   and manager-wide index `first_index + offset`; `len` never passes the
+///   segment's length.
+/// - The cursor counted itself in the store's `iterating` (`begin_iteration`)
+///   and uncounts itself when dropped.
+struct Cursor<'a, T> {
+    store: &'a Store<T>,
+    base: NonNull<Slot<T>>,
+    segment: usize,
+    offset: u32,
+    len: u32,
+    first_local: u32,
+    first_index: u32,
+    /// One past the last local index to visit: the slots used at the start.
+    end: u32,
+    /// Live objects not yet yielded, as counted at the start (see `len`).
+    remaining: usize,
+    manager: u32,
+}
+
+impl<'a, T: MMObject> Cursor<'a, T> {
+    fn new(store: &'a Store<T>, manager: u32) -> Self {
+        store.begin_iteration();
+        let end = store.used();
+        let remaining = store.live_count_now();
+        Cursor {
+            store,
+            base: NonNull::dangling(),
+            segment: usize::MAX,
+            offset: 0,
+            len: 0,
+            first_local: 0,
+            first_index: 0,
+            end,
+            remaining,
+            manager,
+        }
+    }
+
+    /// The next live slot, with its weak handle.
+    #[inline]
+    fn next_live(&mut self) -> Option<(WeakHandle<T>, &'a Slot<T>)> {
+        loop {
+            while self.offset < self.len {
+                let offset = self.offset;
+                self.offset += 1;
+                // SAFETY: `offset < len`, so the slot lies in the published
+                // segment `base` points to (type invariant), which lives as
+                // long as the store.
+                let slot = unsafe { &*self.base.as_ptr().add(offset as usize) };
+                let generation = slot.header.generation.load(Ordering::Acquire);
+                if !slot.header.is_live(generation) {
+                    continue;
+                }
+                self.remaining = self.remaining.saturating_sub(1);
+                let key = ObjectKey::new(self.first_index + offset, generation);
+                let location = pack_location(self.store.shared().store_index, self.first_local + offset);
+                return Some((WeakHandle::new(key, location, self.manager), slot));
+            }
+            if !self.next_segment() {
+                self.remaining = 0;
+                return None;
+            }
+        }
+    }
+
+    /// Moves to the next published segment below `end`; false at the end.
+    #[cold]
+    fn next_segment(&mut self) -> bool {
+        let base_bits = self.store.base_bits();
+        loop {
+            self.segment = self.segment.wrapping_add(1);
+            if self.segment >= MAX_SEGMENTS {
+                self.len = 0;
+                return false;
+            }
+            let first = segment_first(self.segment, base_bits);
+            if first >= self.end {
+                self.segment = MAX_SEGMENTS;
+                self.len = 0;
+                return false;
+            }
+            if let Some((base, first_index)) = self.store.segment(self.segment) {
+                self.base = base;
+                self.first_local = first;
+                self.first_index = first_index;
+                self.offset = 0;
+                self.len = segment_len(self.segment, base_bits).min(self.end - first);
+                return true;
+            }
+        }
+    }
+}
+
+impl<T> Clone for Cursor<'_, T> {
+    fn clone(&self) -> Self {
+        self.store.begin_iteration();
+        Cursor { ..*self }
+    }
+}
+
+impl<T> Drop for Cursor<'_, T> {
+    fn drop(&mut self) {
+        self.store.end_iteration();
+    }
+}
+
+/// Iterator over the live objects of one type, in key order: see
+/// [`ObjectManager::iter`](crate::ObjectManager::iter).
+///
+/// It yields each object live when it is reached, with a weak handle to it.
+/// It never yields an object created after the iterator was made, on any
+/// thread that saw it made (so creating inside the loop terminates), and it
+/// skips objects released before it reaches them.
+///
+/// [`len`](ExactSizeIterator::len) counts the live objects not yet yielded.
+/// It is exact unless another thread creates or releases objects of `T`
+/// while the iterator runs (handles are `Send`): then the iterator may end
+/// with `len` still above zero, or yield more than `len` said.
+pub struct Iter<'a, T> {
+    cursor: Option<Cursor<'a, T>>,
+}
+
+impl<'a, T: MMObject> Iter<'a, T> {
+    pub(crate) fn new(store: Option<&'a Store<T>>, manager: u32) -> Self {
+        Iter { cursor: store.map(|store| Cursor::new(store, manager)) }
+    }
+}
+
+impl<'a, T: MMObject> Iterator for Iter<'a, T> {
+    type Item = (WeakHandle<T>, &'a T);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let (weak, slot) = self.cursor.as_mut()?.next_live()?;
+        // SAFETY: `next_live` saw the slot live with `Acquire`, so the value
+        // is initialised; the iterator borrows the manager shared for `'a`,
+        // which keeps collection and `&mut` access away.
+        Some((weak, unsafe { Store::value_unchecked(slot) }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.len();
+        (n, Some(n))
+    }
+}
+
+impl<T: MMObject> ExactSizeIterator for Iter<'_, T> {
+    fn len(&self) -> usize {
+        self.cursor.as_ref().map_or(0, |c| c.remaining)
+    }
+}
+
+impl<T: MMObject> FusedIterator for Iter<'_, T> {}
+
+impl<T> Clone for Iter<'_, T> {
+    fn clone(&self) -> Self {
+        Iter { cursor: self.cursor.clone() }
+    }
+}
+
+impl<T> std::fmt::Debug for Iter<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let remaining = self.cursor.as_ref().map_or(0, |c| c.remaining);
+        f.debug_struct("Iter").field("remaining", &remaining).finish()
+    }
+}
+
+/// Iterator over the live objects of one type, for writing: see
+/// [`ObjectManager::iter_mut`](crate::ObjectManager::iter_mut).
+///
+/// The same walk as [`Iter`], yielding `&mut T`. It borrows the manager (or
+/// an [`ObjectViewMut`](crate::ObjectViewMut)) exclusively, so nothing
+/// else reads or writes objects of `T` meanwhile; a [`Loader`](crate::Loader)
+/// may create some on another thread, and those are never yielded once the
+/// iterator has started.
+pub struct IterMut<'a, T> {
+    cursor: Option<Cursor<'a, T>>,
+    /// Hands out `&'a mut T`: invariant in `T`, like `std::slice::IterMut`.
+    _values: PhantomData<&'a mut T>,
+}
+
+impl<'a, T: MMObject> IterMut<'a, T> {
+    /// # Safety
+    ///
+    /// The caller gives the iterator exclusive access to the values of
+    /// `store` for `'a` (it holds `&'a mut ObjectManager`, or a view that
+    /// stands for it).
+    pub(crate) unsafe fn new(store: Option<&'a Store<T>>, manager: u32) -> Self {
+        IterMut { cursor: store.map(|store| Cursor::new(store, manager)), _values: PhantomData }
+    }
+}
+
+impl<'a, T: MMObject> Iterator for IterMut<'a, T> {
+    type Item = (WeakHandle<T>, &'a mut T);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let (weak, slot) = self.cursor.as_mut()?.next_live()?;
+        // SAFETY: `next_live` saw the slot live with `Acquire`, so the value
+        // is initialised; the iterator has exclusive access to the store's
+        // values for `'a` (constructor), and yields each slot once.
+        Some((weak, unsafe { (*slot.value.get()).assume_init_mut() }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.len();
+        (n, Some(n))
+    }
+}
+
+impl<T: MMObject> ExactSizeIterator for IterMut<'_, T> {
+    fn len(&self) -> usize {
+        self.cursor.as_ref().map_or(0, |c| c.remaining)
+    }
+}
+
+impl<T: MMObject> FusedIterator for IterMut<'_, T> {}
+
+impl<T> std::fmt::Debug for IterMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let remaining = self.cursor.as_ref().map_or(0, |c| c.remaining);
+        f.debug_struct("IterMut").field("remaining", &remaining).finish()
+    }
+}

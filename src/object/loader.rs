@@ -1,0 +1,142 @@
+//! Creating objects from other threads at any time: [`Loader`].
+
+use std::panic::Location;
+use std::sync::Arc;
+
+use crate::Error;
+
+use super::manager::fail;
+use super::registry::Registry;
+use super::store::SlotSource;
+use super::{Handle, MMObject, ObjectManager, TryCreateError};
+
+/// Creates objects in an [`ObjectManager`] from any thread, at any time,
+/// even while the main thread holds `&mut ObjectManager` (for `get_mut`,
+/// `iter_mut` or `collect_garbage`): the way to stream a level in on a
+/// loader thread. Take one with [`ObjectManager::loader`]; it is
+/// `Send + Sync + Clone`, and clones are cheap (an `Arc`).
+///
+/// # When its objects become visible
+///
+/// At once, exactly as with [`ObjectManager::create`]: the handle returned
+/// names a live object, and once the main thread has the handle (or
+/// synchronises with the loader thread in any other way), `get`, `upgrade`
+/// and iterators made from then on see the object. An iterator that is
+/// already running never yields it. Budgets, capacity limits and the leak
+/// report treat loader objects like any other.
+///
+/// # Which thread owns what
+///
+/// The thread that holds `&mut ObjectManager` owns collection: it alone
+/// destroys objects and puts their slots back on the free list. A loader
+/// only ever *takes* slots: it pops the free list under the store's lock,
+/// which collection also takes for its one push per store, so the two never
+/// interleave. Handles made by a loader are ordinary handles: they may be
+/// cloned and dropped on any thread.
+///
+/// # After shutdown
+///
+/// Once the manager has shut down (or dropped), [`try_create`](Self::try_create)
+/// returns [`Error::ManagerShutDown`] with the value, and
+/// [`create`](Self::create) panics. A loader keeps the manager's type table
+/// and store descriptors (not its objects) until the last loader drops.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::mpsc;
+/// use mmobject::{MMObject, ObjectManager};
+///
+/// #[derive(MMObject)]
+/// struct Prop { id: u32 }
+///
+/// let mut mm = ObjectManager::new();
+/// let loader = mm.loader();
+/// let (send, loaded) = mpsc::channel();
+/// let thread = std::thread::spawn(move || {
+///     for id in 0..100 {
+///         send.send(loader.create(Prop { id })).unwrap();
+///     }
+/// });
+/// let mut level = Vec::new();
+/// while level.len() < 100 {
+///     mm.collect_garbage(); // the main thread's frame goes on meanwhile
+///     level.extend(loaded.try_iter());
+/// }
+/// thread.join().unwrap();
+/// assert_eq!(mm[&level[99]].id, 99);
+/// assert_eq!(mm.count::<Prop>(), 100);
+/// ```
+#[derive(Clone)]
+pub struct Loader {
+    registry: Arc<Registry>,
+}
+
+impl Loader {
+    pub(crate) fn new(registry: Arc<Registry>) -> Self {
+        Loader { registry }
+    }
+
+    /// Creates an object and returns the first handle to it; the caller's
+    /// location is its creation site.
+    ///
+    /// # Panics
+    ///
+    /// Panics with the [`try_create`](Self::try_create) error's message.
+    #[track_caller]
+    pub fn create<T: MMObject>(&self, value: T) -> Handle<T> {
+        match self.create_at(value, Location::caller(), false) {
+            Ok(handle) => handle,
+            Err(e) => fail(e.error),
+        }
+    }
+
+    /// Creates an object, or hands the value back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ManagerShutDown`] once the manager has shut down; otherwise
+    /// the errors of [`ObjectManager::try_create`].
+    #[track_caller]
+    pub fn try_create<T: MMObject>(&self, value: T) -> Result<Handle<T>, TryCreateError<T>> {
+        self.create_at(value, Location::caller(), true)
+    }
+
+    fn create_at<T: MMObject>(
+        &self,
+        value: T,
+        site: &'static Location<'static>,
+        strict_budget: bool,
+    ) -> Result<Handle<T>, TryCreateError<T>> {
+        // Held through the create, so shutdown waits for it (see `Registry`).
+        let open = self.registry.open.read();
+        if !*open {
+            return Err(TryCreateError { value, error: Error::ManagerShutDown { manager: self.registry.id } });
+        }
+        self.registry.create_at(value, site, strict_budget, SlotSource::Loader)
+    }
+
+    /// The id of the manager this loader creates in.
+    pub fn manager_id(&self) -> u32 {
+        self.registry.id
+    }
+
+    /// True until the manager shuts down.
+    pub fn is_open(&self) -> bool {
+        *self.registry.open.read()
+    }
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader").field("manager", &self.registry.id).field("open", &self.is_open()).finish()
+    }
+}
+
+impl ObjectManager {
+    /// A [`Loader`]: creates objects in this manager from any thread, at any
+    /// time.
+    pub fn loader(&self) -> Loader {
+        Loader::new(Arc::clone(self.registry()))
+    }
+}

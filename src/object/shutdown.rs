@@ -1,0 +1,82 @@
+//! Shutdown: destroy everything, and report what was still alive.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use super::leak::ObjectLeakReport;
+use super::manager::emit;
+use super::store::leak_entries;
+use super::ObjectManager;
+
+impl ObjectManager {
+    /// Destroys everything and reports the objects that were still alive.
+    ///
+    /// Dead objects are destroyed first. Each object still alive is logged
+    /// with `log::warn!` (type, key, refcount, size, creation site), or
+    /// written to stderr when no logger would show a warning. Then all values
+    /// are dropped, in key order, which also breaks reference cycles.
+    ///
+    /// If handles outlive the manager, their slot memory is leaked on purpose
+    /// so they stay sound, and the report says so. Dropping the manager does
+    /// the same. Panics from `Drop` impls are caught and logged here.
+    pub fn shutdown(mut self) -> ObjectLeakReport {
+        self.shutdown_in_place()
+    }
+
+    pub(crate) fn shutdown_in_place(&mut self) -> ObjectLeakReport {
+        self.shut_down = true;
+        // No loader creates from here on (it waits for the lock, then finds the manager closed).
+        *self.registry().open.write() = false;
+        let mut report = ObjectLeakReport::default();
+        // Dead first. A panicking Drop leaves the manager consistent, so retry.
+        loop {
+            match catch_unwind(AssertUnwindSafe(|| self.collect_garbage())) {
+                Ok(_) => break,
+                Err(payload) => {
+                    report.drop_panics += 1;
+                    let id = self.id();
+                    let message = super::leak_render::PanicMessage(&*payload);
+                    log::error!(target: "mmobject", "a released object panicked in Drop at shutdown of object manager #{id}: {message}");
+                }
+            }
+        }
+        for store in self.all_stores() {
+            leak_entries(store, &mut report.entries);
+        }
+        report.entries.sort_by_key(|e| e.key);
+        if !report.entries.is_empty() {
+            // Before any value is destroyed: retention paths and cycles read `visit_handles`.
+            super::forensics::annotate_leaks(self, &mut report);
+        }
+        if self.report_leaks && !report.entries.is_empty() {
+            super::leak_render::log_shutdown_report(&report, self.id(), &mut |block| emit(block));
+        }
+        let id = self.id();
+        let registry = Arc::clone(self.registry());
+        for store in registry.all_stores() {
+            // SAFETY: we hold `&mut self`, and the registry is closed to loaders.
+            unsafe {
+                store.destroy_all(&mut |type_name, key| {
+                report.drop_panics += 1;
+                log::error!(target: "mmobject", "{type_name}{key} panicked in Drop at shutdown of object manager #{id}");
+            })
+            };
+        }
+        for store in registry.all_stores() {
+            // SAFETY: as for `destroy_all`, which ran above.
+            let settled = unsafe { store.settle() };
+            report.outliving_handles += settled.outliving;
+            report.leaked_bytes += settled.leaked_bytes;
+        }
+        if self.report_leaks && report.outliving_handles > 0 {
+            emit(&format!(
+                "{} object(s) are still referenced by handles that outlive object manager #{}; \
+                 {} bytes of slot memory are leaked on purpose so those handles stay sound",
+                report.outliving_handles,
+                self.id(),
+                report.leaked_bytes
+            ));
+        }
+        report
+    }
+}
