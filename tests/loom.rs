@@ -204,3 +204,67 @@ fn drop_races_budgeted_collect() {
         assert!(mm.shutdown().is_empty());
     });
 }
+
+/// A loader pops the free list while the owner collects and pushes the slots
+/// it freed back (one chain, under the free-list lock): every slot is handed
+/// out once, nothing on the free list is lost, and the counts add up.
+#[test]
+fn loader_creates_while_the_owner_collects() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        mm.reserve::<Texture>(4);
+        let token = || DropToken(Arc::clone(&drops));
+        // One free slot for the loader, one dead object for the collector.
+        drop(mm.create(Texture { id: 0, token: token() }));
+        assert_eq!(mm.collect_garbage().objects, 1);
+        let dead = mm.create(Texture { id: 1, token: token() });
+        drop(dead);
+        let loader = mm.loader();
+        let loader_drops = Arc::clone(&drops);
+        let t = thread::spawn(move || loader.create(Texture { id: 2, token: DropToken(loader_drops) }));
+        assert_eq!(mm.collect_garbage().objects, 1);
+        let h = t.join().unwrap();
+        assert_eq!(mm[&h].id, 2);
+        // Whichever slot the loader took, the other one is free: the next two
+        // creates get distinct slots, neither of them the loader's.
+        let a = mm.create(Texture { id: 3, token: token() });
+        let b = mm.create(Texture { id: 4, token: token() });
+        let keys = [h.key().index(), a.key().index(), b.key().index()];
+        assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2], "{keys:?}");
+        assert_eq!(mm.count::<Texture>(), 3);
+        drop((h, a, b));
+        assert_eq!(mm.collect_garbage().objects, 3);
+        assert_eq!(drops.load(Ordering::SeqCst), 5);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// Shutdown racing a loader's create: either the create finishes first (and
+/// its object is reported and destroyed by shutdown) or it is refused with
+/// the value handed back; never a create into a store being torn down.
+#[test]
+fn loader_races_shutdown() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = ObjectManager::builder().report_leaks(false).segment_base(1).build();
+        mm.reserve::<Texture>(2);
+        let loader = mm.loader();
+        let loader_drops = Arc::clone(&drops);
+        let t = thread::spawn(move || {
+            loader.try_create(Texture { id: 7, token: DropToken(loader_drops) }).map_err(|e| e.into_value().id)
+        });
+        let report = mm.shutdown();
+        match t.join().unwrap() {
+            Ok(h) => {
+                assert_eq!(report.len(), 1, "created before shutdown: reported");
+                drop(h); // outlives the manager
+            }
+            Err(id) => {
+                assert_eq!(id, 7);
+                assert!(report.is_empty());
+            }
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "the value dropped exactly once either way");
+    });
+}

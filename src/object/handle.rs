@@ -1,11 +1,12 @@
 //! Strong, weak and raw handles.
 
+use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::sync::Ordering;
+use crate::sync::Ordering as AtomicOrdering;
 
 use super::handle_sites::HandleOrigin;
 #[cfg(feature = "handle-sites")]
@@ -163,10 +164,10 @@ impl<T> Handle<T> {
     #[doc(hidden)]
     pub fn leak_refs_for_tests(&self, n: u32) {
         let word = &self.slot().header.word;
-        let mut count = word.load(Ordering::Relaxed);
+        let mut count = word.load(AtomicOrdering::Relaxed);
         loop {
             let raised = count.checked_add(n).filter(|&c| c <= MAX_REFS).expect("the count stays within its limit");
-            match word.compare_exchange_weak(count, raised, Ordering::Relaxed, Ordering::Relaxed) {
+            match word.compare_exchange_weak(count, raised, AtomicOrdering::Relaxed, AtomicOrdering::Relaxed) {
                 Ok(_) => return,
                 Err(actual) => count = actual,
             }
@@ -232,7 +233,7 @@ impl<T> Clone for Handle<T> {
     #[inline]
     #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
-        let old = self.slot().header.word.fetch_add(1, Ordering::Relaxed);
+        let old = self.slot().header.word.fetch_add(1, AtomicOrdering::Relaxed);
         if old >= MAX_REFS {
             refcount_overflow(&self.slot().header.word);
         }
@@ -247,7 +248,7 @@ impl<T> Clone for Handle<T> {
 #[cold]
 #[inline(never)]
 fn refcount_overflow(word: &crate::sync::AtomicU32) -> ! {
-    word.fetch_sub(1, Ordering::Relaxed);
+    word.fetch_sub(1, AtomicOrdering::Relaxed);
     panic!("mmobject: reference count overflow (more than {MAX_REFS} handles to one object)");
 }
 
@@ -257,7 +258,7 @@ impl<T> Drop for Handle<T> {
         #[cfg(feature = "handle-sites")]
         self.unregister_site();
         let word = &self.slot().header.word;
-        if word.fetch_sub(1, Ordering::Release) != 1 {
+        if word.fetch_sub(1, AtomicOrdering::Release) != 1 {
             return;
         }
         self.shared().release_last(self.local, word);
@@ -276,6 +277,20 @@ impl<T> Hash for Handle<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.slot.hash(state);
         self.generation.hash(state);
+    }
+}
+
+impl<T> Ord for Handle<T> {
+    /// By manager id, then key (index, then generation): the same order as
+    /// the handles' [`WeakHandle`]s, and key order within one manager.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.manager_id(), self.key()).cmp(&(other.manager_id(), other.key()))
+    }
+}
+
+impl<T> PartialOrd for Handle<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -375,6 +390,19 @@ impl<T> Hash for WeakHandle<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.key.hash(state);
         self.manager.hash(state);
+    }
+}
+
+impl<T> Ord for WeakHandle<T> {
+    /// By manager id, then key (index, then generation).
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.manager, self.key).cmp(&(other.manager, other.key))
+    }
+}
+
+impl<T> PartialOrd for WeakHandle<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
     }
 }
 
