@@ -843,7 +843,7 @@ fn leaky_manager() -> (ObjectManager, mmobject::RawHandle) {
 /// same 100k objects released and destroyed by `collect_garbage` before a
 /// clean `shutdown` (the cost of destroying them, without any report).
 /// Wall time; each iteration builds its manager first (not timed).
-fn o7_leak_report(c: &mut Criterion) {
+fn f1_leak_report(c: &mut Criterion) {
     let mut group = c.benchmark_group("F1_leak_report_100k");
     group.sample_size(10).measurement_time(Duration::from_secs(10));
     group.bench_function("shutdown_and_report", |b| {
@@ -910,7 +910,7 @@ fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
 /// `collect_cycles` at once (the peer), and `CycleCollector` steps of 1 ms
 /// until a pass ends; plus one 1 ms step alone. Wall time; the manager is
 /// built outside the timing.
-fn o8_cycles(c: &mut Criterion) {
+fn f2_cycles(c: &mut Criterion) {
     let setup = cyclic_manager;
     let mut group = c.benchmark_group("F2_cycles_100k");
     group.sample_size(10).measurement_time(Duration::from_secs(10));
@@ -960,6 +960,69 @@ fn o8_cycles(c: &mut Criterion) {
     println!("F2: a pass in 1 ms steps took {steps} steps");
 }
 
+/// O7: the per-frame passes over one type: read every object (`iter`), update
+/// every object (`iter_mut`), and write two objects at once (`get_disjoint_mut`
+/// on random pairs), against slotmap doing the same.
+fn o7_iteration(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O7_iteration");
+    group.throughput(Throughput::Elements(FRAME_LIVE as u64));
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    let handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
+    let mut map: SlotMap<DefaultKey, Payload> = SlotMap::with_capacity(FRAME_LIVE);
+    let keys: Vec<DefaultKey> = (0..FRAME_LIVE).map(|i| map.insert(payload(i))).collect();
+    group.bench_function("mmobject_iter", |b| {
+        b.iter(|| mm.iter::<Obj>().map(|(_, o)| o.0[1]).fold(0u64, u64::wrapping_add))
+    });
+    group.bench_function("slotmap_iter", |b| b.iter(|| map.iter().map(|(_, p)| p[1]).fold(0u64, u64::wrapping_add)));
+    group.bench_function("mmobject_iter_mut", |b| {
+        b.iter(|| {
+            for (_, o) in mm.iter_mut::<Obj>() {
+                o.0[0] = o.0[0].wrapping_add(o.0[1]);
+            }
+        })
+    });
+    group.bench_function("slotmap_iter_mut", |b| {
+        b.iter(|| {
+            for (_, p) in map.iter_mut() {
+                p[0] = p[0].wrapping_add(p[1]);
+            }
+        })
+    });
+    // Random pairs of distinct objects, the same for both.
+    let pairs: Vec<(u32, u32)> = {
+        let mut rng = rng();
+        (0..PICKS)
+            .map(|_| {
+                let a = rng.gen_range(0..FRAME_LIVE as u32);
+                let b = (a + rng.gen_range(1..FRAME_LIVE as u32)) % FRAME_LIVE as u32;
+                (a, b)
+            })
+            .collect()
+    };
+    group.throughput(Throughput::Elements(1));
+    let mut at = 0usize;
+    group.bench_function("mmobject_get_disjoint_mut_2", |b| {
+        b.iter(|| {
+            let (x, y) = pairs[at % PICKS];
+            at += 1;
+            let [p, q] = mm.get_disjoint_mut([&handles[x as usize], &handles[y as usize]]);
+            std::mem::swap(&mut p.0[2], &mut q.0[2]);
+        })
+    });
+    let mut at = 0usize;
+    group.bench_function("slotmap_get_disjoint_mut_2", |b| {
+        b.iter(|| {
+            let (x, y) = pairs[at % PICKS];
+            at += 1;
+            let [p, q] = map.get_disjoint_mut([keys[x as usize], keys[y as usize]]).unwrap();
+            std::mem::swap(&mut p[2], &mut q[2]);
+        })
+    });
+    group.finish();
+    drop(handles);
+    mm.collect_garbage();
+}
+
 /// The criterion group, in a private module so its generated `pub fn` needs no docs.
 mod harness {
     use super::*;
@@ -974,8 +1037,9 @@ mod harness {
         o4_weak_read,
         o5_collect,
         o6_threads,
-        o7_leak_report,
-        o8_cycles
+        o7_iteration,
+        f1_leak_report,
+        f2_cycles
     );
 }
 

@@ -7,18 +7,23 @@
 //! - Every frame, entities spawn and despawn, a targeting system follows them
 //!   through weak handles, explosions create one-frame particles, and
 //!   `collect_garbage` destroys whatever became unreachable.
-//! - Halfway through, the level is swapped: dropping one handle to the old
-//!   `Level` frees its materials and then their textures in the same collect.
+//! - Each frame moves every entity with `iter_mut`, reading its mesh at the
+//!   same time through `views` (one type written, another read).
+//! - Halfway through, the level is swapped. The next level streams in on a
+//!   loader thread (`ObjectManager::loader`) while the frames go on; then
+//!   dropping one handle to the old `Level` frees its materials and then
+//!   their textures in the same collect.
 //! - All object memory comes from a 32 MiB budget the game set aside
 //!   (`ObjectManagerBuilder::allocator`), and goes back to it at shutdown.
 //! - At the end, two objects are kept alive on purpose to show the leak report.
 //!
 //! Logging goes through `env_logger` (default filter `info`; set `RUST_LOG` to change it).
 
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use mmobject::alloc::SegmentAlloc;
-use mmobject::{CollectStats, Handle, MMObject, MemoryTimeline, ObjectManager, WeakHandle};
+use mmobject::{CollectStats, Handle, Loader, MMObject, MemoryTimeline, ObjectManager, WeakHandle};
 
 /// Where every object store's memory comes from: a fixed budget, as a console
 /// memory map would give the object system. Past it, `try_create` fails.
@@ -108,9 +113,10 @@ impl Rng {
 
 // ---- Loading ----------------------------------------------------------------------
 
-/// Creates a level's assets. Only the `Level` handle is returned: the level
-/// holds the meshes and materials, and the materials hold the textures.
-fn load_level(mm: &ObjectManager, rng: &mut Rng, spec: &LevelSpec) -> Handle<Level> {
+/// Creates a level's assets through a loader, on whatever thread calls it.
+/// Only the `Level` handle is returned: the level holds the meshes and
+/// materials, and the materials hold the textures.
+fn load_level(mm: &Loader, rng: &mut Rng, spec: &LevelSpec) -> Handle<Level> {
     let textures: Vec<Handle<Texture>> = (0..spec.textures)
         .map(|i| {
             let side = 32 << (i % 3); // 32, 64 or 128 pixels square
@@ -194,8 +200,9 @@ fn main() {
 
     let mut mm = ObjectManager::builder().allocator(&OBJECT_MEMORY).build();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut level = load_level(&mm, &mut rng, &LEVELS[0]);
+    let mut level = load_level(&mm.loader(), &mut rng, &LEVELS[0]);
     println!("{frames} frames; loaded level '{}': {} objects", mm[&level].name, mm.len());
+    let mut next_level: Option<mpsc::Receiver<Handle<Level>>> = None;
 
     let mut entities: Vec<Handle<Entity>> = Vec::new();
     let mut turrets: Vec<Turret> = (0..4).map(|_| Turret { target: None }).collect();
@@ -205,9 +212,20 @@ fn main() {
         // Level swap: dropping the only `Handle<Level>` and the level's
         // entities starts a cascade (level and entities, then meshes and
         // materials, then textures) that this frame's collect finishes.
+        if frame == frames / 4 {
+            // Stream the next level in on a loader thread: it creates objects
+            // while this thread goes on updating and collecting.
+            let (send, receive) = mpsc::channel();
+            let loader = mm.loader();
+            std::thread::spawn(move || send.send(load_level(&loader, &mut Rng(0x5EED), &LEVELS[1])));
+            next_level = Some(receive);
+        }
         let swap = frame == frames / 2;
         if swap {
-            let next = load_level(&mm, &mut rng, &LEVELS[1]);
+            let next = match next_level.take().map(|loaded| loaded.recv()) {
+                Some(Ok(next)) => next,
+                _ => load_level(&mm.loader(), &mut rng, &LEVELS[1]), // too few frames to stream it
+            };
             let old = std::mem::replace(&mut level, next);
             println!(
                 "frame {frame:>4}  unloading '{}' and its {} entities, loaded '{}'",
@@ -222,11 +240,16 @@ fn main() {
         let count = 4 + rng.below(10);
         spawn(&mm, &mut rng, &level, count, &mut entities);
 
-        // Movement: write through `get_mut` (or `mm[&h]`).
-        for e in &entities {
-            let e = mm.get_mut(e);
-            e.pos = [e.pos[0] + e.vel[0], e.pos[1] + e.vel[1]];
-            e.ttl = e.ttl.saturating_sub(1);
+        // Movement: every entity, written in place, while reading its mesh
+        // (big meshes move slower). `views` splits the manager by type.
+        {
+            let views = mm.views();
+            let meshes = views.view::<Mesh>();
+            for (_, e) in views.view_mut::<Entity>().iter_mut() {
+                let speed = 1000.0 / meshes.get(&e.mesh).vertices.len() as f32;
+                e.pos = [e.pos[0] + e.vel[0] * speed, e.pos[1] + e.vel[1] * speed];
+                e.ttl = e.ttl.saturating_sub(1);
+            }
         }
         targets_lost += targeting(&mut mm, &mut rng, frame, &mut turrets, &entities);
 
@@ -239,8 +262,7 @@ fn main() {
             }
             e.ttl > 0 // `false` drops the handle: the entity is now dead, not yet destroyed
         });
-        for p in &particles {
-            let p = &mut mm[p];
+        for (_, p) in mm.iter_mut::<Particle>() {
             p.pos = [p.pos[0] + p.vel[0], p.pos[1] + p.vel[1]];
         }
         drop(particles);

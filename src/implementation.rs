@@ -93,11 +93,58 @@
 //! # The free list
 //!
 //! Also threaded through the header words. `create` (under `&self`, from any
-//! thread) pops it with a CAS; pushes only happen under `&mut`. Between two
-//! `&mut` phases the list only shrinks, so its head never returns to an
-//! earlier value, and a CAS that read a stale `next` simply fails: again no
-//! ABA. When the list is empty, `create` bumps a counter and, at a segment
-//! boundary, allocates the next segment.
+//! thread) pops it with a CAS. A [`Loader`](crate::Loader) pops it too, with
+//! the same CAS, but holding the store's `free_lock`. Pushes happen only in
+//! collection, under `&mut ObjectManager`: the slots one collection frees are
+//! linked into a chain as they are freed, and the chain goes onto the list
+//! once, at the end, holding `free_lock`. So a pop never runs beside a push:
+//! `create` cannot run during a collection (the borrow), and a loader's pop
+//! and the collection's push exclude each other (the lock). While nothing is
+//! pushed the list only shrinks, its head never returns to an earlier value,
+//! and a CAS that read a stale `next` simply fails: no ABA, no version tag.
+//! When the list is empty, `create` bumps a counter and, at a segment
+//! boundary, allocates the next segment. A value's `Drop` run by the
+//! collection may itself create through a loader: the lock is not held while
+//! user code runs.
+//!
+//! # Who owns what: the registry, collection and loaders
+//!
+//! The manager holds its type table and stores in an `Arc`'d registry, and
+//! every loader holds another `Arc` to it. Nothing ever takes `&mut Store`:
+//! a loader on another thread may be using the store at any moment, and a
+//! `&mut` to it would be undefined behaviour even if every field touched were
+//! atomic. The store methods that need exclusive access (collection,
+//! `destroy_all`, `settle`, an untyped `&mut` to a value) take `&self` and are
+//! `unsafe`, with "the caller holds `&mut ObjectManager`" as their contract.
+//!
+//! So the thread that holds `&mut ObjectManager` owns collection: it alone
+//! destroys objects and pushes free slots. Every other thread, loaders
+//! included, only takes slots (pops, or bumps the counter under the segment
+//! lock), and any thread may push onto a dead list (a last handle dropped).
+//! A loader writes only the vacant slot it took, and publishes it with the
+//! `Release` store of the odd generation, exactly as `create` does, so the
+//! object is visible as soon as `create` returns. Values of occupied slots
+//! are written only through `&mut ObjectManager` (or a view standing for it:
+//! [`ObjectViewMut`](crate::ObjectViewMut), or a type taken for writing from
+//! [`Views`](crate::Views), whose flags never reset while the views live).
+//!
+//! Shutdown closes the registry first: a loader holds its read lock across a
+//! create, shutdown takes the write lock to set it closed, so no loader is
+//! inside a store while shutdown tears it down, and later creates return
+//! [`Error::ManagerShutDown`](crate::Error::ManagerShutDown). Loom models
+//! (`tests/loom.rs`) cover a loader popping while the owner collects, and a
+//! loader racing shutdown.
+//!
+//! # Iteration
+//!
+//! [`Iter`](crate::Iter) and [`IterMut`](crate::IterMut) walk a store a
+//! segment at a time, up to the slots used when they began, computing keys
+//! from the segment's first index. While any iterator of a store is alive
+//! (a counter in the store), `create` and loaders take never-used slots
+//! instead of free ones, so an object created after the iterator began lies
+//! past its end and is never yielded. The counter is reset by collection,
+//! where the borrow proves no iterator is alive, so a forgotten iterator only
+//! costs fresh slots until the next collection.
 //!
 //! # Raw handles
 //!
@@ -137,6 +184,10 @@
 //! | [`Handle<T>`](crate::Handle) | invariant (`PhantomData<fn(T) -> T>`) | always both | `get_mut` writes a `T` into the slot, so a handle coerced to a supertype (`Callback<for<'a> fn(&'a str)>` to `Callback<fn(&'static str)>`) could store a value the slot's real type forbids. A handle touches only atomics (its count, the dead list); it never reads, writes or drops a `T` itself, and `T: MMObject` is `Send + Sync` anyway. |
 //! | [`WeakHandle<T>`](crate::WeakHandle) | invariant | always both | A coerced weak handle would name a slot of another type's store, and [`ObjectView::get_weak`](crate::ObjectView::get_weak) trusts its location without a bounds check. It holds only numbers. |
 //! | [`ObjectView<'m, T>`](crate::ObjectView), [`Iter<'m, T>`](crate::object::Iter) | invariant (they borrow the `T` store, whose atomics make it invariant); covariant in `'m` | as `&ObjectManager` | Shared borrows of the manager. |
+//! | [`ObjectViewMut<'m, T>`](crate::ObjectViewMut), [`IterMut<'m, T>`](crate::IterMut) | invariant (`PhantomData<&'m mut T>`, as `&mut T` is) | as `&mut T` (both, since `T: Send + Sync`) | They hand out `&mut T`; one coerced to a supertype could write a value the slot's real type forbids. |
+//! | [`Views<'m>`](crate::Views) | (not generic) | `Send`, not `Sync` | Its borrow flags are `Cell`s: only one thread may hand out views from it. |
+//! | [`Loader`](crate::Loader) | (not generic) | both | An `Arc` of the registry; every store it touches is `Sync`, and a create holds the registry's read lock. |
+//! | [`Destroyed`](crate::Destroyed) | (not generic) | both | A key, a name and a `TypeId`. |
 //! | [`TryCreateError<T>`](crate::object::TryCreateError) | covariant | as `T` | It only owns the refused value. |
 //! | [`ObjectManager`](crate::ObjectManager) | (not generic) | both | Every stored type is `Send + Sync` (a bound of [`MMObject`](crate::MMObject)): the manager hands `&T` to any thread holding `&ObjectManager` and drops values on the thread that collects. A `!Send` or `!Sync` type is refused at compile time. |
 //! | [`ObjectKey`](crate::ObjectKey), [`RawHandle`](crate::object::RawHandle) | (not generic) | both | Plain numbers, checked on every use. |

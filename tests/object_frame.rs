@@ -315,8 +315,8 @@ fn on_destroy_sees_each_value_before_it_drops_also_at_shutdown() {
     assert_eq!(got[0], (head_key, 1, true), "the hook may take the handles out");
     assert_eq!(got[1].1, 2);
 
-    let kept = mm.create(Node { next: None, name: 3 });
-    std::mem::forget(kept); // still alive at shutdown
+    // Alive at shutdown, held by a raw handle only (so its memory is freed).
+    let _kept = mm.create(Node { next: None, name: 3 }).into_raw();
     let report = mm.shutdown();
     assert_eq!(report.len(), 1);
     assert_eq!(seen.try_iter().map(|(_, name, _)| name).collect::<Vec<_>>(), [3], "shutdown runs the hook too");

@@ -123,7 +123,6 @@ fn a_type_first_registered_by_a_loader_is_seen_by_views_made_before() {
     let late = std::thread::spawn(move || loader.create(Late(5))).join().unwrap();
     assert_eq!(view.get_weak(late.downgrade()).map(|l| l.0), Some(5));
     assert_eq!(view.iter().count(), 1);
-    drop(view);
     assert_eq!(mm.count::<Late>(), 1);
 }
 
@@ -131,7 +130,9 @@ fn a_type_first_registered_by_a_loader_is_seen_by_views_made_before() {
 fn loader_after_shutdown_gives_the_value_back() {
     let mm = quiet();
     let loader = mm.loader();
-    let kept = loader.create(prop(1));
+    // Alive at shutdown, held by a raw handle only (so its memory is freed;
+    // handles that outlive a manager are tested in object_outliving.rs).
+    let _kept = loader.create(prop(1)).into_raw();
     assert!(loader.is_open());
     let id = mm.id();
     let report = mm.shutdown();
@@ -146,7 +147,6 @@ fn loader_after_shutdown_gives_the_value_back() {
     assert!(message.contains("has shut down"), "{message}");
     assert_eq!(loader.manager_id(), id);
     assert!(format!("{loader:?}").contains("open: false"));
-    drop(kept); // outlives the manager: still sound
 }
 
 /// A value whose `Drop` creates through a loader: it runs inside a
@@ -156,7 +156,7 @@ struct Respawn(Option<Loader>);
 impl Drop for Respawn {
     fn drop(&mut self) {
         if let Some(loader) = self.0.take() {
-            std::mem::forget(loader.create(prop(99)));
+            let _held_by_raw = loader.create(prop(99)).into_raw();
         }
     }
 }

@@ -75,3 +75,35 @@ fn into_raw_racing_shutdown() {
         });
     }
 }
+
+/// A loader thread creating in a loop while the manager shuts down on
+/// another thread: every create either lands before shutdown (its object is
+/// destroyed and reported by shutdown, and the handle outlives the manager)
+/// or is refused with the value back. The handles then drop after the manager.
+#[test]
+fn loader_creating_through_shutdown_on_another_thread() {
+    let mm = ObjectManager::builder().report_leaks(false).segment_base(2).build();
+    let loader = mm.loader();
+    let creates = if cfg!(miri) { 20 } else { 2000 };
+    let worker = std::thread::spawn(move || {
+        let mut made = Vec::new();
+        let mut refused = 0u32;
+        for id in 0..creates {
+            match loader.try_create(Item { id }) {
+                Ok(h) => made.push(h),
+                Err(e) => {
+                    assert!(matches!(e.error, Error::ManagerShutDown { .. }));
+                    assert_eq!(e.into_value().id, id);
+                    refused += 1;
+                }
+            }
+        }
+        (made, refused)
+    });
+    std::thread::yield_now();
+    let report = std::thread::spawn(move || mm.shutdown()).join().unwrap();
+    let (made, refused) = worker.join().unwrap();
+    assert_eq!(made.len() as u32 + refused, creates);
+    assert_eq!(report.len(), made.len(), "each object created before shutdown is reported");
+    drop(made); // after the manager: sound
+}

@@ -10,7 +10,7 @@ use super::handle::unpack_location;
 use super::manager::fail;
 use super::slot::{AddRefError, Slot};
 use super::store::Store;
-use super::{Handle, HandleOrigin, MMObject, ObjectKey, ObjectManager, WeakHandle};
+use super::{Handle, HandleOrigin, MMObject, ObjectKey, ObjectManager, ObjectViewMut, WeakHandle};
 
 impl ObjectManager {
     #[inline]
@@ -316,7 +316,8 @@ impl ObjectManager {
         &mut self,
         handles: [&Handle<T>; N],
     ) -> Result<[&mut T; N]> {
-        self.view_mut::<T>().try_into_disjoint_mut(handles)
+        // SAFETY: `&mut self` gives exclusive access for the view's lifetime.
+        unsafe { ObjectViewMut::new_lazy(self.registry()) }.try_into_disjoint_mut(handles)
     }
 
     /// Writes several objects of one type at once through weak handles;

@@ -14,7 +14,7 @@ use crate::sync::Ordering;
 
 use super::handle::pack_location;
 use super::shared::{segment_first, segment_len, MAX_SEGMENTS};
-use super::slot::Slot;
+use super::slot::{Slot, LINK_FLAG};
 use super::store::Store;
 use super::{MMObject, ObjectKey, WeakHandle};
 
@@ -41,7 +41,16 @@ struct Cursor<'a, T> {
     /// Live objects not yet yielded, as counted at the start (see `len`).
     remaining: usize,
     manager: u32,
+    store_index: u32,
 }
+
+// SAFETY: a cursor is a shared borrow of the store plus a position: `base`
+// points into the store's segment, which the borrow keeps alive, and the
+// cursor only reads atomics through it. So it may move or be shared between
+// threads whenever `&Store<T>` may (`T: Send + Sync`, the store's bounds).
+unsafe impl<T: Send + Sync> Send for Cursor<'_, T> {}
+// SAFETY: as for `Send`; `&Cursor` allows no access at all beyond `&Store<T>`'s.
+unsafe impl<T: Send + Sync> Sync for Cursor<'_, T> {}
 
 impl<'a, T: MMObject> Cursor<'a, T> {
     fn new(store: &'a Store<T>, manager: u32) -> Self {
@@ -59,6 +68,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             end,
             remaining,
             manager,
+            store_index: store.shared().store_index,
         }
     }
 
@@ -73,13 +83,14 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 // segment `base` points to (type invariant), which lives as
                 // long as the store.
                 let slot = unsafe { &*self.base.as_ptr().add(offset as usize) };
+                // Live: an odd generation, then a count (see `SlotHeader::is_live`).
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if !slot.header.is_live(generation) {
+                if generation & 1 == 0 || slot.header.word.load(Ordering::Acquire).wrapping_sub(1) >= LINK_FLAG - 1 {
                     continue;
                 }
                 self.remaining = self.remaining.saturating_sub(1);
                 let key = ObjectKey::new(self.first_index + offset, generation);
-                let location = pack_location(self.store.shared().store_index, self.first_local + offset);
+                let location = pack_location(self.store_index, self.first_local + offset);
                 return Some((WeakHandle::new(key, location, self.manager), slot));
             }
             if !self.next_segment() {

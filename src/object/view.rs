@@ -181,6 +181,16 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
         ObjectViewMut { registry, store: registry.store::<T>(), manager_id: registry.id, _values: PhantomData }
     }
 
+    /// As [`new`](Self::new), leaving the store to be looked up when first
+    /// needed (calls through strong handles never need it).
+    ///
+    /// # Safety
+    ///
+    /// As for [`new`](Self::new).
+    pub(crate) unsafe fn new_lazy(registry: &'a Registry) -> Self {
+        ObjectViewMut { registry, store: None, manager_id: registry.id, _values: PhantomData }
+    }
+
     /// The store, looked up again if `T` had none when the view was made (a
     /// loader may have registered it since).
     fn store(&self) -> Option<&'a Store<T>> {
@@ -326,9 +336,9 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
     /// [`Error::AliasedHandles`] if two handles name the same object;
     /// [`Error::WrongManager`] if one belongs to another manager.
     pub fn try_get_disjoint_mut<const N: usize>(&mut self, handles: [&Handle<T>; N]) -> Result<[&mut T; N]> {
-        let mut slots = [None; N];
+        let mut slots = [std::ptr::null(); N];
         for (at, handle) in handles.iter().enumerate() {
-            slots[at] = Some(self.handle_slot(handle)?);
+            slots[at] = self.handle_slot(handle)?;
         }
         self.disjoint(slots, |at| handles[at].key().index())
     }
@@ -354,9 +364,9 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
     /// [`Error::StaleHandle`] if one is dead; [`Error::AliasedHandles`] if two
     /// name the same object; [`Error::WrongManager`].
     pub fn try_get_disjoint_weak_mut<const N: usize>(&mut self, weaks: [WeakHandle<T>; N]) -> Result<[&mut T; N]> {
-        let mut slots = [None; N];
+        let mut slots = [std::ptr::null(); N];
         for (at, &weak) in weaks.iter().enumerate() {
-            slots[at] = Some(self.weak_slot(weak)?);
+            slots[at] = self.weak_slot(weak)?;
         }
         self.disjoint(slots, |at| weaks[at].key().index())
     }
@@ -380,23 +390,24 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
     }
 
     /// Turns checked, distinct slots into references, or reports the first alias.
-    fn disjoint<'s, const N: usize>(
-        &'s mut self,
-        slots: [Option<&Slot<T>>; N],
+    fn disjoint<const N: usize>(
+        &mut self,
+        slots: [*const Slot<T>; N],
         index_of: impl Fn(usize) -> u32,
-    ) -> Result<[&'s mut T; N]> {
-        let slots = slots.map(|slot| slot.expect("every slot was filled"));
+    ) -> Result<[&mut T; N]> {
         for i in 0..N {
             for j in 0..i {
-                if std::ptr::eq(slots[i], slots[j]) {
+                if slots[i] == slots[j] {
                     return Err(Error::AliasedHandles { type_name: T::TYPE_NAME, index: index_of(i) });
                 }
             }
         }
-        // SAFETY: each slot is occupied (checked by the callers), the slots
-        // are distinct (checked above), and the view's exclusive access is
-        // borrowed mutably for `'s`: the references cannot alias.
-        Ok(slots.map(|slot| unsafe { (*slot.value.get()).assume_init_mut() }))
+        // SAFETY: each pointer is a live reference to an occupied slot of
+        // this manager (the callers filled every entry from `handle_slot` or
+        // `weak_slot`), the slots are distinct (checked above), and the
+        // view's exclusive access is borrowed mutably by the result: the
+        // references cannot alias.
+        Ok(slots.map(|slot| unsafe { (*(*slot).value.get()).assume_init_mut() }))
     }
 
     /// Iterates over the live objects of `T`, in key order.

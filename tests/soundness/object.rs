@@ -273,3 +273,33 @@ fn handles_cross_threads_for_every_object_type() {
     });
     assert_eq!(mm.collect_garbage().objects, 8);
 }
+
+/// The per-frame types: their auto traits, and `mem::forget` of an
+/// iterator (the only one with a `Drop`: views have none, so forgetting one
+/// is dropping it), which leaves the manager whole.
+#[test]
+fn frame_access_types_cross_threads_and_survive_forget() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+    assert_send_sync::<mmobject::Iter<'static, Item>>();
+    assert_send_sync::<mmobject::IterMut<'static, Item>>();
+    assert_send_sync::<mmobject::ObjectViewMut<'static, Item>>();
+    assert_send_sync::<mmobject::Loader>();
+    assert_send::<mmobject::Views<'static>>();
+
+    let mut mm = ObjectManager::new();
+    let a = mm.create(item(1));
+    let b = mm.create(item(2));
+    std::mem::forget(mm.iter_mut::<Item>());
+    std::mem::forget(mm.iter::<Item>());
+    mm.get_mut(&a).id = 10;
+    let [x, y] = mm.get_disjoint_mut([&a, &b]);
+    std::mem::swap(&mut x.payload, &mut y.payload);
+    std::thread::scope(|s| {
+        let it = mm.iter::<Item>();
+        s.spawn(move || assert_eq!(it.map(|(_, i)| i.id).sum::<u32>(), 12));
+    });
+    assert_eq!(mm[&a].payload, vec![2; 4]);
+    drop((a, b));
+    assert_eq!(mm.collect_garbage().objects, 2);
+}
