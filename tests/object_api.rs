@@ -3,40 +3,14 @@
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use mmobject::{Error, Handle, MMObject, ObjectKey, ObjectManager, RawHandle};
 use slotmap::SecondaryMap;
 
+mod support;
+use support::{quiet, DropToken, Drops};
+
 // --- Test types -------------------------------------------------------------
-
-/// Counts how many values holding a clone of it were dropped.
-#[derive(Clone, Default)]
-struct Drops(Arc<AtomicUsize>);
-
-impl Drops {
-    fn new() -> Self {
-        Self::default()
-    }
-
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-
-    fn token(&self) -> DropToken {
-        DropToken(Arc::clone(&self.0))
-    }
-}
-
-/// A field that bumps its counter when the object that holds it is dropped.
-struct DropToken(Arc<AtomicUsize>);
-
-impl Drop for DropToken {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
 
 #[derive(MMObject)]
 #[mm(tag = "Textures")]
@@ -112,11 +86,6 @@ impl Drop for Bomb {
             panic!("boom");
         }
     }
-}
-
-/// A manager that logs nothing at shutdown, with tiny segments so slots are reused early.
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).segment_base(4).build()
 }
 
 fn raw_of<T>(handle: &Handle<T>) -> RawHandle {
@@ -617,6 +586,29 @@ fn report_fields_and_display() {
     drop(mesh);
 }
 
+/// `created` is derived from the free list's length (no counter on `create`):
+/// it stays exact through slot reuse, fresh slots and collection.
+#[test]
+fn report_counts_created_and_destroyed_exactly_through_reuse() {
+    let drops = Drops::new();
+    let mut mm = quiet();
+    let mut kept: Vec<_> = (0..5).map(|w| mm.create(texture(w, &drops))).collect();
+    kept.truncate(3);
+    let line = |mm: &ObjectManager| {
+        let t = mm.report().get("Texture").cloned().unwrap();
+        (t.created, t.destroyed, t.live, t.dead_pending)
+    };
+    assert_eq!(line(&mm), (5, 0, 3, 2));
+    assert_eq!(mm.collect_garbage().objects, 2);
+    kept.extend((0..3).map(|w| mm.create(texture(w, &drops)))); // two reused slots, one new
+    assert_eq!(line(&mm), (8, 2, 6, 0));
+    assert_eq!(mm.count::<Texture>(), 6);
+    drop(kept);
+    assert_eq!(mm.collect_garbage().objects, 6);
+    assert_eq!(line(&mm), (8, 8, 0, 0));
+    assert_eq!(drops.count(), 8);
+}
+
 // --- Shutdown and leak reports --------------------------------------------------------
 
 #[test]
@@ -645,7 +637,7 @@ fn shutdown_reports_each_leak_with_its_creation_site() {
         assert_eq!(entry.key, key);
         assert_eq!(entry.ref_count, 1);
         assert_eq!(entry.size, std::mem::size_of::<Entity>());
-        assert!(entry.site.file().ends_with("objects.rs"), "{}", entry.site.file());
+        assert!(entry.site.file().ends_with("object_api.rs"), "{}", entry.site.file());
         assert_eq!(entry.site.line(), line);
         let text = entry.to_string();
         let expected = format!(
@@ -661,8 +653,8 @@ fn shutdown_reports_each_leak_with_its_creation_site() {
     assert_eq!((&report).into_iter().count(), 2);
     let text = report.to_string();
     assert!(text.starts_with("2 leaked object(s):"), "{text}");
-    assert!(text.contains(&format!("objects.rs:{line_a}:")), "{text}");
-    assert!(text.contains(&format!("objects.rs:{line_b}:")), "{text}");
+    assert!(text.contains(&format!("object_api.rs:{line_a}:")), "{text}");
+    assert!(text.contains(&format!("object_api.rs:{line_b}:")), "{text}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! With a logger installed, the shutdown leak report goes through `log::warn!`.
 //!
 //! This binary installs a capturing logger for the whole process; the stderr
-//! fallback (no logger) is checked in `tests/leak_stderr.rs`.
+//! fallback (no logger) is checked in `tests/object_leak_stderr.rs`.
 
 use std::sync::{Mutex, Once};
 

@@ -3,33 +3,13 @@
 //! loaders at once.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
-use mmobject::{Handle, MMObject, ObjectManager, WeakHandle};
+use mmobject::{Handle, MMObject, WeakHandle};
+
+mod support;
+use support::{quiet_with, DropToken, Drops};
 
 const WORKERS: usize = 4;
-
-#[derive(Clone, Default)]
-struct Drops(Arc<AtomicUsize>);
-
-impl Drops {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-
-    fn token(&self) -> DropToken {
-        DropToken(Arc::clone(&self.0))
-    }
-}
-
-struct DropToken(Arc<AtomicUsize>);
-
-impl Drop for DropToken {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
 
 #[derive(MMObject)]
 #[mm(tag = "Textures")]
@@ -45,16 +25,12 @@ struct Mesh {
     token: DropToken,
 }
 
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).segment_base(2).build()
-}
-
 #[test]
 fn workers_clone_and_drop_while_main_creates_reads_and_collects() {
     let (phases, per_worker, iterations, meshes) = if cfg!(miri) { (2, 2, 10, 4) } else { (6, 50, 2000, 200) };
     let tex_drops = Drops::default();
     let mesh_drops = Drops::default();
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let shared: Vec<Handle<Texture>> = (0..8).map(|id| mm.create(Texture { id, token: tex_drops.token() })).collect();
     let mut kept_meshes = Vec::new();
     let mut next_id = 1000;
@@ -161,7 +137,7 @@ fn workers_clone_and_drop_while_main_creates_reads_and_collects() {
 fn asset_loaders_create_from_four_threads_at_once() {
     let per_thread = if cfg!(miri) { 12 } else { 2000 };
     let drops = Drops::default();
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     for round in 0..2 {
         // Round 0 grows fresh segments concurrently; round 1 also pops the free list.
         let handles: Vec<Vec<Handle<Texture>>> = {
@@ -212,7 +188,7 @@ fn asset_loaders_create_from_four_threads_at_once() {
 fn upgrades_race_with_the_last_drop() {
     let rounds = if cfg!(miri) { 3 } else { 500 };
     let drops = Drops::default();
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     for round in 0..rounds {
         let h = mm.create(Texture { id: round, token: drops.token() });
         let weak = h.downgrade();
@@ -250,7 +226,7 @@ fn main_collects_while_workers_drop_their_last_handles() {
     // Handles do not borrow the manager: the owner may collect while workers drop.
     let per_worker = if cfg!(miri) { 6 } else { 3000 };
     let drops = Drops::default();
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let batches: Vec<Vec<Handle<Mesh>>> = (0..WORKERS)
         .map(|w| {
             (0..per_worker)
@@ -293,7 +269,7 @@ fn main_collects_while_workers_drop_their_last_handles() {
 #[test]
 fn the_manager_moves_to_another_thread_for_collection() {
     let drops = Drops::default();
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let kept = mm.create(Texture { id: 1, token: drops.token() });
     drop(mm.create(Texture { id: 2, token: drops.token() }));
     let mesh = mm.create(Mesh { id: 3, texture: Some(kept.clone()), token: drops.token() });

@@ -1,9 +1,12 @@
 //! The `handle-sites` feature: the leak report lists where each handle still
 //! holding a leaked object was created, cloned, upgraded or taken from a raw
-//! handle. Run with `cargo test --features handle-sites --test handle_sites`.
+//! handle. Run with `cargo test --features handle-sites --test object_handle_sites`.
 #![cfg(feature = "handle-sites")]
 
-use mmobject::{Handle, HandleOrigin, MMObject, ObjectManager};
+use mmobject::{Handle, HandleOrigin, MMObject};
+
+mod support;
+use support::quiet;
 
 #[derive(MMObject)]
 struct Texture {
@@ -13,10 +16,6 @@ struct Texture {
 #[derive(MMObject)]
 struct Material {
     albedo: Handle<Texture>,
-}
-
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).build()
 }
 
 fn sites_of(report: &mmobject::ObjectLeakReport, type_name: &str) -> Vec<(HandleOrigin, u32)> {

@@ -2,29 +2,15 @@
 //! is leaked on purpose, and the leak report says so.
 //!
 //! These tests leak on purpose. Run them under Miri with
-//! `MIRIFLAGS=-Zmiri-ignore-leaks cargo +nightly miri test --test outliving`.
+//! `MIRIFLAGS=-Zmiri-ignore-leaks cargo +nightly miri test --test object_outliving`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use mmobject::{Error, Handle, LeakReport, MMObject, ObjectManager};
 
-#[derive(Clone, Default)]
-struct Drops(Arc<AtomicUsize>);
-
-impl Drops {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-struct DropToken(Arc<AtomicUsize>);
-
-impl Drop for DropToken {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
+mod support;
+use support::{quiet, DropToken, Drops};
 
 #[derive(MMObject)]
 #[mm(tag = "Textures")]
@@ -40,11 +26,7 @@ struct Material {
 }
 
 fn texture(width: u32, drops: &Drops) -> Texture {
-    Texture { width, token: DropToken(Arc::clone(&drops.0)) }
-}
-
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).segment_base(4).build()
+    Texture { width, token: drops.token() }
 }
 
 fn assert_outliving(report: &LeakReport, objects: usize) {
@@ -80,7 +62,7 @@ fn shutdown_frees_everything_without_outside_handles() {
     let drops = Drops::default();
     let mm = quiet();
     let t = mm.create(texture(1, &drops));
-    let m = mm.create(Material { albedo: t.clone(), token: DropToken(Arc::clone(&drops.0)) });
+    let m = mm.create(Material { albedo: t.clone(), token: drops.token() });
     drop(t);
     let raw = m.into_raw();
     let report = mm.shutdown();
@@ -136,7 +118,7 @@ fn handles_stay_usable_after_the_manager_is_dropped() {
     {
         let mm = quiet();
         tex = mm.create(texture(1, &drops));
-        mat = mm.create(Material { albedo: tex.clone(), token: DropToken(Arc::clone(&drops.0)) });
+        mat = mm.create(Material { albedo: tex.clone(), token: drops.token() });
         assert_eq!(tex.ref_count(), 2);
     }
     assert_eq!(drops.count(), 2);

@@ -3,34 +3,14 @@
 //! and the shutdown report that ties them together.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use mmobject::{CycleCollector, Handle, MMObject, ObjectKey, ObjectLeakReport, ObjectManager, RetentionRoot};
 use proptest::prelude::*;
 
-/// Counts its drops in a counter owned by the test, so tests can run in parallel.
-#[derive(Default)]
-struct Drops(Arc<AtomicUsize>);
-
-impl Drops {
-    fn token(&self) -> DropToken {
-        DropToken(Arc::clone(&self.0))
-    }
-
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-struct DropToken(Arc<AtomicUsize>);
-
-impl Drop for DropToken {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
+mod support;
+use support::{quiet, DropToken, Drops};
 
 /// A graph node: edges through a `Vec`, one optional extra link.
 #[derive(MMObject)]
@@ -42,10 +22,6 @@ struct Node {
 
 fn node(mm: &ObjectManager, drops: &Drops) -> Handle<Node> {
     mm.create(Node { edges: Vec::new(), link: None, drops: drops.token() })
-}
-
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).segment_base(4).build()
 }
 
 /// A ring of `n` nodes through `link`; returns the keys in ring order.
@@ -378,7 +354,7 @@ fn snapshot_across_level_load_and_unload() {
     let message = *failure.unwrap_err().downcast::<String>().unwrap();
     assert!(message.starts_with("3 object(s) created since the snapshot are still alive:"), "{message}");
     assert!(message.contains(&format!("kept alive by: Material{}.detail -> Texture", forgotten.key())), "{message}");
-    assert!(message.contains("tests/forensics.rs"), "creation sites: {message}");
+    assert!(message.contains("tests/object_forensics.rs"), "creation sites: {message}");
 
     drop(forgotten);
     mm.collect_garbage();

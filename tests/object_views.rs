@@ -3,7 +3,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use mmobject::{Handle, MMObject, ObjectManager, WeakHandle};
+use mmobject::{Handle, MMObject, WeakHandle};
+
+mod support;
+use support::quiet_with;
 
 #[derive(MMObject)]
 struct Unit {
@@ -13,13 +16,9 @@ struct Unit {
 #[derive(MMObject)]
 struct Other(#[allow(dead_code)] u8);
 
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).segment_base(2).build()
-}
-
 #[test]
 fn view_matches_the_manager_across_segments_and_reuse() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let n = if cfg!(miri) { 40 } else { 1000 };
     let mut units: Vec<Option<Handle<Unit>>> = (0..n).map(|hp| Some(mm.create(Unit { hp }))).collect();
     let weaks: Vec<WeakHandle<Unit>> = units.iter().map(|h| h.as_ref().unwrap().downgrade()).collect();
@@ -56,7 +55,7 @@ fn view_matches_the_manager_across_segments_and_reuse() {
 
 #[test]
 fn view_made_before_the_type_has_a_store_still_sees_it() {
-    let mm = quiet();
+    let mm = quiet_with(2);
     let view = mm.view::<Unit>();
     assert_eq!(view.iter().count(), 0);
     let unit = mm.create(Unit { hp: 7 });
@@ -69,8 +68,8 @@ fn view_made_before_the_type_has_a_store_still_sees_it() {
 
 #[test]
 fn view_rejects_handles_of_another_manager() {
-    let a = quiet();
-    let b = quiet();
+    let a = quiet_with(2);
+    let b = quiet_with(2);
     let unit = a.create(Unit { hp: 1 });
     let _other = b.create(Unit { hp: 2 });
     let view = b.view::<Unit>();
@@ -82,7 +81,7 @@ fn view_rejects_handles_of_another_manager() {
 
 #[test]
 fn handle_keys_and_reuse() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let handles: Vec<_> = (0..100).map(|hp| mm.create(Unit { hp })).collect();
     let keys: Vec<_> = handles.iter().map(Handle::key).collect();
     let from_iter: Vec<_> = mm.iter::<Unit>().map(|(w, _)| w.key()).collect();

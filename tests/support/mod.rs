@@ -1,0 +1,50 @@
+//! Helpers the object test binaries share: a drop counter and a manager that
+//! logs nothing at shutdown. Each binary includes this with `mod support;`
+//! and uses only some of it.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use mmobject::ObjectManager;
+
+/// Counts how many values holding one of its tokens were dropped. Each test
+/// owns its counter, so tests can run in parallel.
+#[derive(Clone, Default)]
+pub struct Drops(Arc<AtomicUsize>);
+
+impl Drops {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    pub fn token(&self) -> DropToken {
+        DropToken(Arc::clone(&self.0))
+    }
+}
+
+/// A field that bumps its counter when the object that holds it is dropped.
+pub struct DropToken(Arc<AtomicUsize>);
+
+impl Drop for DropToken {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A manager that logs nothing at shutdown, with tiny segments (4 slots) so
+/// slots are reused early.
+pub fn quiet() -> ObjectManager {
+    quiet_with(4)
+}
+
+/// A manager that logs nothing at shutdown, with segments of `segment_base`
+/// slots (rounded up to a power of two).
+pub fn quiet_with(segment_base: u32) -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(segment_base).build()
+}
