@@ -2,12 +2,15 @@
 //! once, destroy events and hooks, typed key lookup, raw peeks, handle order,
 //! and iteration that never sees objects created during it.
 
+mod support;
+
 use std::collections::{BTreeSet, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 
 use mmobject::{Error, Handle, MMObject, ObjectKey, ObjectManager, RawHandle, WeakHandle};
 use slotmap::SecondaryMap;
+use support::quiet_with;
 
 #[derive(MMObject, Debug)]
 struct Entity {
@@ -25,10 +28,6 @@ fn entity(vel: f32) -> Entity {
     Entity { pos: 0.0, vel, mesh: None }
 }
 
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).segment_base(2).build()
-}
-
 fn n() -> usize {
     if cfg!(miri) {
         40
@@ -41,7 +40,7 @@ fn n() -> usize {
 
 #[test]
 fn iter_mut_updates_every_live_object_once_across_segments() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let mut hs: Vec<Option<Handle<Entity>>> = (0..n()).map(|i| Some(mm.create(entity(i as f32)))).collect();
     for (i, h) in hs.iter_mut().enumerate() {
         if i % 4 == 0 {
@@ -69,7 +68,7 @@ fn iter_mut_updates_every_live_object_once_across_segments() {
 
 #[test]
 fn iterators_are_exact_size_fused_and_cloneable() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     assert_eq!(mm.iter::<Entity>().len(), 0, "no store yet");
     let hs: Vec<_> = (0..10).map(|i| mm.create(entity(i as f32))).collect();
     drop(hs[3].clone());
@@ -95,7 +94,7 @@ fn iterators_are_exact_size_fused_and_cloneable() {
 
 #[test]
 fn creating_inside_iteration_never_yields_the_new_objects() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let hs: Vec<_> = (0..8).map(|i| mm.create(entity(i as f32))).collect();
     // Free slots ahead of the cursor exist: a create could reuse them.
     drop(hs);
@@ -130,7 +129,7 @@ fn creating_inside_iteration_never_yields_the_new_objects() {
 
 #[test]
 fn disjoint_mut_through_handles_and_weak_handles() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let a = mm.create(entity(1.0));
     let b = mm.create(entity(2.0));
     let c = mm.create(entity(3.0));
@@ -160,7 +159,7 @@ fn disjoint_mut_through_handles_and_weak_handles() {
     assert!(matches!(mm.try_get_disjoint_weak_mut([weak_b, a.downgrade()]), Err(Error::StaleHandle { .. })));
 
     // Another manager's handle.
-    let other = quiet();
+    let other = quiet_with(2);
     let foreign = other.create(entity(0.0));
     assert!(matches!(mm.try_get_disjoint_mut([&a, &foreign]), Err(Error::WrongManager { .. })));
     let caught = catch_unwind(AssertUnwindSafe(|| {
@@ -173,7 +172,7 @@ fn disjoint_mut_through_handles_and_weak_handles() {
 
 #[test]
 fn one_type_written_while_another_is_read() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let meshes: Vec<_> = (0..4).map(|i| mm.create(Mesh { radius: i as f32 })).collect();
     let entities: Vec<_> =
         (0..n()).map(|i| mm.create(Entity { pos: 0.0, vel: 1.0, mesh: Some(meshes[i % 4].clone()) })).collect();
@@ -198,7 +197,7 @@ fn one_type_written_while_another_is_read() {
 
 #[test]
 fn views_refuse_a_second_borrow_of_a_written_type() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let _e = mm.create(entity(1.0));
     let views = mm.views();
     let _write = views.view_mut::<Entity>();
@@ -218,8 +217,8 @@ fn views_refuse_a_second_borrow_of_a_written_type() {
 
 #[test]
 fn view_mut_checks_managers_and_staleness() {
-    let mut mm = quiet();
-    let other = quiet();
+    let mut mm = quiet_with(2);
+    let other = quiet_with(2);
     let foreign = other.create(entity(0.0));
     let a = mm.create(entity(1.0));
     let weak = a.downgrade();
@@ -291,7 +290,7 @@ fn destroyed_events_include_cycle_collection_and_are_off_by_default() {
     let destroyed: HashSet<_> = mm.drain_destroyed().map(|e| e.key()).collect();
     assert_eq!(destroyed, keys);
 
-    let mut plain = quiet();
+    let mut plain = quiet_with(2);
     drop(plain.create(Node { next: None, name: 0 }));
     plain.collect_garbage();
     assert_eq!(plain.drain_destroyed().count(), 0);
@@ -299,7 +298,7 @@ fn destroyed_events_include_cycle_collection_and_are_off_by_default() {
 
 #[test]
 fn on_destroy_sees_each_value_before_it_drops_also_at_shutdown() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let (send, seen) = mpsc::channel();
     mm.on_destroy::<Node>(move |key, node: &mut Node| {
         send.send((key, node.name, node.next.take().is_some())).unwrap();
@@ -324,7 +323,7 @@ fn on_destroy_sees_each_value_before_it_drops_also_at_shutdown() {
 
 #[test]
 fn a_panicking_hook_still_destroys_the_object_and_loses_nothing() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     mm.on_destroy::<Mesh>(|_, mesh: &mut Mesh| {
         if mesh.radius == 2.0 {
             panic!("hook failed");
@@ -346,7 +345,7 @@ fn a_panicking_hook_still_destroys_the_object_and_loses_nothing() {
 
 #[test]
 fn get_by_key_is_typed_and_checked() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let e = mm.create(entity(4.0));
     let m = mm.create(Mesh { radius: 1.0 });
     let key = e.key();
@@ -367,7 +366,7 @@ fn get_by_key_is_typed_and_checked() {
 
 #[test]
 fn raw_peek_changes_no_count_and_reports_each_misuse() {
-    let mm = quiet();
+    let mm = quiet_with(2);
     let h = mm.create(entity(7.0));
     let keep = h.clone();
     let raw = h.into_raw();
@@ -376,7 +375,7 @@ fn raw_peek_changes_no_count_and_reports_each_misuse() {
     assert_eq!(mm.get_raw::<Entity>(raw).unwrap().vel, 7.0);
     assert_eq!(keep.ref_count(), 2, "a peek takes no reference");
     assert!(matches!(mm.try_get_raw::<Mesh>(raw), Err(Error::WrongType { .. })));
-    let other = quiet();
+    let other = quiet_with(2);
     assert!(matches!(
         other.try_get_raw::<Entity>(raw),
         Err(Error::WrongManager { .. } | Error::InvalidRawHandle { .. })
@@ -392,7 +391,7 @@ fn raw_peek_changes_no_count_and_reports_each_misuse() {
 
 #[test]
 fn handles_are_ordered_by_manager_then_key() {
-    let mm = quiet();
+    let mm = quiet_with(2);
     let hs: Vec<_> = (0..20).map(|i| mm.create(entity(i as f32))).collect();
     let set: BTreeSet<Handle<Entity>> = hs.iter().rev().cloned().collect();
     let keys: Vec<_> = set.iter().map(Handle::key).collect();
@@ -403,7 +402,7 @@ fn handles_are_ordered_by_manager_then_key() {
     let weaks: BTreeSet<WeakHandle<Entity>> = hs.iter().map(Handle::downgrade).collect();
     assert!(weaks.iter().map(|w| w.key()).eq(keys.iter().copied()));
     assert!(hs[0] < hs[1] && hs[0].downgrade() < hs[1].downgrade());
-    let other = quiet();
+    let other = quiet_with(2);
     let later = other.create(entity(0.0));
     assert!(hs[19] < later, "a later manager sorts after");
     assert_eq!(hs[3].cmp(&hs[3].clone()), std::cmp::Ordering::Equal);

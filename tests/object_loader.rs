@@ -2,10 +2,13 @@
 //! `&mut ObjectManager`, visibility, shutdown, and creates from inside a
 //! collection.
 
+mod support;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 
-use mmobject::{Error, Handle, Loader, MMObject, ObjectManager};
+use mmobject::{Error, Handle, Loader, MMObject};
+use support::quiet_with;
 
 #[derive(MMObject, Debug)]
 struct Prop {
@@ -20,10 +23,6 @@ fn prop(id: u32) -> Prop {
 #[derive(MMObject)]
 struct Late(u32);
 
-fn quiet() -> ObjectManager {
-    ObjectManager::builder().report_leaks(false).segment_base(2).build()
-}
-
 #[test]
 fn loader_is_send_sync_clone() {
     fn check<T: Send + Sync + Clone + std::fmt::Debug + 'static>() {}
@@ -32,7 +31,7 @@ fn loader_is_send_sync_clone() {
 
 #[test]
 fn loader_threads_create_while_the_main_thread_updates_and_collects() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let per_thread = if cfg!(miri) { 30 } else { 2000 };
     let (send, loaded) = mpsc::channel::<Handle<Prop>>();
     let threads: Vec<_> = (0..2u32)
@@ -96,7 +95,7 @@ fn loader_threads_create_while_the_main_thread_updates_and_collects() {
 
 #[test]
 fn loader_objects_are_visible_at_once_but_not_to_a_running_iteration() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let loader = mm.loader();
     let first: Vec<_> = (0..4).map(|i| mm.create(prop(i))).collect();
     drop(first);
@@ -117,7 +116,7 @@ fn loader_objects_are_visible_at_once_but_not_to_a_running_iteration() {
 
 #[test]
 fn a_type_first_registered_by_a_loader_is_seen_by_views_made_before() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     let loader = mm.loader();
     let view = mm.view_mut::<Late>();
     let late = std::thread::spawn(move || loader.create(Late(5))).join().unwrap();
@@ -128,7 +127,7 @@ fn a_type_first_registered_by_a_loader_is_seen_by_views_made_before() {
 
 #[test]
 fn loader_after_shutdown_gives_the_value_back() {
-    let mm = quiet();
+    let mm = quiet_with(2);
     let loader = mm.loader();
     // Alive at shutdown, held by a raw handle only (so its memory is freed;
     // handles that outlive a manager are tested in object_outliving.rs).
@@ -169,7 +168,7 @@ struct Spawner {
 
 #[test]
 fn a_drop_inside_collection_may_create_through_a_loader() {
-    let mut mm = quiet();
+    let mut mm = quiet_with(2);
     for i in 0..4 {
         drop(mm.create(prop(i)));
     }
