@@ -10,18 +10,23 @@
 //! while the store lives, so a [`Handle`](crate::Handle) holds a plain
 //! pointer to its slot.
 //!
-//! A slot is a 16-byte header followed by `UnsafeCell<MaybeUninit<T>>`:
+//! A slot is an 8-byte header followed by `UnsafeCell<MaybeUninit<T>>`:
 //!
 //! | field | bytes | meaning |
 //! |---|---|---|
 //! | `word` | 4 | live: the strong count; dead or free: `LINK_FLAG \| next` |
 //! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention) |
-//! | `site` | 8 | `&'static Location` of the `create` call |
 //!
 //! The same word is the count while the object is referenced and the list
-//! link once it is not. That keeps the header at 16 bytes without a separate
+//! link once it is not. That keeps the header at 8 bytes without a separate
 //! link field, and it makes "is this object dead?" the same load as "what is
-//! its count?".
+//! its count?". A 64-byte object takes a 72-byte slot, as in `slotmap`.
+//!
+//! The creation site (`&'static Location` of the `create` call, 8 bytes) is
+//! the other half of the 16 bytes of metadata per object. It lives in an
+//! array after the slots, in the same segment allocation: `create` writes it
+//! once, and only the leak report and forensics read it, so it stays out of
+//! the lines that iteration and reads walk.
 //!
 //! # Reading through handles
 //!

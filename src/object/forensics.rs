@@ -230,7 +230,7 @@ impl ObjectManager {
     pub fn holders(&self, key: ObjectKey) -> Vec<ObjectKey> {
         let mut holders = Vec::new();
         for store in self.all_stores() {
-            store.visit_live(&mut |holder, _, value| {
+            store.visit_live(&mut |holder, _, _, value| {
                 let mut holds = false;
                 let visit = || value.visit_handles(&mut |held| holds |= held == key);
                 let _ = catch_unwind(AssertUnwindSafe(visit));

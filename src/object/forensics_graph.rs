@@ -108,7 +108,7 @@ impl Graph {
         let mut builder = GraphBuilder::with_capacity(mm.len());
         for store in mm.all_stores() {
             let type_name = store.type_name();
-            store.visit_live(&mut |key, header, value| {
+            store.visit_live(&mut |key, header, _, value| {
                 builder.node(key, type_name, header.ref_count(), |edge| {
                     let visit = || value.visit_handles_named(edge);
                     let _ = catch_unwind(AssertUnwindSafe(visit));

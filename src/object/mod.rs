@@ -4,8 +4,9 @@
 //!
 //! Each [`MMObject`] type gets one store inside the [`ObjectManager`]: a
 //! generational slot map whose slots live in segments that never move (segment
-//! `k` holds `base << k` slots). A slot is a 16-byte header (count or list
-//! link, generation, creation site) followed by the value.
+//! `k` holds `base << k` slots). A slot is an 8-byte header (count or list
+//! link, generation) followed by the value; each segment keeps its objects'
+//! creation sites in an array of its own, for reports.
 //!
 //! - A [`Handle`] points straight at its slot. Clone is one relaxed atomic add;
 //!   drop is one atomic sub, and the last drop pushes the slot onto its store's

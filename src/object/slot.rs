@@ -1,8 +1,12 @@
-//! One object slot: a 16-byte header and the value.
+//! One object slot: an 8-byte header and the value. (Its creation site lives
+//! beside it, in the segment's site array: only reports read it.)
 
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::panic::Location;
+
+/// Where an object was created, kept per slot in its segment's site array.
+pub(crate) type SiteCell = UnsafeCell<&'static Location<'static>>;
 
 use crate::sync::{AtomicU32, Ordering};
 
@@ -19,7 +23,7 @@ pub(crate) const MAX_REFS: u32 = 1 << 30;
 /// So a stale key can never validate again, however often a slot is reused.
 pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 
-/// The per-object metadata: 16 bytes on 64-bit targets.
+/// The per-object metadata in the slot: 8 bytes.
 ///
 /// # Invariants
 ///
@@ -33,12 +37,10 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   onto its store's dead list. Once the slot is on the dead list, or vacant on
 ///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
 ///   the next slot in that list (or [`NIL`]).
-/// - `site` is valid while the slot is occupied.
 #[repr(C)]
 pub(crate) struct SlotHeader {
     pub(crate) word: AtomicU32,
     pub(crate) generation: AtomicU32,
-    pub(crate) site: UnsafeCell<&'static Location<'static>>,
 }
 
 /// A slot: the header, then the value, initialised exactly while the generation is odd.
@@ -62,11 +64,7 @@ pub(crate) enum SlotState {
 impl SlotHeader {
     pub(crate) fn vacant(generation: u32) -> Self {
         debug_assert!(generation & 1 == 0, "a vacant generation is even");
-        SlotHeader {
-            word: AtomicU32::new(LINK_FLAG | NIL),
-            generation: AtomicU32::new(generation),
-            site: UnsafeCell::new(Location::caller()),
-        }
+        SlotHeader { word: AtomicU32::new(LINK_FLAG | NIL), generation: AtomicU32::new(generation) }
     }
 
     /// Reads the slot's state. `Acquire` on the generation pairs with the
@@ -158,9 +156,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_is_16_bytes() {
-        assert_eq!(std::mem::size_of::<SlotHeader>(), 16);
-        assert_eq!(std::mem::size_of::<Slot<[u64; 8]>>(), 16 + 64);
+    fn header_is_8_bytes() {
+        assert_eq!(std::mem::size_of::<SlotHeader>(), 8);
+        assert_eq!(std::mem::size_of::<Slot<[u64; 8]>>(), 8 + 64);
+        assert_eq!(std::mem::size_of::<SiteCell>(), 8);
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl ObjectManager {
     pub fn snapshot(&self) -> Snapshot {
         let mut keys = Vec::new();
         for store in self.all_stores() {
-            store.visit_live(&mut |key, _, _| keys.push(key));
+            store.visit_live(&mut |key, _, _, _| keys.push(key));
         }
         keys.sort_unstable();
         Snapshot { manager: self.id(), keys }

@@ -10,6 +10,7 @@
 
 use std::alloc::Layout;
 use std::any::Any;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::panic::Location;
 use std::ptr::{self, NonNull};
@@ -25,7 +26,7 @@ use crate::Error;
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::report::TypeReport;
 use super::shared::{locate, segment_first, segment_len, StoreShared, MAX_SEGMENTS};
-use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::slot::{SiteCell, Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
 use super::{CollectStats, Destroyed, LeakEntry, MMObject, ObjectKey};
@@ -215,6 +216,35 @@ impl<T: MMObject> Store<T> {
         Some(unsafe { &*base.add(offset) })
     }
 
+    /// The slot `local` and its creation site, if its segment exists.
+    #[inline]
+    fn slot_and_site(&self, local: u32) -> Option<(&Slot<T>, &SiteCell)> {
+        if local >= MAX_INDEX {
+            return None;
+        }
+        let (segment, offset) = locate(local, self.config.base_bits);
+        let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
+        // SAFETY: a published segment came from `allocate_segment` with
+        // `segment_len(segment)` slots and as many sites, and `offset` is below
+        // that by construction of `locate`.
+        unsafe {
+            let sites = segment_sites(base, segment_len(segment, self.config.base_bits) as usize);
+            Some((&*base.as_ptr().add(offset), &*sites.as_ptr().add(offset)))
+        }
+    }
+
+    /// The creation site of the occupied slot `local`.
+    ///
+    /// # Safety
+    ///
+    /// The slot's generation must have been read as odd (with `Acquire`).
+    pub(crate) unsafe fn site(&self, local: u32) -> &'static Location<'static> {
+        let (_, site) = self.slot_and_site(local).expect("an occupied slot's segment is published");
+        // SAFETY: the site was written before the generation was published
+        // (caller), and is written again only after the slot is freed.
+        unsafe { *site.get() }
+    }
+
     /// The slot `local`, known to lie in a published segment: the weak-read
     /// fast path, with no bounds or null checks and one table load.
     ///
@@ -294,12 +324,13 @@ impl<T: MMObject> Store<T> {
         if let Some((tracking, bytes)) = charged {
             tracking.placed(local, bytes);
         }
-        let slot = self.slot(local).expect("an allocated slot's segment is published");
+        let (slot, site_cell) = self.slot_and_site(local).expect("an allocated slot's segment is published");
         // SAFETY: the slot was popped from the free list or freshly bumped, so
-        // this thread owns it exclusively until it publishes the generation below.
+        // this thread owns it (and its site) exclusively until it publishes
+        // the generation below.
         unsafe {
             (*slot.value.get()).write(value);
-            *slot.header.site.get() = site;
+            *site_cell.get() = site;
         }
         slot.header.word.store(1, Ordering::Relaxed);
         let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
@@ -624,9 +655,28 @@ impl<T> Store<T> {
     }
 }
 
-/// The memory layout of a segment of `len` slots, if it fits in `isize`.
-fn segment_layout<T>(len: usize) -> Option<Layout> {
-    Layout::array::<Slot<T>>(len).ok()
+/// The memory layout of a segment of `len` slots, followed by their `len`
+/// creation sites, and the byte offset of the sites; `None` if it does not
+/// fit in `isize`.
+fn segment_layout<T>(len: usize) -> Option<(Layout, usize)> {
+    let (layout, sites) = Layout::array::<Slot<T>>(len).ok()?.extend(Layout::array::<SiteCell>(len).ok()?).ok()?;
+    Some((layout.pad_to_align(), sites))
+}
+
+/// Segment bytes per slot: the slot and its creation site.
+fn slot_bytes<T>() -> usize {
+    std::mem::size_of::<Slot<T>>() + std::mem::size_of::<SiteCell>()
+}
+
+/// The creation sites of segment `base`, which holds `len` slots.
+///
+/// # Safety
+///
+/// `base` must come from [`allocate_segment`] with this `len`.
+unsafe fn segment_sites<T>(base: NonNull<Slot<T>>, len: usize) -> NonNull<SiteCell> {
+    let (_, offset) = segment_layout::<T>(len).expect("the layout was valid when the segment was allocated");
+    // SAFETY: the sites start `offset` bytes into the same allocation (caller).
+    unsafe { base.cast::<u8>().add(offset).cast() }
 }
 
 /// Allocates a segment of `len` vacant slots at `first_generation` from `alloc`.
@@ -641,18 +691,24 @@ fn allocate_segment<T: MMObject>(
     let refused = || Error::StoreOutOfMemory {
         type_name: T::TYPE_NAME,
         part: "a new segment",
-        bytes: len.saturating_mul(std::mem::size_of::<Slot<T>>()),
+        bytes: len.saturating_mul(slot_bytes::<T>()),
         allocator: alloc.name(),
     };
-    let layout = segment_layout::<T>(len).ok_or_else(refused)?;
-    let base = alloc.allocate(layout).map_err(|_| refused())?.cast::<Slot<T>>();
+    let (layout, sites_offset) = segment_layout::<T>(len).ok_or_else(refused)?;
+    let memory = alloc.allocate(layout).map_err(|_| refused())?;
+    let base = memory.cast::<Slot<T>>();
+    // SAFETY: the sites start `sites_offset` bytes into the new allocation.
+    let sites = unsafe { memory.cast::<u8>().add(sites_offset).cast::<SiteCell>() };
+    let unknown = UnsafeCell::new(Location::caller());
     for offset in 0..len {
-        // SAFETY: `offset < len`, so the header is inside the new allocation.
-        // Only the header is written: the value is a `MaybeUninit`, and
-        // building a whole `Slot<T>` on the stack would cost a `T`-sized frame.
+        // SAFETY: `offset < len`, so the header and the site are inside the
+        // new allocation. Only the header is written of the slot: the value
+        // is a `MaybeUninit`, and building a whole `Slot<T>` on the stack
+        // would cost a `T`-sized frame.
         unsafe {
             let slot = base.as_ptr().add(offset);
             ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
+            sites.as_ptr().add(offset).write(UnsafeCell::new(*unknown.get()));
         }
     }
     Ok(base)
@@ -666,11 +722,11 @@ fn allocate_segment<T: MMObject>(
 /// value may be initialised any more, and nothing may use the segment
 /// afterwards.
 unsafe fn free_segment<T>(alloc: &StoreAlloc, base: NonNull<Slot<T>>, len: usize) {
-    let layout = segment_layout::<T>(len).expect("the layout was valid when the segment was allocated");
+    let (layout, _) = segment_layout::<T>(len).expect("the layout was valid when the segment was allocated");
     // SAFETY: the caller guarantees `base` holds `len` slots from `alloc`
     // with this layout that nothing else uses; a slot's drop glue only drops
     // its header (the value is a `MaybeUninit`, destroyed earlier by the
-    // manager).
+    // manager), and the sites need no drop.
     unsafe {
         ptr::drop_in_place(ptr::slice_from_raw_parts_mut(base.as_ptr(), len));
         alloc.deallocate(base.cast(), layout);
@@ -779,7 +835,7 @@ pub(crate) trait ErasedStore: Send + Sync {
     fn dead_count(&self) -> usize;
     fn live_count(&self) -> usize;
     fn report(&self) -> TypeReport;
-    fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject));
+    fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &'static Location<'static>, &dyn ErasedObject));
     /// The live object in slot `local` with `generation`, for writing.
     ///
     /// # Safety
@@ -882,20 +938,20 @@ impl<T: MMObject> ErasedStore for Store<T> {
             peak_live: self.note_peak() as usize,
             dead_pending: dead,
             bytes,
-            slot_bytes: std::mem::size_of::<Slot<T>>(),
+            slot_bytes: slot_bytes::<T>(),
             created: self.created(),
             destroyed: self.destroyed.load(Ordering::Relaxed),
         }
     }
 
-    fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &dyn ErasedObject)) {
+    fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &'static Location<'static>, &dyn ErasedObject)) {
         self.for_each_slot(|local, slot| {
             if let SlotState::Live(_) = slot.header.state() {
                 // SAFETY: live implies an odd generation read with Acquire in
                 // `state`; `&self` blocks collection.
-                let value = unsafe { Self::value_unchecked(slot) };
+                let (value, site) = unsafe { (Self::value_unchecked(slot), self.site(local)) };
                 let generation = slot.header.generation.load(Ordering::Relaxed);
-                f(self.key_of(local, generation), &slot.header, value);
+                f(self.key_of(local, generation), &slot.header, site, value);
             }
         });
     }
@@ -1003,8 +1059,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
             self.leaked.store(true, Ordering::Relaxed);
             for segment in 0..MAX_SEGMENTS {
                 if !self.segments[segment].load(Ordering::Relaxed).is_null() {
-                    settled.leaked_bytes +=
-                        segment_len(segment, self.config.base_bits) as usize * std::mem::size_of::<Slot<T>>();
+                    settled.leaked_bytes += segment_len(segment, self.config.base_bits) as usize * slot_bytes::<T>();
                 }
             }
             settled.leaked_bytes += std::mem::size_of::<StoreShared>();
@@ -1058,10 +1113,8 @@ pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
     let mut stacks = store.creation_stacks();
     #[cfg(feature = "handle-sites")]
     let mut sites = store.shared().handle_sites.lock().by_index();
-    store.visit_live(&mut |key, header, value| {
+    store.visit_live(&mut |key, header, site, value| {
         let size = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value.size())).unwrap_or(0);
-        // SAFETY: `visit_live` only yields occupied slots, whose site is valid.
-        let site = unsafe { *header.site.get() };
         out.push(LeakEntry {
             type_name,
             key,
