@@ -67,6 +67,39 @@ fn iter_mut_updates_every_live_object_once_across_segments() {
 }
 
 #[test]
+fn internal_and_external_iteration_agree() {
+    let mut mm = quiet_with(2);
+    let mut hs: Vec<Option<Handle<Entity>>> = (0..n()).map(|i| Some(mm.create(entity(i as f32)))).collect();
+    for (i, h) in hs.iter_mut().enumerate() {
+        if i % 3 == 1 || (i > 20 && i < 40) {
+            *h = None;
+        }
+    }
+    // `fold` (used by `collect`, `sum`, `for_each`) walks with its own loop;
+    // `next` (used by `for` and `by_ref`) with the cursor: same answers.
+    let by_fold: Vec<(WeakHandle<Entity>, f32)> = mm.iter::<Entity>().map(|(w, e)| (w, e.vel)).collect();
+    let mut by_next = Vec::new();
+    let mut it = mm.iter::<Entity>();
+    if let Some((w, e)) = it.next() {
+        by_next.push((w, e.vel));
+    }
+    assert_eq!(it.len(), by_fold.len() - 1);
+    let rest: Vec<_> = it.map(|(w, e)| (w, e.vel)).collect(); // fold after a next
+    by_next.extend(rest);
+    assert_eq!(by_fold, by_next);
+    let mut by_next_mut = Vec::new();
+    let mut it = mm.iter_mut::<Entity>();
+    for (w, e) in it.by_ref() {
+        by_next_mut.push((w, e.vel));
+    }
+    drop(it);
+    assert_eq!(by_fold, by_next_mut);
+    mm.iter_mut::<Entity>().for_each(|(_, e)| e.pos = 1.0);
+    assert_eq!(mm.iter::<Entity>().map(|(_, e)| e.pos).sum::<f32>(), by_fold.len() as f32);
+    drop(hs);
+}
+
+#[test]
 fn iterators_are_exact_size_fused_and_cloneable() {
     let mut mm = quiet_with(2);
     assert_eq!(mm.iter::<Entity>().len(), 0, "no store yet");

@@ -26,10 +26,12 @@ use super::{MMObject, ObjectKey, WeakHandle};
 ///   of `store`, whose slot `offset` has local index `first_local + offset`
 ///   and manager-wide index `first_index + offset`; `len` never passes the
 ///   segment's length.
-/// - The cursor counted itself in the store's `iterating` (`begin_iteration`)
-///   and uncounts itself when dropped.
+/// - With a store, the cursor counted itself in the store's `iterating`
+///   (`begin_iteration`) and uncounts itself when dropped. Without one it is
+///   at its end from the start.
 struct Cursor<'a, T> {
-    store: &'a Store<T>,
+    /// `None` for a type with no store: the cursor is then at its end.
+    store: Option<&'a Store<T>>,
     base: NonNull<Slot<T>>,
     segment: usize,
     offset: u32,
@@ -38,8 +40,10 @@ struct Cursor<'a, T> {
     first_index: u32,
     /// One past the last local index to visit: the slots used at the start.
     end: u32,
-    /// Live objects not yet yielded, as counted at the start (see `len`).
-    remaining: usize,
+    /// Live objects when the cursor began (see `Iter`'s `len`).
+    total: usize,
+    /// Objects yielded so far.
+    yielded: usize,
     manager: u32,
     store_index: u32,
 }
@@ -53,10 +57,10 @@ unsafe impl<T: Send + Sync> Send for Cursor<'_, T> {}
 unsafe impl<T: Send + Sync> Sync for Cursor<'_, T> {}
 
 impl<'a, T: MMObject> Cursor<'a, T> {
-    fn new(store: &'a Store<T>, manager: u32) -> Self {
-        store.begin_iteration();
-        let end = store.used();
-        let remaining = store.live_count_now();
+    fn new(store: Option<&'a Store<T>>, manager: u32) -> Self {
+        if let Some(store) = store {
+            store.begin_iteration();
+        }
         Cursor {
             store,
             base: NonNull::dangling(),
@@ -65,10 +69,11 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             len: 0,
             first_local: 0,
             first_index: 0,
-            end,
-            remaining,
+            end: store.map_or(0, Store::used),
+            total: store.map_or(0, Store::live_count_now),
+            yielded: 0,
             manager,
-            store_index: store.shared().store_index,
+            store_index: store.map_or(0, |store| store.shared().store_index),
         }
     }
 
@@ -88,14 +93,43 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 if generation & 1 == 0 || slot.header.word.load(Ordering::Acquire).wrapping_sub(1) >= LINK_FLAG - 1 {
                     continue;
                 }
-                self.remaining = self.remaining.saturating_sub(1);
+                self.yielded += 1;
                 let key = ObjectKey::new(self.first_index + offset, generation);
                 let location = pack_location(self.store_index, self.first_local + offset);
                 return Some((WeakHandle::new(key, location, self.manager), slot));
             }
             if !self.next_segment() {
-                self.remaining = 0;
                 return None;
+            }
+        }
+    }
+
+    /// Folds `f` over the live slots left, a segment at a time with the walk
+    /// in locals (what `Iterator::fold`, `for_each`, `sum` and `count` use).
+    #[inline]
+    fn fold_live<B>(&mut self, init: B, mut f: impl FnMut(B, WeakHandle<T>, &'a Slot<T>) -> B) -> B {
+        let mut acc = init;
+        loop {
+            let (base, len, first_local, first_index) = (self.base, self.len, self.first_local, self.first_index);
+            let mut offset = self.offset;
+            let mut yielded = 0;
+            while offset < len {
+                // SAFETY: as in `next_live`: `offset < len`, inside the
+                // published segment `base` points to.
+                let slot = unsafe { &*base.as_ptr().add(offset as usize) };
+                let generation = slot.header.generation.load(Ordering::Acquire);
+                if generation & 1 == 1 && slot.header.word.load(Ordering::Acquire).wrapping_sub(1) < LINK_FLAG - 1 {
+                    let key = ObjectKey::new(first_index + offset, generation);
+                    let location = pack_location(self.store_index, first_local + offset);
+                    yielded += 1;
+                    acc = f(acc, WeakHandle::new(key, location, self.manager), slot);
+                }
+                offset += 1;
+            }
+            self.offset = offset;
+            self.yielded += yielded;
+            if !self.next_segment() {
+                return acc;
             }
         }
     }
@@ -103,10 +137,15 @@ impl<'a, T: MMObject> Cursor<'a, T> {
     /// Moves to the next published segment below `end`; false at the end.
     #[cold]
     fn next_segment(&mut self) -> bool {
-        let base_bits = self.store.base_bits();
+        let Some(store) = self.store else {
+            self.segment = MAX_SEGMENTS;
+            return false;
+        };
+        let base_bits = store.base_bits();
         loop {
             self.segment = self.segment.wrapping_add(1);
             if self.segment >= MAX_SEGMENTS {
+                self.segment = MAX_SEGMENTS;
                 self.len = 0;
                 return false;
             }
@@ -116,7 +155,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 self.len = 0;
                 return false;
             }
-            if let Some((base, first_index)) = self.store.segment(self.segment) {
+            if let Some((base, first_index)) = store.segment(self.segment) {
                 self.base = base;
                 self.first_local = first;
                 self.first_index = first_index;
@@ -128,16 +167,31 @@ impl<'a, T: MMObject> Cursor<'a, T> {
     }
 }
 
+impl<T> Cursor<'_, T> {
+    /// Live objects not yet yielded, as counted at the start.
+    fn remaining(&self) -> usize {
+        if self.segment == MAX_SEGMENTS {
+            0
+        } else {
+            self.total.saturating_sub(self.yielded)
+        }
+    }
+}
+
 impl<T> Clone for Cursor<'_, T> {
     fn clone(&self) -> Self {
-        self.store.begin_iteration();
+        if let Some(store) = self.store {
+            store.begin_iteration();
+        }
         Cursor { ..*self }
     }
 }
 
 impl<T> Drop for Cursor<'_, T> {
     fn drop(&mut self) {
-        self.store.end_iteration();
+        if let Some(store) = self.store {
+            store.end_iteration();
+        }
     }
 }
 
@@ -154,12 +208,12 @@ impl<T> Drop for Cursor<'_, T> {
 /// while the iterator runs (handles are `Send`): then the iterator may end
 /// with `len` still above zero, or yield more than `len` said.
 pub struct Iter<'a, T> {
-    cursor: Option<Cursor<'a, T>>,
+    cursor: Cursor<'a, T>,
 }
 
 impl<'a, T: MMObject> Iter<'a, T> {
     pub(crate) fn new(store: Option<&'a Store<T>>, manager: u32) -> Self {
-        Iter { cursor: store.map(|store| Cursor::new(store, manager)) }
+        Iter { cursor: Cursor::new(store, manager) }
     }
 }
 
@@ -168,7 +222,7 @@ impl<'a, T: MMObject> Iterator for Iter<'a, T> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        let (weak, slot) = self.cursor.as_mut()?.next_live()?;
+        let (weak, slot) = self.cursor.next_live()?;
         // SAFETY: `next_live` saw the slot live with `Acquire`, so the value
         // is initialised; the iterator borrows the manager shared for `'a`,
         // which keeps collection and `&mut` access away.
@@ -179,11 +233,17 @@ impl<'a, T: MMObject> Iterator for Iter<'a, T> {
         let n = self.len();
         (n, Some(n))
     }
+
+    #[inline]
+    fn fold<B, F: FnMut(B, Self::Item) -> B>(mut self, init: B, mut f: F) -> B {
+        // SAFETY: as in `next`.
+        self.cursor.fold_live(init, |acc, weak, slot| f(acc, (weak, unsafe { Store::value_unchecked(slot) })))
+    }
 }
 
 impl<T: MMObject> ExactSizeIterator for Iter<'_, T> {
     fn len(&self) -> usize {
-        self.cursor.as_ref().map_or(0, |c| c.remaining)
+        self.cursor.remaining()
     }
 }
 
@@ -197,7 +257,7 @@ impl<T> Clone for Iter<'_, T> {
 
 impl<T> std::fmt::Debug for Iter<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let remaining = self.cursor.as_ref().map_or(0, |c| c.remaining);
+        let remaining = self.cursor.remaining();
         f.debug_struct("Iter").field("remaining", &remaining).finish()
     }
 }
@@ -211,7 +271,7 @@ impl<T> std::fmt::Debug for Iter<'_, T> {
 /// may create some on another thread, and those are never yielded once the
 /// iterator has started.
 pub struct IterMut<'a, T> {
-    cursor: Option<Cursor<'a, T>>,
+    cursor: Cursor<'a, T>,
     /// Hands out `&'a mut T`: invariant in `T`, like `std::slice::IterMut`.
     _values: PhantomData<&'a mut T>,
 }
@@ -223,7 +283,7 @@ impl<'a, T: MMObject> IterMut<'a, T> {
     /// `store` for `'a` (it holds `&'a mut ObjectManager`, or a view that
     /// stands for it).
     pub(crate) unsafe fn new(store: Option<&'a Store<T>>, manager: u32) -> Self {
-        IterMut { cursor: store.map(|store| Cursor::new(store, manager)), _values: PhantomData }
+        IterMut { cursor: Cursor::new(store, manager), _values: PhantomData }
     }
 }
 
@@ -232,7 +292,7 @@ impl<'a, T: MMObject> Iterator for IterMut<'a, T> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        let (weak, slot) = self.cursor.as_mut()?.next_live()?;
+        let (weak, slot) = self.cursor.next_live()?;
         // SAFETY: `next_live` saw the slot live with `Acquire`, so the value
         // is initialised; the iterator has exclusive access to the store's
         // values for `'a` (constructor), and yields each slot once.
@@ -243,11 +303,17 @@ impl<'a, T: MMObject> Iterator for IterMut<'a, T> {
         let n = self.len();
         (n, Some(n))
     }
+
+    #[inline]
+    fn fold<B, F: FnMut(B, Self::Item) -> B>(mut self, init: B, mut f: F) -> B {
+        // SAFETY: as in `next`; the walk visits each slot once.
+        self.cursor.fold_live(init, |acc, weak, slot| f(acc, (weak, unsafe { (*slot.value.get()).assume_init_mut() })))
+    }
 }
 
 impl<T: MMObject> ExactSizeIterator for IterMut<'_, T> {
     fn len(&self) -> usize {
-        self.cursor.as_ref().map_or(0, |c| c.remaining)
+        self.cursor.remaining()
     }
 }
 
@@ -255,7 +321,7 @@ impl<T: MMObject> FusedIterator for IterMut<'_, T> {}
 
 impl<T> std::fmt::Debug for IterMut<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let remaining = self.cursor.as_ref().map_or(0, |c| c.remaining);
+        let remaining = self.cursor.remaining();
         f.debug_struct("IterMut").field("remaining", &remaining).finish()
     }
 }
