@@ -65,8 +65,9 @@ pub(crate) struct RegistryConfig {
 ///   it, so no loader touches a store after shutdown began.
 pub(crate) struct Registry {
     pub(crate) id: u32,
-    types: Box<[OnceLock<(TypeId, u32)>]>,
-    stores: Box<[OnceLock<StoreEntry>]>,
+    /// Inline, so a typed read is `Arc` → table entry, with no third pointer.
+    types: [OnceLock<(TypeId, u32)>; TYPE_TABLE],
+    stores: [OnceLock<StoreEntry>; MAX_TYPES],
     store_count: AtomicUsize,
     register_lock: Mutex<()>,
     pub(crate) index_space: Arc<IndexSpace>,
@@ -78,8 +79,8 @@ impl Registry {
     pub(crate) fn new(id: u32, config: RegistryConfig) -> Self {
         Registry {
             id,
-            types: (0..TYPE_TABLE).map(|_| OnceLock::new()).collect(),
-            stores: (0..MAX_TYPES).map(|_| OnceLock::new()).collect(),
+            types: std::array::from_fn(|_| OnceLock::new()),
+            stores: std::array::from_fn(|_| OnceLock::new()),
             store_count: AtomicUsize::new(0),
             register_lock: Mutex::new(()),
             index_space: Arc::new(IndexSpace::new(config.alloc.clone())),
