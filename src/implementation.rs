@@ -138,7 +138,11 @@
 //! inside a store while shutdown tears it down, and later creates return
 //! [`Error::ManagerShutDown`](crate::Error::ManagerShutDown). Loom models
 //! (`tests/loom.rs`) cover a loader popping while the owner collects, and a
-//! loader racing shutdown.
+//! loader racing shutdown. Under loom, `src/sync.rs` swaps in loom's atomics,
+//! locks and `UnsafeCell` (slot values are only reached through
+//! `Slot::value_ref`, `value_mut`, `write_value` and `drop_value`), so the
+//! models check every write and read of a value against the atomics that
+//! order them, not only the atomics.
 //!
 //! # Iteration
 //!

@@ -47,3 +47,32 @@ impl<T> RwLock<T> {
         self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
+
+/// A cell for the slot values. Outside loom it is `std`'s, with loom's
+/// closure API (zero cost); under loom it is loom's, so the models also see
+/// every write and read of a value, not only the atomics around them.
+#[cfg(not(loom))]
+#[derive(Debug)]
+#[repr(transparent)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    #[allow(dead_code)]
+    pub(crate) const fn new(value: T) -> Self {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;

@@ -1,5 +1,8 @@
 //! Loom models of the lock-free parts: the dead-list push on the last drop,
-//! `upgrade` racing the last drop, and concurrent `create` popping the free list.
+//! `upgrade` racing the last drop, concurrent `create` popping the free list,
+//! and loaders creating while the owner collects or shuts down. Under
+//! `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every read and
+//! write of a value is checked too.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" cargo test --release --test loom`.
 #![cfg(loom)]

@@ -45,7 +45,7 @@ impl ObjectManager {
         // SAFETY: the handle is counted, so its slot is occupied and its value
         // initialised; it belongs to this manager, and `&self` keeps
         // collection (the only thing that destroys values) away.
-        Ok(unsafe { (*slot.value.get()).assume_init_ref() })
+        Ok(unsafe { slot.value_ref() })
     }
 
     /// Writes an object.
@@ -68,7 +68,7 @@ impl ObjectManager {
         self.check_manager(handle.manager_id())?;
         // SAFETY: as in `try_get`; `&mut self` also excludes every other
         // reference to objects of this manager.
-        Ok(unsafe { (*handle.slot().value.get()).assume_init_mut() })
+        Ok(unsafe { handle.slot().value_mut() })
     }
 
     /// The weak handle's slot if its object is live.
@@ -140,7 +140,7 @@ impl ObjectManager {
     pub fn get_weak_mut<T: MMObject>(&mut self, weak: WeakHandle<T>) -> Option<&mut T> {
         match self.weak_slot(weak) {
             // SAFETY: live slot (value initialised) and `&mut self` is exclusive.
-            Ok(slot) => Some(unsafe { (*slot.value.get()).assume_init_mut() }),
+            Ok(slot) => Some(unsafe { slot.value_mut() }),
             Err(Error::StaleHandle { .. }) => None,
             Err(e) => fail(e),
         }
@@ -274,7 +274,7 @@ impl ObjectManager {
     pub fn get_by_key_mut<T: MMObject>(&mut self, key: ObjectKey) -> Option<&mut T> {
         let slot = self.key_slot::<T>(key).ok()?;
         // SAFETY: live slot (value initialised) and `&mut self` is exclusive.
-        Some(unsafe { (*slot.value.get()).assume_init_mut() })
+        Some(unsafe { slot.value_mut() })
     }
 
     // ---- several at once -----------------------------------------------------

@@ -296,7 +296,7 @@ impl<'a, T: MMObject> Iterator for IterMut<'a, T> {
         // SAFETY: `next_live` saw the slot live with `Acquire`, so the value
         // is initialised; the iterator has exclusive access to the store's
         // values for `'a` (constructor), and yields each slot once.
-        Some((weak, unsafe { (*slot.value.get()).assume_init_mut() }))
+        Some((weak, unsafe { slot.value_mut() }))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -307,7 +307,7 @@ impl<'a, T: MMObject> Iterator for IterMut<'a, T> {
     #[inline]
     fn fold<B, F: FnMut(B, Self::Item) -> B>(mut self, init: B, mut f: F) -> B {
         // SAFETY: as in `next`; the walk visits each slot once.
-        self.cursor.fold_live(init, |acc, weak, slot| f(acc, (weak, unsafe { (*slot.value.get()).assume_init_mut() })))
+        self.cursor.fold_live(init, |acc, weak, slot| f(acc, (weak, unsafe { slot.value_mut() })))
     }
 }
 

@@ -65,9 +65,8 @@ pub(crate) struct RegistryConfig {
 ///   it, so no loader touches a store after shutdown began.
 pub(crate) struct Registry {
     pub(crate) id: u32,
-    /// Inline, so a typed read is `Arc` → table entry, with no third pointer.
-    types: [OnceLock<(TypeId, u32)>; TYPE_TABLE],
-    stores: [OnceLock<StoreEntry>; MAX_TYPES],
+    types: Box<[OnceLock<(TypeId, u32)>]>,
+    stores: Box<[OnceLock<StoreEntry>]>,
     store_count: AtomicUsize,
     register_lock: Mutex<()>,
     pub(crate) index_space: Arc<IndexSpace>,
@@ -79,8 +78,10 @@ impl Registry {
     pub(crate) fn new(id: u32, config: RegistryConfig) -> Self {
         Registry {
             id,
-            types: std::array::from_fn(|_| OnceLock::new()),
-            stores: std::array::from_fn(|_| OnceLock::new()),
+            // On the heap, not inline: 22 KiB built on the stack would not
+            // fit a small thread stack (loom's, or a job system's).
+            types: (0..TYPE_TABLE).map(|_| OnceLock::new()).collect(),
+            stores: (0..MAX_TYPES).map(|_| OnceLock::new()).collect(),
             store_count: AtomicUsize::new(0),
             register_lock: Mutex::new(()),
             index_space: Arc::new(IndexSpace::new(config.alloc.clone())),

@@ -8,7 +8,7 @@ use std::panic::Location;
 /// Where an object was created, kept per slot in its segment's site array.
 pub(crate) type SiteCell = UnsafeCell<&'static Location<'static>>;
 
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{self, AtomicU32, Ordering};
 
 /// Set in [`SlotHeader::word`] when the word holds a list link instead of a count.
 pub(crate) const LINK_FLAG: u32 = 1 << 31;
@@ -47,7 +47,76 @@ pub(crate) struct SlotHeader {
 #[repr(C)]
 pub(crate) struct Slot<T> {
     pub(crate) header: SlotHeader,
-    pub(crate) value: UnsafeCell<MaybeUninit<T>>,
+    value: sync::UnsafeCell<MaybeUninit<T>>,
+}
+
+impl<T> Slot<T> {
+    /// The empty value cell, for a new segment (only loom's cell has state to set up).
+    #[cfg(loom)]
+    pub(crate) fn empty_value() -> sync::UnsafeCell<MaybeUninit<T>> {
+        sync::UnsafeCell::new(MaybeUninit::uninit())
+    }
+
+    /// Where a new segment's value cell goes, to set it up in place.
+    #[cfg(loom)]
+    pub(crate) fn value_ptr(slot: *mut Self) -> *mut sync::UnsafeCell<MaybeUninit<T>> {
+        // SAFETY: only computes the field's address; `slot` points into a
+        // segment being allocated.
+        unsafe { std::ptr::addr_of_mut!((*slot).value) }
+    }
+
+    /// The value, for reading, for as long as the caller chooses (`'v`).
+    ///
+    /// # Safety
+    ///
+    /// The value is initialised (the generation was read odd with `Acquire`),
+    /// and the slot's memory stays, and nothing writes or drops the value,
+    /// for `'v`.
+    #[inline]
+    pub(crate) unsafe fn value_ref<'v>(&self) -> &'v T {
+        // SAFETY: initialised and not written meanwhile (caller).
+        self.value.with(|value| unsafe { (*value).assume_init_ref() })
+    }
+
+    /// The value, for writing, for as long as the caller chooses (`'v`).
+    ///
+    /// # Safety
+    ///
+    /// The value is initialised, the slot's memory stays for `'v`, and
+    /// nothing else reads, writes or drops the value for `'v` (the caller
+    /// holds the exclusive access).
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn value_mut<'v>(&self) -> &'v mut T {
+        // SAFETY: initialised and exclusively ours (caller).
+        self.value.with_mut(|value| unsafe { (*value).assume_init_mut() })
+    }
+
+    /// Moves `value` in.
+    ///
+    /// # Safety
+    ///
+    /// The slot is vacant and owned by this thread until it publishes the
+    /// generation (a value already there would be leaked).
+    #[inline]
+    pub(crate) unsafe fn write_value(&self, value: T) {
+        // SAFETY: nobody else touches a vacant slot this thread owns (caller).
+        self.value.with_mut(|cell| unsafe {
+            (*cell).write(value);
+        });
+    }
+
+    /// Drops the value in place.
+    ///
+    /// # Safety
+    ///
+    /// The value is initialised, nothing else uses it, and the slot is
+    /// already marked vacant so nothing drops it again.
+    #[inline]
+    pub(crate) unsafe fn drop_value(&self) {
+        // SAFETY: initialised, exclusively ours, dropped once (caller).
+        self.value.with_mut(|value| unsafe { (*value).assume_init_drop() });
+    }
 }
 
 /// What a slot holds, read through its header.

@@ -329,7 +329,7 @@ impl<T: MMObject> Store<T> {
         // this thread owns it (and its site) exclusively until it publishes
         // the generation below.
         unsafe {
-            (*slot.value.get()).write(value);
+            slot.write_value(value);
             *site_cell.get() = site;
         }
         slot.header.word.store(1, Ordering::Relaxed);
@@ -466,7 +466,7 @@ impl<T: MMObject> Store<T> {
     pub(crate) unsafe fn value_unchecked(slot: &Slot<T>) -> &T {
         // SAFETY: an odd generation means the value is initialised (type
         // invariant of `Slot`), and the caller's borrow keeps it alive.
-        unsafe { (*slot.value.get()).assume_init_ref() }
+        unsafe { slot.value_ref() }
     }
 
     pub(crate) fn key_of(&self, local: u32, generation: u32) -> ObjectKey {
@@ -533,7 +533,7 @@ impl<T: MMObject> Store<T> {
             let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 // SAFETY: a dead slot is still occupied, and the caller's
                 // `&mut ObjectManager` excludes every other reference to it.
-                let value = unsafe { (*slot.value.get()).assume_init_mut() };
+                let value = unsafe { slot.value_mut() };
                 let bytes = value.size();
                 if let Some(hook) = hook.as_mut() {
                     hook(self.key_of(local, generation), value);
@@ -551,7 +551,7 @@ impl<T: MMObject> Store<T> {
             // SAFETY: the slot was occupied (its value initialised) and is now
             // vacant and unreachable from any handle; the value is dropped
             // exactly once, here.
-            unsafe { (*slot.value.get()).assume_init_drop() };
+            unsafe { slot.drop_value() };
             *budget -= 1;
             stats.objects += 1;
             if let Some(tracking) = &self.tracking {
@@ -709,6 +709,9 @@ fn allocate_segment<T: MMObject>(
             let slot = base.as_ptr().add(offset);
             ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
             sites.as_ptr().add(offset).write(UnsafeCell::new(*unknown.get()));
+            // Loom's cell keeps state of its own (std's is plain memory).
+            #[cfg(loom)]
+            Slot::<T>::value_ptr(slot).write(Slot::<T>::empty_value());
         }
     }
     Ok(base)
@@ -964,7 +967,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
         // SAFETY: `is_live` read the generation as odd with `Acquire`, so the
         // value is initialised; the caller's `&mut ObjectManager` excludes
         // every other reference to the value for as long as it keeps this one.
-        Some(unsafe { (*slot.value.get()).assume_init_mut() })
+        Some(unsafe { slot.value_mut() })
     }
 
     unsafe fn destroy_all(&self, on_panic: &mut dyn FnMut(&'static str, ObjectKey)) {
@@ -977,7 +980,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 if let Some(hook) = hook.as_mut() {
                     // SAFETY: the slot is occupied, and the caller's
                     // `&mut ObjectManager` excludes every other reference.
-                    let value = unsafe { (*slot.value.get()).assume_init_mut() };
+                    let value = unsafe { slot.value_mut() };
                     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(key, value))).is_err() {
                         on_panic(T::TYPE_NAME, key);
                     }
@@ -986,7 +989,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 destroyed += 1;
                 // SAFETY: the slot was occupied, so its value is initialised; it
                 // is now marked vacant, so nothing reads or drops it again.
-                let drop_value = || unsafe { (*slot.value.get()).assume_init_drop() };
+                let drop_value = || unsafe { slot.drop_value() };
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_value)).is_err() {
                     on_panic(T::TYPE_NAME, key);
                 }

@@ -275,7 +275,7 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
         let slot = self.handle_slot(handle)?;
         // SAFETY: a counted handle's slot is occupied; the view's exclusive
         // access (invariant) is borrowed mutably here.
-        Ok(unsafe { (*slot.value.get()).assume_init_mut() })
+        Ok(unsafe { slot.value_mut() })
     }
 
     /// Reads an object through a weak handle; `None` once it is dead.
@@ -316,7 +316,7 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
     pub fn try_get_weak_mut(&mut self, weak: WeakHandle<T>) -> Result<&mut T> {
         let slot = self.weak_slot(weak)?;
         // SAFETY: live slot; the view's exclusive access is borrowed mutably.
-        Ok(unsafe { (*slot.value.get()).assume_init_mut() })
+        Ok(unsafe { slot.value_mut() })
     }
 
     /// Writes several objects at once.
@@ -407,7 +407,7 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
         // `weak_slot`), the slots are distinct (checked above), and the
         // view's exclusive access is borrowed mutably by the result: the
         // references cannot alias.
-        Ok(slots.map(|slot| unsafe { (*(*slot).value.get()).assume_init_mut() }))
+        Ok(slots.map(|slot| unsafe { (*slot).value_mut() }))
     }
 
     /// Iterates over the live objects of `T`, in key order.
