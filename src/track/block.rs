@@ -75,8 +75,10 @@ impl Header {
         (self.0 >> 32) as u32
     }
 
+    /// A live block's header, under an existing tag id (so a corrupted header never
+    /// indexes out of the tag table).
     pub(crate) const fn is_valid(self) -> bool {
-        self.magic_flags() & MAGIC_MASK == MAGIC
+        self.magic_flags() & MAGIC_MASK == MAGIC && (self.tag() as usize) < MAX_TAGS
     }
 
     pub(crate) const fn was_freed(self) -> bool {

@@ -520,6 +520,29 @@ mod tests {
     }
 
     #[test]
+    fn records_freed_on_another_thread_or_after_a_mode_switch() {
+        static T_SWITCH: Tracker = Tracker::with_mode(Mode::Records);
+        static TAG: Tag = Tag::new("global-unit-records-elsewhere");
+        let a = TrackingAllocator::with_tracker(System, &T_SWITCH);
+        let l = Layout::new::<[u64; 8]>();
+        let _g = TAG.enter();
+        // SAFETY: non-zero layouts; each block is freed once, with its layout.
+        let (p, q) = unsafe { (a.alloc(l) as usize, a.alloc_zeroed(l) as usize) };
+        assert_eq!((T_SWITCH.live_records(), T_SWITCH.tag_stats(&TAG).count), (2, 2));
+        std::thread::scope(|s| {
+            // SAFETY: `p` is live, from `a`, with `l`; freed once, here.
+            s.spawn(|| unsafe { a.dealloc(p as *mut u8, l) });
+        });
+        assert_eq!(T_SWITCH.live_records(), 1);
+        T_SWITCH.set_mode(Mode::Counting);
+        // SAFETY: as above, for `q`.
+        unsafe { a.dealloc(q as *mut u8, l) };
+        assert_eq!(T_SWITCH.live_records(), 0, "the header sends the free to the record");
+        assert_eq!((T_SWITCH.tag_stats(&TAG).bytes, T_SWITCH.tag_stats(&TAG).count), (0, 0));
+        assert_eq!(T_SWITCH.error_counts(), Default::default());
+    }
+
+    #[test]
     fn sampled_mode_records_by_size() {
         use crate::track::Sampling;
         static T_SAMPLED: Tracker = Tracker::with_mode(Mode::Sampled(Sampling::new(0, 256, 4096, 4)));
