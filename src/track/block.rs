@@ -3,13 +3,16 @@
 //!
 //! ```text
 //! base                                           user pointer
-//! | padding | front guard (16 B, diagnostics) | header (16 B) | user bytes | back guard (16 B, diagnostics) |
+//! | padding | front guard (16 B, diagnostics) | header (8 B) | user bytes | back guard (16 B, diagnostics) |
 //! ```
 //!
 //! The header records the tag and how the block was tracked, so a free is attributed to
-//! the tag it was allocated under whatever mode the tracker is in by then. An underrun hits
-//! the header (magic checked on free) and then the front guard; an overrun hits the back
-//! guard.
+//! the tag it was allocated under whatever mode the tracker is in by then. It holds no
+//! size: every free is given the block's layout (`GlobalAlloc::dealloc`'s `Layout`, or the
+//! record of a [`Tracker::alloc`](super::Tracker::alloc) block). One 8-byte word keeps
+//! the cost at one store per allocation and one load per free, and keeps a 64-byte block in
+//! the same `malloc` size class as it would have untracked. An underrun hits the header
+//! (magic checked on free) and then the front guard; an overrun hits the back guard.
 
 use std::alloc::Layout;
 use std::panic::Location;
@@ -19,12 +22,12 @@ use std::sync::atomic::Ordering;
 use super::budget::Charger;
 use super::record::{Record, FLAG_GUARDED};
 use super::stack_trace::NO_STACK;
-use super::tag::TagId;
+use super::tag::{TagId, MAX_TAGS};
 use super::tracker::Tracker;
 use crate::Error;
 
 /// Bytes of header before each user pointer.
-pub(crate) const HEADER: usize = 16;
+pub(crate) const HEADER: usize = 8;
 /// Bytes of each guard zone (diagnostic mode only).
 pub(crate) const GUARD: usize = 16;
 /// The guard fill byte.
@@ -41,39 +44,67 @@ pub(crate) const H_RECORD: u32 = 2;
 /// The block has guard zones.
 pub(crate) const H_GUARDED: u32 = 4;
 
-/// The 16 bytes right before every user pointer.
-#[repr(C)]
+/// The 8 bytes right before every user pointer: one word, so it is written with one store
+/// and read with one load.
+///
+/// Bits 0..32 hold the tag id, bits 32..64 `MAGIC | H_*` flags while the block is live (or
+/// `FREED_MAGIC` once freed). Every bit pattern is a valid `Header`, so a corrupted one
+/// still reads (and fails [`Header::is_valid`]).
+#[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub(crate) tag: u32,
-    /// `MAGIC | H_*` bits while live.
-    magic_flags: u32,
-    pub(crate) size: usize,
-}
+pub(crate) struct Header(u64);
 
-const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
+const _: () = assert!(std::mem::size_of::<Header>() == HEADER);
+
+/// The header word of a freed block.
+const FREED_WORD: u64 = (FREED_MAGIC as u64) << 32;
 
 impl Header {
-    pub(crate) fn new(tag: u32, flags: u32, size: usize) -> Self {
-        Header { tag, magic_flags: MAGIC | flags, size }
-    }
-
-    pub(crate) fn is_valid(&self) -> bool {
-        self.magic_flags & MAGIC_MASK == MAGIC
-    }
-
-    pub(crate) fn was_freed(&self) -> bool {
-        self.magic_flags & MAGIC_MASK == FREED_MAGIC
-    }
-
-    /// A live block that is counted, with no record and no guards.
     #[inline]
-    pub(crate) fn is_counted_only(&self) -> bool {
-        self.magic_flags == MAGIC | H_COUNTED
+    pub(crate) const fn new(tag: u32, flags: u32) -> Self {
+        Header(((MAGIC | flags) as u64) << 32 | tag as u64)
     }
 
-    pub(crate) fn flags(&self) -> u32 {
-        self.magic_flags & !MAGIC_MASK
+    /// The tag id the block was counted under.
+    #[inline]
+    pub(crate) const fn tag(self) -> u32 {
+        self.0 as u32
+    }
+
+    const fn magic_flags(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// A live block's header, under an existing tag id (so a corrupted header never
+    /// indexes out of the tag table).
+    pub(crate) const fn is_valid(self) -> bool {
+        self.magic_flags() & MAGIC_MASK == MAGIC && (self.tag() as usize) < MAX_TAGS
+    }
+
+    pub(crate) const fn was_freed(self) -> bool {
+        self.magic_flags() & MAGIC_MASK == FREED_MAGIC
+    }
+
+    /// A live block that is counted, with no record and no guards, under an existing tag
+    /// id (so a corrupted header never indexes out of the tag table).
+    #[inline]
+    pub(crate) const fn is_counted_only(self) -> bool {
+        self.magic_flags() == MAGIC | H_COUNTED && (self.tag() as usize) < MAX_TAGS
+    }
+
+    /// A live block that is counted and has a record, with no guards, under an existing
+    /// tag id.
+    #[inline]
+    pub(crate) const fn is_recorded_only(self) -> bool {
+        self.magic_flags() == MAGIC | H_COUNTED | H_RECORD && (self.tag() as usize) < MAX_TAGS
+    }
+
+    pub(crate) const fn flags(self) -> u32 {
+        self.magic_flags() & !MAGIC_MASK
+    }
+
+    fn to_ne_bytes(self) -> [u8; HEADER] {
+        self.0.to_ne_bytes()
     }
 }
 
@@ -86,24 +117,26 @@ pub(crate) struct BlockLayout {
 }
 
 /// The outer layout for a user `layout`, or `None` on overflow.
+///
+/// Unguarded, the prefix is the alignment (at least `HEADER`): the header fills the last
+/// 8 bytes of it, and a block of alignment 8 or less costs exactly 8 bytes more.
 #[inline]
 pub(crate) fn block_layout(layout: Layout, guarded: bool) -> Option<BlockLayout> {
-    if !guarded && layout.align() <= HEADER {
-        // The common case: the header alone, 16-aligned.
-        let total = layout.size().checked_add(HEADER)?;
-        if total > isize::MAX as usize - (HEADER - 1) {
+    let align = layout.align().max(HEADER);
+    if !guarded {
+        let total = layout.size().checked_add(align)?;
+        if total > isize::MAX as usize - (align - 1) {
             return None;
         }
-        // SAFETY: `HEADER` is a power of two, and `total` rounded up to it does not
-        // overflow `isize` (checked above).
-        let outer = unsafe { Layout::from_size_align_unchecked(total, HEADER) };
-        return Some(BlockLayout { outer, prefix: HEADER });
+        // SAFETY: `align` is a power of two (the larger of two), and `total` rounded up to
+        // it does not overflow `isize` (checked above).
+        let outer = unsafe { Layout::from_size_align_unchecked(total, align) };
+        return Some(BlockLayout { outer, prefix: align });
     }
-    let align = layout.align().max(HEADER);
-    let front = HEADER + if guarded { GUARD } else { 0 };
+    let front = HEADER + GUARD;
     // Round `front` up to the alignment so the user pointer stays aligned.
     let prefix = front.checked_add(align - 1)? & !(align - 1);
-    let total = prefix.checked_add(layout.size())?.checked_add(if guarded { GUARD } else { 0 })?;
+    let total = prefix.checked_add(layout.size())?.checked_add(GUARD)?;
     let outer = Layout::from_size_align(total, align).ok()?;
     Some(BlockLayout { outer, prefix })
 }
@@ -119,8 +152,8 @@ pub(crate) fn block_layout(layout: Layout, guarded: bool) -> Option<BlockLayout>
 pub(crate) unsafe fn init(base: *mut u8, block: BlockLayout, size: usize, header: Header) -> *mut u8 {
     // SAFETY: `prefix <= outer.size()` (caller's contract), so `user` is inside the block.
     let user = unsafe { base.add(block.prefix) };
-    // SAFETY: `prefix >= HEADER` and `user` is aligned to at least 16, so the header slot
-    // `user - HEADER` is inside the block and aligned for `Header` (align 8).
+    // SAFETY: `prefix >= HEADER` and `user` is aligned to at least `HEADER` (8), so the
+    // header slot `user - HEADER` is inside the block and aligned for `Header` (align 8).
     unsafe { user.sub(HEADER).cast::<Header>().write(header) };
     if header.flags() & H_GUARDED != 0 {
         // SAFETY: with guards, `prefix >= HEADER + GUARD`, and the block has `GUARD` bytes
@@ -137,7 +170,7 @@ pub(crate) unsafe fn init(base: *mut u8, block: BlockLayout, size: usize, header
 ///
 /// # Safety
 ///
-/// `user` must be a live user pointer returned by [`init`] (the 16 bytes before it must be
+/// `user` must be a live user pointer returned by [`init`] (the 8 bytes before it must be
 /// readable).
 #[inline]
 pub(crate) unsafe fn read_header(user: *const u8) -> Header {
@@ -165,9 +198,9 @@ pub(crate) unsafe fn write_header(user: *mut u8, header: Header) {
 /// As for [`read_header`], and the block must not be freed yet.
 #[inline]
 pub(crate) unsafe fn mark_freed(user: *mut u8) {
-    // SAFETY: the caller guarantees the header slot is live and writable; `magic_flags` is
-    // at offset 4 of the `repr(C)` header.
-    unsafe { user.sub(HEADER).add(4).cast::<u32>().write(FREED_MAGIC) };
+    // SAFETY: the caller guarantees the header slot is live and writable; it is aligned
+    // (see `init`).
+    unsafe { user.sub(HEADER).cast::<Header>().write(Header(FREED_WORD)) };
 }
 
 /// Counts the guard and header bytes that differ from what was written.
@@ -187,17 +220,8 @@ pub(crate) unsafe fn damaged_bytes(user: *const u8, size: usize, expected: Heade
     }
     // SAFETY: the header slot is inside the live block.
     let header = unsafe { read_header(user) };
-    let expected_bytes = header_bytes(&expected);
-    let found_bytes = header_bytes(&header);
-    bad + expected_bytes.iter().zip(found_bytes.iter()).filter(|(a, b)| a != b).count()
-}
-
-fn header_bytes(h: &Header) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    out[..4].copy_from_slice(&h.tag.to_ne_bytes());
-    out[4..8].copy_from_slice(&h.magic_flags.to_ne_bytes());
-    out[8..8 + std::mem::size_of::<usize>()].copy_from_slice(&h.size.to_ne_bytes());
-    out
+    let (expected, found) = (expected.to_ne_bytes(), header.to_ne_bytes());
+    bad + expected.iter().zip(found.iter()).filter(|(a, b)| a != b).count()
 }
 
 /// How [`Tracker::place`] tracks one block.
@@ -293,7 +317,7 @@ impl Tracker {
         }
         // SAFETY: `base` is a fresh block of `block.outer` (the caller's contract for
         // `allocate`), which came from `block_layout(layout, how.guarded)`.
-        let user = unsafe { init(base, block, size, Header::new(tag.0, hflags, size)) };
+        let user = unsafe { init(base, block, size, Header::new(tag.0, hflags)) };
         let recorded = match how.record {
             Some(depth) => {
                 let flags = how.record_flags | if how.guarded { FLAG_GUARDED } else { 0 };
@@ -304,7 +328,7 @@ impl Tracker {
         if !recorded {
             if how.record.is_some() {
                 // SAFETY: `user` is the block `init` just set up.
-                unsafe { write_header(user, Header::new(tag.0, hflags & !H_RECORD, size)) };
+                unsafe { write_header(user, Header::new(tag.0, hflags & !H_RECORD)) };
             }
             self.placed_without_record(user as usize);
         }
@@ -334,13 +358,22 @@ mod tests {
     }
 
     #[test]
+    fn an_unguarded_block_costs_its_alignment_and_at_least_eight_bytes() {
+        for (size, align, outer) in [(64, 8, 72), (1, 1, 9), (64, 16, 80), (24, 256, 280)] {
+            let b = block_layout(Layout::from_size_align(size, align).unwrap(), false).unwrap();
+            assert_eq!((b.outer.size(), b.outer.align(), b.prefix), (outer, align.max(HEADER), align.max(HEADER)));
+        }
+        assert!(block_layout(Layout::from_size_align(isize::MAX as usize - 7, 8).unwrap(), false).is_none());
+    }
+
+    #[test]
     fn guards_detect_damage() {
         let l = Layout::from_size_align(10, 8).unwrap();
         let b = block_layout(l, true).unwrap();
         // SAFETY: non-zero size.
         let base = unsafe { System.alloc(b.outer) };
         assert!(!base.is_null());
-        let h = Header::new(3, H_COUNTED | H_GUARDED, 10);
+        let h = Header::new(3, H_COUNTED | H_GUARDED);
         // SAFETY: `base` is a fresh block of `b.outer`.
         let user = unsafe { init(base, b, 10, h) };
         // SAFETY: `user` is live and guarded with size 10.

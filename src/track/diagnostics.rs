@@ -220,7 +220,7 @@ impl Tracker {
                 block::damaged_bytes(
                     std::ptr::with_exposed_provenance::<u8>(addr),
                     r.size,
-                    Header::new(r.tag.0, hflags, r.size),
+                    Header::new(r.tag.0, hflags),
                 )
             };
             if bad != 0 {

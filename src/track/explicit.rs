@@ -197,9 +197,7 @@ impl Tracker {
             let hflags = H_COUNTED | H_RECORD | H_GUARDED;
             // SAFETY: the record was live until we removed it, so the block is live, guarded
             // and of this size; only this thread could remove the record.
-            let bad = unsafe {
-                block::damaged_bytes(ptr.as_ptr(), record.size, Header::new(record.tag.0, hflags, record.size))
-            };
+            let bad = unsafe { block::damaged_bytes(ptr.as_ptr(), record.size, Header::new(record.tag.0, hflags)) };
             if bad != 0 && record.flags & FLAG_OVERRUN_REPORTED == 0 {
                 result = Err(self.overrun(addr, record.size, bad, record.site));
             }

@@ -7,10 +7,12 @@ use std::panic::Location;
 use std::ptr;
 
 use super::block::Placement;
-use super::block::{self, Header, HEADER, H_COUNTED, H_GUARDED, H_RECORD};
+use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 use super::budget::Charger;
-use super::record::FLAG_GLOBAL_ALLOC;
+use super::mode::Config;
+use super::record::{Record, FLAG_GLOBAL_ALLOC};
 use super::scope::{allocation_tag, current_tag, in_tracker};
+use super::stack_trace::NO_STACK;
 use super::tag::TagId;
 use super::tracker::Tracker;
 
@@ -18,7 +20,7 @@ use super::tracker::Tracker;
 /// [`Tracker`] (by default [`Tracker::global()`]), under the tag in scope on the
 /// allocating thread.
 ///
-/// Each block gets a 16-byte header (the tag and how the block was tracked), so a free is
+/// Each block gets an 8-byte header (the tag and how the block was tracked), so a free is
 /// attributed to the tag it was allocated under, from any thread, and `realloc` keeps the
 /// block's tag. In [`Mode::Records`](super::Mode::Records) / `Stacks` each block also gets a
 /// record (its site is the allocator; use `Stacks` to see callers); in diagnostic mode,
@@ -153,65 +155,43 @@ impl<A: GlobalAlloc> fmt::Debug for TrackingAllocator<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let Some(tag) = allocation_tag() else {
-            // SAFETY: the caller guarantees a non-zero size.
-            return unsafe { self.alloc_tagged(layout, None, false) };
-        };
-        let config = self.tracker.config();
-        if config.keeps_records() || layout.align() > HEADER || config.may_sample(layout.size()) {
-            // SAFETY: the caller guarantees a non-zero size.
-            return unsafe { self.alloc_tagged(layout, Some(tag), false) };
-        }
-        // The counting fast path: header only, no record, no guards.
-        let watched = match self.tracker.count_alloc(tag, layout.size()) {
-            Ok(watched) => watched,
-            Err(_) => return ptr::null_mut(), // refused by the budget
-        };
-        let Some(block) = block::block_layout(layout, false) else {
-            self.tracker.count_free(tag, layout.size());
-            return ptr::null_mut();
-        };
-        // SAFETY: `block.outer` has a non-zero size (it includes the header).
-        let base = unsafe { self.inner.alloc(block.outer) };
-        if base.is_null() {
-            self.tracker.count_free(tag, layout.size());
-            return base;
-        }
-        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
-        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, H_COUNTED, layout.size())) };
-        self.tracker.placed_without_record(user as usize);
-        if watched {
-            self.tracker.watch_event("alloc", tag, layout.size(), Some(user as usize), None);
-        }
-        user
+        // SAFETY: the caller guarantees a non-zero size.
+        unsafe { self.alloc_counted(layout, false) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller guarantees a non-zero size.
-        unsafe { self.alloc_tagged(layout, allocation_tag(), true) }
+        unsafe { self.alloc_counted(layout, true) }
     }
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if !self.tracker.config().diagnostics() && layout.align() <= HEADER {
+        let t = self.tracker;
+        if !t.config().diagnostics() {
             // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
             // has a header.
             let header = unsafe { block::read_header(ptr) };
             if header.is_counted_only() {
-                // The counting fast path: no record, no guards.
-                if self.tracker.count_free(TagId(header.tag), header.size) {
-                    self.tracker.watch_event("free", TagId(header.tag), header.size, Some(ptr as usize), None);
+                // The counting path: no record, no guards; the layout gives the size. The
+                // flush and the shared counters' path are out of line.
+                let tag = TagId(header.tag());
+                if !t.is_slow(tag) {
+                    if let Some(slot) = t.threads.cached_slot() {
+                        if slot.free(tag.index(), layout.size() as isize) {
+                            t.flush(slot, tag);
+                        }
+                        // SAFETY: the caller's contract; the header says counted only.
+                        return unsafe { self.free_counted(ptr, layout) };
+                    }
                 }
-                // SAFETY: as in the general path below: the block is live and ours, and
-                // `ptr - HEADER` is the base `inner` returned for this (unguarded, align <= 16)
-                // layout.
-                unsafe {
-                    block::mark_freed(ptr);
-                    let block = block::block_layout(layout, false).expect("layout was valid at allocation");
-                    self.inner.dealloc(ptr.sub(block.prefix), block.outer);
-                }
-                return;
+                t.uncount(tag, layout.size(), ptr as usize);
+                // SAFETY: as above.
+                return unsafe { self.free_counted(ptr, layout) };
+            }
+            if header.is_recorded_only() {
+                // SAFETY: the caller's contract; the header says recorded, unguarded.
+                return unsafe { self.free_recorded(ptr, layout) };
             }
         }
         // SAFETY: the caller's contract, passed on.
@@ -223,7 +203,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
         // `layout.align()` (the caller's contract for `realloc`).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        if !in_tracker() && !self.tracker.config().keeps_records() && layout.align() <= HEADER {
+        if !in_tracker() && !self.tracker.config().keeps_records() {
             // SAFETY: `ptr` is live and came from this allocator (caller's contract).
             let header = unsafe { block::read_header(ptr) };
             if header.is_counted_only() {
@@ -238,7 +218,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
             // SAFETY: `ptr` is live and came from this allocator (caller's contract).
             let header = unsafe { block::read_header(ptr) };
             // Keep the block's tag; a block allocated untracked stays Untagged from now on.
-            Some(if header.is_valid() && header.flags() & H_COUNTED != 0 { TagId(header.tag) } else { current_tag() })
+            Some(if header.is_valid() && header.flags() & H_COUNTED != 0 { TagId(header.tag()) } else { current_tag() })
         };
         // SAFETY: `new_layout` has a non-zero size.
         let new = unsafe { self.alloc_tagged(new_layout, tag, false) };
@@ -254,8 +234,144 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 }
 
 impl<A: GlobalAlloc> TrackingAllocator<A> {
-    /// `realloc` of a counted-only block (header, no record, no guards, align <= 16) in
-    /// place through the inner allocator's `realloc`, keeping the block's tag.
+    /// `alloc` and `alloc_zeroed`: the counting path inline, everything else out of line.
+    ///
+    /// The counting path is one thread-local read (the tag and the re-entrancy flag), the
+    /// configuration word, the tag's `slow` flag, the inner allocation, one header store,
+    /// and the thread's counter slot. The count comes after the allocation: a tag that is
+    /// not slow has no budget to refuse it, so a failed allocation has nothing to undo.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(always)]
+    unsafe fn alloc_counted(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        let t = self.tracker;
+        let tag = match allocation_tag() {
+            Some(tag) if !t.is_slow(tag) => tag,
+            // SAFETY: the caller guarantees a non-zero size.
+            other => return unsafe { self.alloc_tagged(layout, other, zeroed) },
+        };
+        let config = t.config();
+        if !config.counts_only(layout.size()) {
+            if !config.diagnostics() {
+                // SAFETY: the caller guarantees a non-zero size.
+                return unsafe { self.alloc_recorded(layout, tag, config, zeroed) };
+            }
+            // SAFETY: as above.
+            return unsafe { self.alloc_tagged(layout, Some(tag), zeroed) };
+        }
+        let Some(block) = block::block_layout(layout, false) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: `block.outer` has a non-zero size (it includes the header).
+        let base = unsafe {
+            if zeroed {
+                self.inner.alloc_zeroed(block.outer)
+            } else {
+                self.inner.alloc(block.outer)
+            }
+        };
+        if base.is_null() {
+            return base;
+        }
+        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
+        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, H_COUNTED)) };
+        t.placed_without_record(user as usize);
+        t.count_unbudgeted(tag, layout.size());
+        user
+    }
+
+    /// `alloc` of a block that may get a record but no guards (records or stacks mode, or a
+    /// size sampling looks at, diagnostics off) under a tag that is not slow:
+    /// [`Tracker::place`]'s steps for this one case, without its generality.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(never)]
+    unsafe fn alloc_recorded(&self, layout: Layout, tag: TagId, config: Config, zeroed: bool) -> *mut u8 {
+        let t = self.tracker;
+        let size = layout.size();
+        // `None`: a sampled size that this allocation skips; it is counted only.
+        let depth = config.records(size);
+        let Some(block) = block::block_layout(layout, false) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: `block.outer` has a non-zero size (it includes the header).
+        let base = unsafe {
+            if zeroed {
+                self.inner.alloc_zeroed(block.outer)
+            } else {
+                self.inner.alloc(block.outer)
+            }
+        };
+        if base.is_null() {
+            return base;
+        }
+        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
+        let user = unsafe {
+            block::init(
+                base,
+                block,
+                size,
+                Header::new(tag.0, if depth.is_some() { H_COUNTED | H_RECORD } else { H_COUNTED }),
+            )
+        };
+        t.count_unbudgeted(tag, size);
+        let Some(depth) = depth else {
+            t.placed_without_record(user as usize);
+            return user;
+        };
+        let record = Record { size, tag, flags: FLAG_GLOBAL_ALLOC, site: Location::caller(), stack: NO_STACK };
+        if !t.add_record(user as usize, record, depth) {
+            // No room for the record (`System` is out of memory): counted only, and the
+            // header says so, else its free would look like a double free.
+            // SAFETY: `user` is the block `init` just set up, not handed out yet.
+            unsafe { block::write_header(user, Header::new(tag.0, H_COUNTED)) };
+            t.placed_without_record(user as usize);
+        }
+        user
+    }
+
+    /// `dealloc` of a block with a record and no guards, diagnostics off: the record is
+    /// removed (a missing one is a double free: the block is then left alone), the count
+    /// taken off, the block freed.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`], and `ptr`'s header says recorded, unguarded.
+    #[inline(never)]
+    unsafe fn free_recorded(&self, ptr: *mut u8, layout: Layout) {
+        let t = self.tracker;
+        let addr = ptr as usize;
+        let Some(record) = t.records.remove(addr) else {
+            let _ = t.double_free_by_header(addr);
+            return; // leak rather than free twice
+        };
+        t.record_removed(addr, record, false);
+        // SAFETY: the caller's contract; its record is removed, so this is the one free.
+        unsafe { self.free_counted(ptr, layout) }
+    }
+
+    /// Gives a counted-only block (already uncounted) back to the inner allocator.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`], and `ptr`'s header says counted only.
+    #[inline(always)]
+    unsafe fn free_counted(&self, ptr: *mut u8, layout: Layout) {
+        let block = block::block_layout(layout, false).expect("layout was valid at allocation");
+        // SAFETY: the block is live and ours (the caller's contract), and `ptr - prefix` is
+        // the base `inner` returned for this unguarded layout.
+        unsafe {
+            block::mark_freed(ptr);
+            self.inner.dealloc(ptr.sub(block.prefix), block.outer);
+        }
+    }
+
+    /// `realloc` of a counted-only block (header, no record, no guards) in place through
+    /// the inner allocator's `realloc`, keeping the block's tag.
     ///
     /// # Safety
     ///
@@ -263,7 +379,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     #[inline]
     unsafe fn realloc_counted(&self, ptr: *mut u8, layout: Layout, new_layout: Layout, header: Header) -> *mut u8 {
         let t = self.tracker;
-        let tag = TagId(header.tag);
+        let tag = TagId(header.tag());
         let new_size = new_layout.size();
         let watched = match t.count_alloc(tag, new_size) {
             Ok(watched) => watched,
@@ -285,9 +401,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             return base;
         }
         // SAFETY: `base` is a live block of `new_block.outer`.
-        let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED, new_size)) };
+        let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED)) };
         t.placed_without_record(user as usize);
-        if t.count_free(tag, header.size) || watched {
+        if t.count_free(tag, layout.size()) || watched {
             t.watch_event("realloc", tag, new_size, Some(user as usize), None);
         }
         user
@@ -333,16 +449,16 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 }
             }
         } else if flags & H_COUNTED != 0 {
-            t.uncount(TagId(header.tag), header.size, addr);
+            t.uncount(TagId(header.tag()), layout.size(), addr);
         }
         let guarded = flags & H_GUARDED != 0;
         if guarded {
-            // SAFETY: the header says the block is guarded and of `header.size` bytes, and it
-            // is live (the caller's contract).
-            let bad = unsafe { block::damaged_bytes(ptr, header.size, Header::new(header.tag, flags, header.size)) };
+            // SAFETY: the header says the block is guarded, it is live, and `layout` is the
+            // one it was allocated with (the caller's contract), so its size is the user size.
+            let bad = unsafe { block::damaged_bytes(ptr, layout.size(), header) };
             if bad != 0 {
                 let site = record.map(|r| r.site).unwrap_or_else(Location::caller);
-                let _ = t.overrun(addr, header.size, bad, site);
+                let _ = t.overrun(addr, layout.size(), bad, site);
             }
         }
         let block = block::block_layout(layout, guarded).expect("layout was valid at allocation");
@@ -401,6 +517,29 @@ mod tests {
         static TAG: Tag = Tag::new("global-unit-records");
         roundtrip(&T_REC, &TAG);
         assert_eq!(T_REC.live_records(), 0);
+    }
+
+    #[test]
+    fn records_freed_on_another_thread_or_after_a_mode_switch() {
+        static T_SWITCH: Tracker = Tracker::with_mode(Mode::Records);
+        static TAG: Tag = Tag::new("global-unit-records-elsewhere");
+        let a = TrackingAllocator::with_tracker(System, &T_SWITCH);
+        let l = Layout::new::<[u64; 8]>();
+        let _g = TAG.enter();
+        // SAFETY: non-zero layouts; each block is freed once, with its layout.
+        let (p, q) = unsafe { (a.alloc(l) as usize, a.alloc_zeroed(l) as usize) };
+        assert_eq!((T_SWITCH.live_records(), T_SWITCH.tag_stats(&TAG).count), (2, 2));
+        std::thread::scope(|s| {
+            // SAFETY: `p` is live, from `a`, with `l`; freed once, here.
+            s.spawn(|| unsafe { a.dealloc(p as *mut u8, l) });
+        });
+        assert_eq!(T_SWITCH.live_records(), 1);
+        T_SWITCH.set_mode(Mode::Counting);
+        // SAFETY: as above, for `q`.
+        unsafe { a.dealloc(q as *mut u8, l) };
+        assert_eq!(T_SWITCH.live_records(), 0, "the header sends the free to the record");
+        assert_eq!((T_SWITCH.tag_stats(&TAG).bytes, T_SWITCH.tag_stats(&TAG).count), (0, 0));
+        assert_eq!(T_SWITCH.error_counts(), Default::default());
     }
 
     #[test]

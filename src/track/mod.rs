@@ -92,22 +92,24 @@
 //!
 //! # Performance characteristics
 //!
-//! - Counting: a 16-byte header per block (its tag), and the allocating thread's own counter
-//!   slot (a relaxed load and store, no atomic read-modify-write), folded into the tag's
-//!   shared counters every 64 KiB / 64 allocations. No lock. Budgeted or watched tags, and
-//!   the explicit API, update the shared counters directly (exact peaks and budgets).
+//! - Counting: an 8-byte header per block (its tag and how it was tracked; the size comes
+//!   from the `Layout` every free is given), and the allocating thread's own counter slot
+//!   (relaxed loads and stores, no atomic read-modify-write), folded into the tag's shared
+//!   counters every 64 KiB / 64 allocations. No lock. A 64-byte block stays in the
+//!   `malloc` size class it would have untracked. Budgeted or watched tags, and the explicit
+//!   API, update the shared counters directly (exact peaks and budgets).
 //! - Records: plus one insert/remove in a 64-way sharded open-addressing table (spin lock
-//!   per shard).
-//!
-//! Measured overheads are in `BENCHMARKS.md`. Peaks of tags counted through the per-thread
-//! slots are sampled (at flushes, snapshots and frame marks), so they can miss a short spike
-//! of under 64 KiB per thread.
+//!   per shard), on a path of its own that skips the general placement's checks.
 //! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern. The walk follows
 //!   frame pointers when the build keeps them (`-C force-frame-pointers=yes`), else it
 //!   unwinds with DWARF (about 10× slower).
 //! - Sampled: counting's cost below the sampling size; records and stacks for one in N
 //!   middle-sized allocations and every large one.
 //! - Diagnostics: plus 32 guard bytes per block, a free stack and a ring entry per free.
+//!
+//! Measured overheads are in `BENCHMARKS.md`. Peaks of tags counted through the per-thread
+//! slots are sampled (at flushes, snapshots and frame marks), so they can miss a short spike
+//! of under 64 KiB per thread.
 //!
 //! # Safety and correctness
 //!

@@ -228,7 +228,10 @@ impl fmt::Display for Mode {
 /// One load of `Tracker::config`: the mode, the diagnostics flag, and the configuration
 /// epoch, packed in a `u64` so the three are always read together.
 ///
-/// Bits 0..24 hold `Mode::encode`, bit 24 the diagnostics flag, bits 25..64 the epoch.
+/// Bits 0..24 hold `Mode::encode`, bit 24 the diagnostics flag, bits 25..31 the counting
+/// path's size shift (see [`Config::counts_only`]), bit 31 [`Config::keeps_records`], bits
+/// 32..64 the epoch. The last two are derived from the first two, so the allocator's fast
+/// path tests them without decoding the mode.
 ///
 /// Invariant (what makes the freed ring safe to trust, see `Tracker::decisive_double_free`):
 /// every change of the mode or of the diagnostics flag adds one to the epoch, so two loads
@@ -239,14 +242,32 @@ pub(crate) struct Config(pub(crate) u64);
 
 /// The diagnostic-mode bit of a [`Config`].
 const DIAGNOSTICS: u64 = 1 << 24;
+/// The lowest bit of the counting path's size shift in a [`Config`].
+const COUNTS_SHIFT: u32 = 25;
+/// The keeps-records bit of a [`Config`].
+const KEEPS_RECORDS: u64 = 1 << 31;
 /// The epoch's lowest bit in a [`Config`].
-pub(crate) const EPOCH_SHIFT: u32 = 25;
+pub(crate) const EPOCH_SHIFT: u32 = 32;
 /// The largest epoch; it saturates there.
 pub(crate) const EPOCH_MAX: u64 = u64::MAX >> EPOCH_SHIFT;
 
 impl Config {
     pub(crate) const fn new(mode: Mode, diagnostics: bool) -> Config {
-        Config(mode.encode() | if diagnostics { DIAGNOSTICS } else { 0 })
+        let keeps = diagnostics || matches!(mode, Mode::Records | Mode::Stacks { .. });
+        // Blocks under `1 << shift` bytes take the counting path: every size in counting
+        // mode, those below the sampling threshold in sampled mode, none (a shift of 0
+        // leaves every non-zero size) when every block gets a record.
+        let shift: u64 = match mode {
+            _ if keeps => 0,
+            Mode::Sampled(s) => s.small_log2 as u64,
+            _ => 63,
+        };
+        Config(
+            mode.encode()
+                | if diagnostics { DIAGNOSTICS } else { 0 }
+                | shift << COUNTS_SHIFT
+                | if keeps { KEEPS_RECORDS } else { 0 },
+        )
     }
 
     #[inline]
@@ -271,25 +292,26 @@ impl Config {
     /// this being `true` only where a block without a record is the exception.
     #[inline]
     pub(crate) const fn keeps_records(self) -> bool {
-        self.diagnostics() || matches!(self.mode(), Mode::Records | Mode::Stacks { .. })
+        self.0 & KEEPS_RECORDS != 0
+    }
+
+    /// Whether a tagged block of `size` bytes gets neither a record nor guards: the
+    /// allocator's counting path. One shift and test, the mode left encoded.
+    #[inline]
+    pub(crate) const fn counts_only(self, size: usize) -> bool {
+        (size as u64).wrapping_shr((self.0 >> COUNTS_SHIFT) as u32 & 63) == 0
     }
 
     /// Whether a tagged block of `size` bytes gets a record, and how many stack frames.
     #[inline]
     pub(crate) fn records(self, size: usize) -> Option<usize> {
-        let mode = self.mode();
-        match mode {
-            Mode::Sampled(s) if !self.diagnostics() => s.samples(size).then_some(s.depth()),
-            _ if self.keeps_records() => Some(mode.stack_depth()),
-            _ => None,
+        let raw = self.0 & (DIAGNOSTICS - 1);
+        if raw & SAMPLED != 0 {
+            let s = Sampling::decode(raw);
+            return (self.diagnostics() || s.samples(size)).then_some(s.depth());
         }
-    }
-
-    /// Whether a block of `size` bytes might be sampled (`Sampled` mode, at least `small`
-    /// bytes): the allocator's fast path leaves such blocks to the general one.
-    #[inline]
-    pub(crate) const fn may_sample(self, size: usize) -> bool {
-        self.0 & SAMPLED != 0 && size >= Sampling::decode(self.0).small()
+        // Counting encodes as 0, Records as 1, Stacks as 2 + depth (see `Mode::encode`).
+        self.keeps_records().then_some((raw as usize).saturating_sub(2))
     }
 
     /// This configuration with another mode and flag, one epoch later (saturating).
@@ -332,8 +354,12 @@ mod tests {
         assert_eq!(c.records(64), None);
         assert_eq!(c.records(4096), Some(3));
         assert_eq!(Config::new(Mode::Sampled(s), true).records(64), Some(3), "diagnostics record all");
-        assert!(!c.may_sample(127) && c.may_sample(128));
-        assert!(!Config::new(Mode::Records, false).may_sample(1 << 20));
+        assert!(c.counts_only(127) && !c.counts_only(128));
+        assert!(Config::new(Mode::Counting, false).counts_only(isize::MAX as usize));
+        assert!(!Config::new(Mode::Counting, true).counts_only(1), "diagnostics guard all");
+        assert!(!Config::new(Mode::Records, false).counts_only(1));
+        assert!(!Config::new(Mode::Stacks { depth: 3 }, false).counts_only(1));
+        assert!(Config::new(Mode::Stacks { depth: 3 }, false).keeps_records());
     }
 
     #[test]

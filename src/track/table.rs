@@ -230,12 +230,15 @@ struct Slot<V: Copy> {
 ///
 /// Invariants: `slots` is null when `cap == 0`, otherwise it points to `cap` (a power of two)
 /// zeroed-then-written slots allocated by `System` with `Layout::array::<Slot<V>>(cap)`;
-/// `len + tombstones < cap`, so every probe sequence meets an empty slot.
+/// `len + tombstones < cap`, so every probe sequence meets an empty slot; `grow_at` is
+/// `cap * 3 / 4`.
 pub(crate) struct SysMap<V: Copy> {
     slots: *mut Slot<V>,
     cap: usize,
     len: usize,
     tombstones: usize,
+    /// Used slots (live or tombstones) at which an insert rehashes first.
+    grow_at: usize,
 }
 
 // SAFETY: `SysMap` owns its slots like a `Vec<(usize, V)>` does, through a raw pointer to
@@ -251,7 +254,7 @@ fn spread(key: usize) -> usize {
 impl<V: Copy> SysMap<V> {
     /// An empty map; allocates nothing.
     pub(crate) const fn new() -> Self {
-        Self { slots: ptr::null_mut(), cap: 0, len: 0, tombstones: 0 }
+        Self { slots: ptr::null_mut(), cap: 0, len: 0, tombstones: 0, grow_at: 0 }
     }
 
     /// The number of entries.
@@ -303,7 +306,8 @@ impl<V: Copy> SysMap<V> {
     /// of memory.
     #[inline]
     pub(crate) fn insert(&mut self, key: usize, value: V) -> Result<Option<V>, V> {
-        if (self.len + self.tombstones + 1) * 4 > self.cap * 3 && !self.rehash() {
+        // Keeps the load under 3/4 after this insert.
+        if self.len + self.tombstones >= self.grow_at && !self.rehash() {
             return Err(value);
         }
         let (i, found) = self.find(key);
@@ -378,7 +382,10 @@ impl<V: Copy> SysMap<V> {
         if new_slots.is_null() {
             return false;
         }
-        let old = std::mem::replace(self, Self { slots: new_slots, cap: new_cap, len: 0, tombstones: 0 });
+        let old = std::mem::replace(
+            self,
+            Self { slots: new_slots, cap: new_cap, len: 0, tombstones: 0, grow_at: new_cap / 4 * 3 },
+        );
         for i in 0..old.cap {
             // SAFETY: `i < old.cap`, inside the old allocation.
             let slot = unsafe { *old.slots.add(i) };

@@ -47,9 +47,14 @@ struct TagDelta {
 
 static NEXT_TRACKER_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The cache's id before this thread counted anywhere: no tracker has it (ids count up
+/// from 1), so a match always comes with a slot.
+const NO_TRACKER: u64 = u64::MAX;
+
 thread_local! {
-    /// `(tracker id, slot)` of the last tracker this thread counted into.
-    static CACHE: Cell<(u64, *const ThreadSlot)> = const { Cell::new((0, ptr::null())) };
+    /// `(tracker id, slot)` of the last tracker this thread counted into; the slot is
+    /// non-null whenever the id is not `NO_TRACKER`.
+    static CACHE: Cell<(u64, *const ThreadSlot)> = const { Cell::new((NO_TRACKER, ptr::null())) };
     /// Its address is this thread's token.
     static TOKEN: u8 = const { 0 };
 }
@@ -69,13 +74,15 @@ impl ThreadSlots {
         Self { id: AtomicU64::new(0), slots: [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SLOTS] }
     }
 
-    /// This thread's slot if it is cached (the fast path: one load and one thread-local
-    /// read); `None` sends the caller to [`ThreadSlots::slot`].
+    /// This thread's slot if it is cached (the fast path: one load, one thread-local read
+    /// and one compare); `None` sends the caller to [`ThreadSlots::slot`].
     #[inline(always)]
     pub(crate) fn cached_slot(&self) -> Option<&ThreadSlot> {
         let id = self.id.load(Ordering::Relaxed);
         let (cached_id, p) = CACHE.try_with(Cell::get).ok()?;
-        if cached_id == id && id != 0 && !p.is_null() {
+        // A tracker without slots has id 0, which the cache never holds.
+        if cached_id == id {
+            debug_assert!(!p.is_null(), "a cached id comes with its slot");
             // SAFETY: the cache holds a slot of the tracker with this unique id, which is
             // alive (we borrow it); its slots live as long as it does.
             return Some(unsafe { &*p });
@@ -89,7 +96,7 @@ impl ThreadSlots {
         let id = self.id.load(Ordering::Relaxed);
         if id != 0 {
             if let Ok((cached_id, p)) = CACHE.try_with(Cell::get) {
-                if cached_id == id && !p.is_null() {
+                if cached_id == id {
                     // SAFETY: the cache holds a slot of the tracker with this unique id, which
                     // is alive (we borrow it); its slots live as long as it does.
                     return Some(unsafe { &*p });

@@ -206,12 +206,50 @@ impl Tracker {
 
     // ---- counting ----------------------------------------------------------------------
 
+    /// Whether `tag` has a budget or a watch, so every one of its allocations must go
+    /// through the shared counters (exact budget checks, one log line each).
+    #[inline(always)]
+    pub(crate) fn is_slow(&self, tag: TagId) -> bool {
+        self.counters[tag.index()].slow.load(Ordering::Relaxed)
+    }
+
+    /// Counts an allocation a `TrackingAllocator` already made under a tag that was not
+    /// slow ([`Tracker::is_slow`]) when it checked: in this thread's slot, else in the
+    /// shared counters. Never refused: a budget set meanwhile starts with the next
+    /// allocation.
+    #[inline(always)]
+    pub(crate) fn count_unbudgeted(&self, tag: TagId, bytes: usize) {
+        if let Some(slot) = self.threads.cached_slot() {
+            if slot.alloc(tag.index(), bytes as isize) {
+                self.flush(slot, tag);
+            }
+            return;
+        }
+        self.count_unbudgeted_slow(tag, bytes);
+    }
+
+    /// `count_unbudgeted` for a thread without its slot cached.
+    #[cold]
+    #[inline(never)]
+    fn count_unbudgeted_slow(&self, tag: TagId, bytes: usize) {
+        if let Some(slot) = self.threads.slot() {
+            if slot.alloc(tag.index(), bytes as isize) {
+                self.flush(slot, tag);
+            }
+            return;
+        }
+        if !self.fed.load(Ordering::Relaxed) {
+            self.fed.store(true, Ordering::Relaxed);
+        }
+        self.counters[tag.index()].add(bytes, true);
+    }
+
     /// Counts an allocation made by a `TrackingAllocator`: in this thread's slot when the
     /// tag has no budget and no watch, else through [`Tracker::charge_counters`]. Returns
     /// whether the tag is watched.
     #[inline(always)]
     pub(crate) fn count_alloc(&self, tag: TagId, bytes: usize) -> Result<bool, Error> {
-        if !self.counters[tag.index()].slow.load(Ordering::Relaxed) {
+        if !self.is_slow(tag) {
             if let Some(slot) = self.threads.cached_slot() {
                 if slot.alloc(tag.index(), bytes as isize) {
                     self.flush(slot, tag);
@@ -274,9 +312,10 @@ impl Tracker {
         c.watch.load(Ordering::Relaxed)
     }
 
+    /// Folds this thread's deltas for `tag` into the shared counters.
     #[cold]
     #[inline(never)]
-    fn flush(&self, slot: &super::thread_stats::ThreadSlot, tag: TagId) {
+    pub(crate) fn flush(&self, slot: &super::thread_stats::ThreadSlot, tag: TagId) {
         let (b, n, a) = slot.take(tag.index());
         self.counters[tag.index()].fold(b, n, a);
     }
@@ -308,23 +347,36 @@ impl Tracker {
 
     /// Adds a record for a block, with a stack of `depth` frames if `depth != 0`. Returns
     /// `false` if the record table is out of `System` memory (the block has no record then).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn add_record(&self, addr: usize, mut record: Record, depth: usize) -> bool {
         if depth != 0 {
-            let _reentry = Reentry::enter();
-            record.stack = self.stacks.intern(&StackTrace::capture(depth));
+            record.stack = self.capture_stack(depth);
         }
         match self.records.insert(addr, record) {
             Ok(None) => true,
             Ok(Some(stale)) => {
-                // An external block freed without `untrack`, whose memory came back: count
-                // it as freed, as `try_track` does.
-                if stale.flags & FLAG_EXTERNAL != 0 {
-                    self.counters[stale.tag.index()].sub(stale.size);
-                }
+                self.replaced_record(stale);
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// Captures and interns this thread's stack, `depth` frames deep. Inlined, so that it
+    /// adds no frame of its own to the capture (see `OWN_FRAMES_SLACK`).
+    #[inline(always)]
+    fn capture_stack(&self, depth: usize) -> u32 {
+        let _reentry = Reentry::enter();
+        self.stacks.intern(&StackTrace::capture(depth))
+    }
+
+    /// A record replaced by a new block's at the same address.
+    #[cold]
+    fn replaced_record(&self, stale: Record) {
+        // An external block freed without `untrack`, whose memory came back: count it as
+        // freed, as `try_track` does.
+        if stale.flags & FLAG_EXTERNAL != 0 {
+            self.counters[stale.tag.index()].sub(stale.size);
         }
     }
 
@@ -333,6 +385,14 @@ impl Tracker {
     #[inline]
     pub(crate) fn take_record(&self, addr: usize, keep_freed: bool) -> Option<Record> {
         let record = self.records.remove(addr)?;
+        self.record_removed(addr, record, keep_freed);
+        Some(record)
+    }
+
+    /// Applies the counters, the freed ring (if `keep_freed`) and the watch log to a record
+    /// just removed.
+    #[inline(always)]
+    pub(crate) fn record_removed(&self, addr: usize, record: Record, keep_freed: bool) {
         let watched = if record.flags & FLAG_GLOBAL_ALLOC != 0 {
             self.count_free(record.tag, record.size)
         } else {
@@ -346,7 +406,6 @@ impl Tracker {
         if watched {
             self.watch_event("free", record.tag, record.size, Some(addr), Some(record.site));
         }
-        Some(record)
     }
 
     /// Removes a block's record, applying the counters and the freed ring; a missing record
