@@ -140,6 +140,7 @@ mod aligned;
 mod double_buffered;
 mod double_ended_stack;
 mod frame;
+mod page;
 mod pool;
 mod region;
 mod segment;
@@ -148,6 +149,7 @@ mod size_class_pool;
 mod small_object;
 mod stack;
 mod stats;
+mod thread_cache;
 
 pub use aligned::{AlignedAlloc, RawAlloc, SystemRaw, HEADER as ALIGNED_HEADER};
 pub use double_buffered::{DoubleBufferedAllocator, FrameRef};
