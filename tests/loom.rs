@@ -245,8 +245,8 @@ mod size_class_pool {
                 }
             });
             let early = pool.try_alloc(one_word());
-            match early {
-                Ok(p) => assert_eq!(p, a, "only the freed block can come back"),
+            match &early {
+                Ok(p) => assert_eq!(*p, a, "only the freed block can come back"),
                 Err(e) => assert!(matches!(e, Error::OutOfMemory { .. }), "{e}"),
             }
             t.join().unwrap();
@@ -317,7 +317,7 @@ mod size_class_pool {
     }
 
     /// A thread takes a page, allocates and frees in it, and exits: its page goes back to
-    /// the pool and the main thread can allocate every block.
+    /// the pool and the main thread can allocate its block.
     #[test]
     fn exiting_thread_hands_its_page_back() {
         super::model(|| {
@@ -330,7 +330,14 @@ mod size_class_pool {
             })
             .join()
             .unwrap();
-            let p = pool.alloc(one_word());
+            // `join` returns before the thread's locals are dropped (as a scoped thread's
+            // does in std): the page comes back when they are.
+            let p = loop {
+                match pool.try_alloc(one_word()) {
+                    Ok(p) => break p,
+                    Err(_) => thread::yield_now(),
+                }
+            };
             // SAFETY: ours, freed once.
             unsafe { pool.free(p) };
         });

@@ -84,19 +84,32 @@ impl Page {
         self.free.load(Ordering::Relaxed) != 0
     }
 
-    /// Takes the lowest free block (owner only) and returns its bit index.
+    /// Takes the lowest free block (owner only) and returns its bit index, with the mask of
+    /// blocks found free twice (usually 0): free here and also freed remotely, a double free
+    /// whose two frees raced on two threads. Those remote bits are dropped, so each such
+    /// block is free once.
     #[inline]
-    pub(crate) fn take(&self) -> Option<u32> {
+    pub(crate) fn take(&self) -> Option<(u32, u64)> {
         let mask = self.free.load(Ordering::Relaxed);
         if mask == 0 {
             return None;
+        }
+        let doubles = self.remote.load(Ordering::Relaxed) & mask;
+        if doubles != 0 {
+            self.drop_remote(doubles);
         }
         let rest = mask & (mask - 1);
         self.free.store(rest, Ordering::Relaxed);
         let stats = self.stats.load(Ordering::Relaxed);
         let min_free = (stats & 127).min(rest.count_ones() as u64);
         self.stats.store(((stats >> 7) + 1) << 7 | min_free, Ordering::Relaxed);
-        Some(mask.trailing_zeros())
+        Some((mask.trailing_zeros(), doubles))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drop_remote(&self, bits: u64) {
+        self.remote.fetch_and(!bits, Ordering::Relaxed);
     }
 
     /// Puts back a block just taken, without undoing its count (owner only): for a block
@@ -205,7 +218,7 @@ mod tests {
         let page = Page::new(3);
         assert!(page.try_acquire(7));
         assert!(!page.try_acquire(8), "owned");
-        assert_eq!((page.take(), page.take(), page.take(), page.take()), (Some(0), Some(1), Some(2), None));
+        assert_eq!((page.take(), page.take(), page.take(), page.take()), (Some((0, 0)), Some((1, 0)), Some((2, 0)), None));
         assert_eq!(page.free_local(1, || {}), Ok(()));
         assert_eq!(page.free_local(1, || {}), Err(()), "double free on the owner");
         assert_eq!(page.free_remote(1), Err(()), "double free seen in the owner's mask");
@@ -217,7 +230,7 @@ mod tests {
         assert_eq!(seen, [2]);
         assert_eq!(page.free_count(), 2);
         assert_eq!(page.counts(), (3, 0));
-        assert_eq!(page.take(), Some(1));
+        assert_eq!(page.take(), Some((1, 0)));
         assert_eq!(page.free_remote(1), Ok(()));
         assert_eq!(Page::new(2).steal_remote(), None);
         assert_eq!(page.steal_remote(), Some(1), "claimed by any thread");
@@ -230,12 +243,19 @@ mod tests {
     fn racing_double_free_shows_at_collection() {
         let page = Page::new(64);
         assert!(page.try_acquire(1));
-        let bit = page.take().unwrap();
+        let (bit, _) = page.take().unwrap();
         // The remote free lands first, the owner's check ran before it (the race).
         page.free_remote(bit).unwrap();
         let mask = page.free.load(Ordering::Relaxed);
         page.free.store(mask | 1 << bit, Ordering::Relaxed);
         assert_eq!(page.collect(|_| {}), 1 << bit);
         assert_eq!(page.free_count(), 64);
+        // The same race, seen when the block is about to be handed out again.
+        let (bit, _) = page.take().unwrap();
+        page.free_remote(bit).unwrap();
+        let mask = page.free.load(Ordering::Relaxed);
+        page.free.store(mask | 1 << bit, Ordering::Relaxed);
+        assert_eq!(page.take(), Some((bit, 1 << bit)));
+        assert_eq!(page.free_count(), 63, "free once, and now handed out");
     }
 }

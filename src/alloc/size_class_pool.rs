@@ -82,7 +82,8 @@ pub struct SizeClassStats {
     pub free: usize,
     /// The most blocks in use at once (an upper bound: the sum of the per-page peaks).
     pub peak: usize,
-    /// Blocks handed out over the pool's life.
+    /// Blocks handed out from the class's pages over the pool's life (the pool's
+    /// [`AllocStats::allocations`] also counts blocks claimed from other threads' frees).
     pub allocations: u64,
 }
 
@@ -101,11 +102,15 @@ pub struct SizeClassStats {
 ///   owner collects those with one swap when its page runs out. A pointer that is not a
 ///   block start gives [`Error::NotBlockStart`], one outside the region
 ///   [`Error::ForeignPointer`], and a block that is not handed out [`Error::DoubleFree`].
-/// - **Double frees across threads** are caught at the call when they can be: a second free
-///   on another thread finds the bit already set in the remote mask (atomically) or in the
-///   owner's mask. Only two frees of one block racing on two threads at the same moment get
-///   past both checks; the owner sees the block free twice when it collects, logs the double
-///   free (`log::error!`), counts it in [`AllocStats::failures`] and ignores the second free.
+/// - **Double frees across threads** are caught at the call: a second free on another
+///   thread finds the bit already set in the remote mask (atomically) or in the owner's
+///   mask. Only two frees of one block racing on two threads at the same moment can both
+///   pass their checks; the owner then finds the block free twice when it next hands out a
+///   block of that page or collects its remote frees, logs the double free
+///   (`log::error!`), counts it in [`AllocStats::failures`] and keeps the block free once.
+///   (If the late free of such a race lands only after the block was handed out again, it
+///   looks exactly like freeing a block someone else holds, which `try_free`'s safety
+///   contract rules out and no allocator can tell apart.)
 /// - **Pages and threads**: a thread keeps the full pages it has allocated from (their
 ///   blocks are most likely freed by the same thread, cheaply); when its page runs dry it
 ///   takes a page with free blocks (its own first, after collecting their remote frees) and
@@ -337,14 +342,14 @@ impl SizeClassPool {
         let class = &self.classes[i];
         if cache.active != NO_PAGE {
             let page = &self.pages[cache.active as usize];
-            if let Some(bit) = page.take() {
-                return self.hand_out(class, cache.active, bit).map(Some);
+            if let Some(taken) = page.take() {
+                return self.hand_out(class, cache.active, taken).map(Some);
             }
         }
         match self.refill(class, cache) {
             Some(p) => {
-                let bit = self.pages[p as usize].take().expect("refill returns a page with a free block");
-                self.hand_out(class, p, bit).map(Some)
+                let taken = self.pages[p as usize].take().expect("refill returns a page with a free block");
+                self.hand_out(class, p, taken).map(Some)
             }
             None => Ok(None),
         }
@@ -414,8 +419,8 @@ impl SizeClassPool {
         let token = thread_cache::token();
         for (i, class) in self.classes.iter().enumerate().skip(first) {
             if let Some(p) = self.acquire(class, token) {
-                let bit = self.pages[p as usize].take().expect("acquire returns a page with a free block");
-                let result = self.hand_out(class, p, bit);
+                let taken = self.pages[p as usize].take().expect("acquire returns a page with a free block");
+                let result = self.hand_out(class, p, taken);
                 self.pages[p as usize].release();
                 if i != first {
                     self.counters.fallback();
@@ -442,9 +447,13 @@ impl SizeClassPool {
         }
     }
 
-    /// Returns block `bit` of page `p`, just taken, after the use-after-free check.
+    /// Returns block `bit` of page `p`, just taken, after the use-after-free check; reports
+    /// the page's blocks found freed twice (`doubles`, see [`Page::take`]).
     #[inline(always)]
-    fn hand_out(&self, class: &Class, p: u32, bit: u32) -> Result<NonNull<u8>> {
+    fn hand_out(&self, class: &Class, p: u32, (bit, doubles): (u32, u64)) -> Result<NonNull<u8>> {
+        if doubles != 0 {
+            self.double_free_raced(class, (p - class.first_page) << class.page_shift, doubles);
+        }
         let index = ((p - class.first_page) << class.page_shift) + bit;
         let block = self.block(class, index);
         // SAFETY: the block was free until `take` just now: `block_size` bytes nobody else
@@ -484,7 +493,7 @@ impl SizeClassPool {
     /// [`Error::ForeignPointer`] if `ptr` is outside the pool, [`Error::NotBlockStart`] if it
     /// points inside a block, [`Error::DoubleFree`] if the block is not handed out. The pool
     /// is unchanged on error. (Two frees of one block racing on two threads at once are
-    /// reported by the page's owner instead: see the type's docs.)
+    /// reported later by the page's owner instead: see the type's docs.)
     ///
     /// # Safety
     ///
