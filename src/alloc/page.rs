@@ -24,9 +24,10 @@ pub(crate) const UNOWNED: u64 = 0;
 ///    freeing thread's `Release` `fetch_or`, so the block's last writes happen before it is
 ///    handed out again). A block is handed out exactly when both bits are clear.
 /// 3. Bits at or above the page's block count are never set in `free` or `remote`.
-/// 4. `stats` is `allocations << 7 | min_free`, where `min_free` (at most 64) is the fewest
-///    bits `free` has held right after a hand-out (so `blocks - min_free` bounds the most
-///    blocks of the page ever in use at once).
+/// 4. `stats` is `allocations << 16 | peak << 8 | used`: `used` counts the blocks handed
+///    out plus those freed remotely and not yet collected (so it bounds the blocks in use
+///    from above, and remote frees and claims need not touch it), and `peak` is the most
+///    `used` has been.
 #[repr(C, align(32))]
 pub(crate) struct Page {
     owner: AtomicU64,
@@ -49,7 +50,7 @@ impl Page {
             owner: AtomicU64::new(UNOWNED),
             free: AtomicU64::new(full_mask(blocks)),
             remote: AtomicU64::new(0),
-            stats: AtomicU64::new(blocks as u64),
+            stats: AtomicU64::new(0),
         }
     }
 
@@ -84,6 +85,13 @@ impl Page {
         self.free.load(Ordering::Relaxed) != 0
     }
 
+    /// Whether every block of a page with this `full` mask is free locally (owner only,
+    /// after a collect).
+    #[inline]
+    pub(crate) fn all_free(&self, full: u64) -> bool {
+        self.free.load(Ordering::Relaxed) == full
+    }
+
     /// Takes the lowest free block (owner only) and returns its bit index, with the mask of
     /// blocks found free twice (usually 0): free here and also freed remotely, a double free
     /// whose two frees raced on two threads. Those remote bits are dropped, so each such
@@ -98,11 +106,10 @@ impl Page {
         if doubles != 0 {
             self.drop_remote(doubles);
         }
-        let rest = mask & (mask - 1);
-        self.free.store(rest, Ordering::Relaxed);
-        let stats = self.stats.load(Ordering::Relaxed);
-        let min_free = (stats & 127).min(rest.count_ones() as u64);
-        self.stats.store(((stats >> 7) + 1) << 7 | min_free, Ordering::Relaxed);
+        self.free.store(mask & (mask - 1), Ordering::Relaxed);
+        let stats = self.stats.load(Ordering::Relaxed) + (1 << 16) + 1;
+        let new_peak = (stats & 0xff > (stats >> 8) & 0xff) as u64;
+        self.stats.store(stats + (new_peak << 8), Ordering::Relaxed);
         Some((mask.trailing_zeros(), doubles))
     }
 
@@ -118,6 +125,7 @@ impl Page {
     pub(crate) fn untake(&self, bit: u32) {
         let mask = self.free.load(Ordering::Relaxed);
         self.free.store(mask | 1 << bit, Ordering::Relaxed);
+        self.stats.store(self.stats.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
     }
 
     /// Frees block `bit` on the owner's thread. `fill` runs after the double-free check and
@@ -130,6 +138,7 @@ impl Page {
         }
         fill();
         self.free.store(mask | 1 << bit, Ordering::Relaxed);
+        self.stats.store(self.stats.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -179,6 +188,7 @@ impl Page {
         let remote = self.remote.swap(0, Ordering::Acquire);
         let mask = self.free.load(Ordering::Relaxed);
         let mut fresh = remote & !mask;
+        self.stats.store(self.stats.load(Ordering::Relaxed) - fresh.count_ones() as u64, Ordering::Relaxed);
         while fresh != 0 {
             on_freed(fresh.trailing_zeros());
             fresh &= fresh - 1;
@@ -192,10 +202,11 @@ impl Page {
         (self.free.load(Ordering::Relaxed) | self.remote.load(Ordering::Relaxed)).count_ones()
     }
 
-    /// Blocks handed out from this page over its life, and the fewest free after a hand-out.
+    /// Blocks handed out from this page over its life, and the most in use at once (an
+    /// upper bound: a remote free counts as in use until collected).
     pub(crate) fn counts(&self) -> (u64, u32) {
         let stats = self.stats.load(Ordering::Relaxed);
-        (stats >> 7, (stats & 127) as u32)
+        (stats >> 16, ((stats >> 8) & 0xff) as u32)
     }
 }
 
@@ -229,7 +240,7 @@ mod tests {
         assert_eq!(page.collect(|b| seen.push(b)), 0);
         assert_eq!(seen, [2]);
         assert_eq!(page.free_count(), 2);
-        assert_eq!(page.counts(), (3, 0));
+        assert_eq!(page.counts(), (3, 3));
         assert_eq!(page.take(), Some((1, 0)));
         assert_eq!(page.free_remote(1), Ok(()));
         assert_eq!(Page::new(2).steal_remote(), None);

@@ -4,10 +4,10 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::page::{Page, UNOWNED};
+use super::page::{self, Page, UNOWNED};
 use super::region::{self, Region, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::stats::SharedCounters;
@@ -61,6 +61,11 @@ struct Class {
     pages: u32,
     /// Where the next search for an unowned page starts (a hint, so searches spread out).
     cursor: AtomicU32,
+    /// Set by a thread that found no block in this class (or any larger one); cleared when
+    /// a thread takes over an unowned page again. While it is set, owners free into their
+    /// own pages through the remote mask too (where a starving thread can claim the block)
+    /// and hand back every page with a free block when they run dry.
+    pressure: AtomicBool,
 }
 
 impl Class {
@@ -111,14 +116,17 @@ pub struct SizeClassStats {
 ///   (If the late free of such a race lands only after the block was handed out again, it
 ///   looks exactly like freeing a block someone else holds, which `try_free`'s safety
 ///   contract rules out and no allocator can tell apart.)
-/// - **Pages and threads**: a thread keeps the full pages it has allocated from (their
-///   blocks are most likely freed by the same thread, cheaply); when its page runs dry it
-///   takes a page with free blocks (its own first, after collecting their remote frees) and
-///   hands its other pages with free blocks back to the pool, for any thread to take. When
-///   a thread exits, all its pages go back. As a last resort, before a class counts as
-///   empty, a thread claims a block freed on another thread from any page's remote mask.
-///   What stays out of other threads' reach is only what a thread has freed itself since it
-///   last ran dry in that class; size pools shared by many threads with that much slack.
+/// - **Pages and threads**: a thread keeps the pages it has allocated from (their blocks
+///   are most likely freed by the same thread, cheaply) until they are entirely free; then
+///   any thread may take them over. When a thread exits, all its pages go back. When a
+///   thread finds no block in a class (nor in any larger one), it claims a block freed on
+///   another thread from any page's remote mask, and if there is none it marks the class
+///   *under pressure* and fails with [`Error::OutOfMemory`]: from then on owners free into
+///   their pages through the remote masks too (so the next attempt can claim those blocks)
+///   and hand back every page with a free block when they run dry, until a thread takes
+///   over an unowned page again. So under a tight budget shared by threads, an allocation
+///   can fail while other threads' pages hold free blocks, and succeed when retried after
+///   those threads have freed or allocated; size shared pools with some slack.
 /// - **Alignment**: classes are laid out largest first from a 4096-aligned base, so each
 ///   block is aligned to `min(block size, 4096)`; a request for alignment `a` simply uses a
 ///   class of at least `a` bytes.
@@ -217,6 +225,7 @@ impl SizeClassPool {
                 first_page: 0,
                 pages: count.div_ceil(1 << page_shift) as u32,
                 cursor: AtomicU32::new(0),
+                pressure: AtomicBool::new(false),
             });
             offset = offset.checked_add(bytes).expect("size class pool too large");
         }
@@ -321,6 +330,9 @@ impl SizeClassPool {
     #[cold]
     #[inline(never)]
     fn steal(&self, first: usize) -> Option<NonNull<u8>> {
+        // Ask the owners to free through the remote masks, where this (or a later) call can
+        // claim their blocks.
+        self.classes[first].pressure.store(true, Ordering::Relaxed);
         for (i, class) in self.classes.iter().enumerate().skip(first) {
             for rel in 0..class.pages {
                 if let Some(bit) = self.pages[(class.first_page + rel) as usize].steal_remote() {
@@ -357,12 +369,13 @@ impl SizeClassPool {
 
     /// Finds this thread a page of `class` with a free block, makes it the active one and
     /// returns it: one of its own pages (after collecting their remote frees), else an
-    /// unowned page it takes over. Its other pages that have free blocks go back to the pool
-    /// (so free blocks never stay out of other threads' reach for long); it keeps only the
-    /// full ones, whose blocks it will most likely free itself, cheaply.
+    /// unowned page it takes over. Its other pages go back to the pool when entirely free,
+    /// or, while another thread is starving in this class, as soon as they have a free block.
+    /// It keeps the rest: their blocks are most likely freed by this thread, cheaply.
     #[cold]
     #[inline(never)]
     fn refill(&self, class: &Class, cache: &mut ClassCache) -> Option<u32> {
+        let pressure = class.pressure.load(Ordering::Relaxed);
         let mut found = None;
         let mut i = 0;
         while i < cache.owned.len() {
@@ -372,7 +385,9 @@ impl SizeClassPool {
             if page.has_local_free() {
                 if found.is_none() {
                     found = Some(p);
-                } else {
+                } else if pressure
+                    || page.all_free(page::full_mask(class.page_blocks(p - class.first_page)))
+                {
                     page.release();
                     cache.owned.swap_remove(i);
                     continue;
@@ -403,6 +418,9 @@ impl SizeClassPool {
                 self.collect(class, p);
                 if page.has_local_free() {
                     class.cursor.store(rel + 1, Ordering::Relaxed);
+                    if class.pressure.load(Ordering::Relaxed) {
+                        class.pressure.store(false, Ordering::Relaxed);
+                    }
                     return Some(p);
                 }
                 page.release();
@@ -524,7 +542,8 @@ impl SizeClassPool {
         let page = &self.pages[(class.first_page + (index >> class.page_shift)) as usize];
         let bit = index & ((1 << class.page_shift) - 1);
         let token = thread_cache::token();
-        let freed = if page.owner() == token && token != NO_TOKEN {
+        let local = page.owner() == token && token != NO_TOKEN && !class.pressure.load(Ordering::Relaxed);
+        let freed = if local {
             page.free_local(bit, || {
                 // SAFETY: the block was handed out and, by the caller's contract, is no longer
                 // used; the pool's own pointer covers its `block_size` bytes.
@@ -612,9 +631,9 @@ impl SizeClassPool {
                 let (mut free, mut peak, mut allocations) = (0, 0, 0);
                 for rel in 0..c.pages {
                     let page = &self.pages[(c.first_page + rel) as usize];
-                    let (allocs, min_free) = page.counts();
+                    let (allocs, page_peak) = page.counts();
                     free += page.free_count() as usize;
-                    peak += (c.page_blocks(rel) - min_free) as usize;
+                    peak += page_peak as usize;
                     allocations += allocs;
                 }
                 SizeClassStats { block_size: c.block_size, blocks: c.count as usize, free, peak, allocations }
@@ -918,6 +937,42 @@ mod tests {
             // SAFETY: ours, freed once.
             unsafe { pool.free(p) };
         }
+    }
+
+    #[test]
+    fn pressure_makes_owners_free_where_others_can_claim() {
+        let pool = SizeClassPool::new(&[(8, 32)]);
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let pool = &pool;
+            s.spawn(move || {
+                let blocks: Vec<_> = (0..32).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+                // SAFETY: ours, freed once (the first one now, into our own pages).
+                unsafe { pool.free(blocks[0]) };
+                done.send(()).unwrap();
+                wait.recv().unwrap();
+                for &p in &blocks[1..] {
+                    // SAFETY: as above; the class is under pressure now.
+                    unsafe { pool.free(p) };
+                }
+                done.send(()).unwrap();
+                wait.recv().unwrap(); // keep the pages until the main thread is done
+            });
+            finished.recv().unwrap();
+            // The free block sits in the other thread's page: out of reach, so this fails
+            // and puts the class under pressure.
+            assert!(matches!(pool.try_alloc(Layout::new::<u8>()), Err(Error::OutOfMemory { available: 8, .. })));
+            go.send(()).unwrap();
+            finished.recv().unwrap();
+            // The owner freed the rest through the remote masks: claimable.
+            let taken: Vec<_> = (0..31).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+            for p in taken {
+                // SAFETY: ours, freed once.
+                unsafe { pool.free(p) };
+            }
+            go.send(()).unwrap();
+        });
     }
 
     #[test]
