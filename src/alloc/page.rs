@@ -92,6 +92,26 @@ impl Page {
         self.free.load(Ordering::Relaxed) == full
     }
 
+    /// [`take`](Self::take) when no block of the page is free twice (the common case), or
+    /// `None` (nothing free, or a double free to report: call `take` then).
+    #[inline(always)]
+    pub(crate) fn take_clean(&self) -> Option<u32> {
+        let mask = self.free.load(Ordering::Relaxed);
+        if mask == 0 || self.remote.load(Ordering::Relaxed) & mask != 0 {
+            return None;
+        }
+        self.free.store(mask & (mask - 1), Ordering::Relaxed);
+        self.count_take();
+        Some(mask.trailing_zeros())
+    }
+
+    #[inline(always)]
+    fn count_take(&self) {
+        let stats = self.stats.load(Ordering::Relaxed) + (1 << 16) + 1;
+        let new_peak = (stats & 0xff > (stats >> 8) & 0xff) as u64;
+        self.stats.store(stats + (new_peak << 8), Ordering::Relaxed);
+    }
+
     /// Takes the lowest free block (owner only) and returns its bit index, with the mask of
     /// blocks found free twice (usually 0): free here and also freed remotely, a double free
     /// whose two frees raced on two threads. Those remote bits are dropped, so each such
@@ -107,9 +127,7 @@ impl Page {
             self.drop_remote(doubles);
         }
         self.free.store(mask & (mask - 1), Ordering::Relaxed);
-        let stats = self.stats.load(Ordering::Relaxed) + (1 << 16) + 1;
-        let new_peak = (stats & 0xff > (stats >> 8) & 0xff) as u64;
-        self.stats.store(stats + (new_peak << 8), Ordering::Relaxed);
+        self.count_take();
         Some((mask.trailing_zeros(), doubles))
     }
 
@@ -229,7 +247,10 @@ mod tests {
         let page = Page::new(3);
         assert!(page.try_acquire(7));
         assert!(!page.try_acquire(8), "owned");
-        assert_eq!((page.take(), page.take(), page.take(), page.take()), (Some((0, 0)), Some((1, 0)), Some((2, 0)), None));
+        assert_eq!(
+            (page.take(), page.take(), page.take(), page.take()),
+            (Some((0, 0)), Some((1, 0)), Some((2, 0)), None)
+        );
         assert_eq!(page.free_local(1, || {}), Ok(()));
         assert_eq!(page.free_local(1, || {}), Err(()), "double free on the owner");
         assert_eq!(page.free_remote(1), Err(()), "double free seen in the owner's mask");

@@ -307,6 +307,29 @@ impl SizeClassPool {
             return Err(self.out_of_memory(layout.size(), k));
         }
         let first = first as usize;
+        // SAFETY: the closure only reads and writes page masks and counts: it calls nothing
+        // that could reach the thread cache again.
+        let fast = unsafe {
+            thread_cache::with_last_cache(self.id, |cache| {
+                let active = cache.classes[first].active;
+                if active == NO_PAGE {
+                    return None;
+                }
+                let bit = self.pages[active as usize].take_clean()?;
+                Some((active, bit))
+            })
+        };
+        if let Some((p, bit)) = fast {
+            return self.hand_out(&self.classes[first], p, (bit, 0));
+        }
+        self.alloc_slow(layout, first, k)
+    }
+
+    /// The rest of [`try_alloc`](Self::try_alloc): a refill of this thread's page, larger
+    /// classes, the uncached path, claiming a remote free, and the error.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, layout: Layout, first: usize, k: usize) -> Result<NonNull<u8>> {
         let cached = thread_cache::with_cache(self.id, &self.pages, self.classes.len(), |cache| {
             for i in first..self.classes.len() {
                 if let Some(ptr) = self.alloc_cached(i, &mut cache.classes[i])? {
@@ -385,9 +408,7 @@ impl SizeClassPool {
             if page.has_local_free() {
                 if found.is_none() {
                     found = Some(p);
-                } else if pressure
-                    || page.all_free(page::full_mask(class.page_blocks(p - class.first_page)))
-                {
+                } else if pressure || page.all_free(page::full_mask(class.page_blocks(p - class.first_page))) {
                     page.release();
                     cache.owned.swap_remove(i);
                     continue;

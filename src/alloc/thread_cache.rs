@@ -189,6 +189,29 @@ pub(crate) fn token() -> u64 {
         .unwrap_or(NO_TOKEN)
 }
 
+/// The fast path: runs `f` on this thread's cache for `pool` if it is the pool used last
+/// and no other call is inside a cache; `None` otherwise (take [`with_cache`] then).
+///
+/// # Safety
+///
+/// `f` must not call anything that could reach this module again (no allocation through
+/// the global allocator, no logging, no user code): it runs without setting `busy`.
+#[inline(always)]
+pub(crate) unsafe fn with_last_cache<R>(pool: u64, f: impl FnOnce(&mut PoolCache) -> Option<R>) -> Option<R> {
+    CACHES
+        .try_with(|caches| {
+            if caches.busy.get() || caches.last_pool.get() != pool {
+                return None;
+            }
+            // SAFETY: invariants 1–3: `last` is the live entry for `pool`; `busy` is clear, so
+            // no other reference to it exists, and `f` cannot create one (the caller's
+            // contract) before this one ends.
+            f(unsafe { &mut *caches.last.get() })
+        })
+        .ok()
+        .flatten()
+}
+
 /// Runs `f` on this thread's cache for pool `pool`, or returns `None` when there is none to
 /// use: the thread's locals are being destroyed, or this is a nested call (the pool used as
 /// the global allocator while the cache list itself allocates). The caller then takes the
