@@ -42,11 +42,11 @@ pub struct AllocStats {
     /// allocation happens (under a class lock, or by a page's owner thread), which saves a
     /// shared atomic on every call (per-class peaks are also what sizing a class needs).
     pub peak: usize,
-    /// Blocks live now. [`DoubleEndedStack`](super::DoubleEndedStack) counts allocations
-    /// since its last reset; [`StackAllocator`](super::StackAllocator),
+    /// Blocks live now. [`StackAllocator`](super::StackAllocator),
+    /// [`DoubleEndedStack`](super::DoubleEndedStack),
     /// [`FrameAllocator`](super::FrameAllocator) and
     /// [`DoubleBufferedAllocator`](super::DoubleBufferedAllocator) derive everything from
-    /// their top and do not count blocks (0).
+    /// their tops and do not count blocks (0).
     pub live: usize,
     /// Successful allocations over the allocator's life (0 for the bump allocators that do
     /// not count blocks, see `live`).
