@@ -42,7 +42,7 @@
 //! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget, from any thread | class lookup + thread-cache lookup + bit scan of the thread's own page / a plain bit set on the page's owner thread, one atomic `fetch_or` on any other | 32 B per page of up to 64 blocks, ½ byte per block (+ up to 2× rounding) | `Sync` (per-thread pages, no lock) | next larger class (a *fallback*), then `OutOfMemory` |
 //! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | lock + bitmap scan, 64 slots per step / clear a bit | exactly 1 bit | `Sync` (lock per class) | the system allocator (a *fallback*), counted |
 //! | [`StackAllocator`] | nested lifetimes: level data, loading | bump / free everything above a [`Marker`] | alignment padding only | `Send` | `OutOfMemory` |
-//! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end | padding only | `Send` | `OutOfMemory` when the ends would meet |
+//! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end; the lower end's last block grows in place | padding only | `Send` | `OutOfMemory` when the ends would meet |
 //! | [`FrameAllocator`] | scratch data for one frame | bump / `reset` once per frame | padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleBufferedAllocator`] | results produced in frame *i*, read in frame *i + 1* | bump / `swap` per frame; [`FrameRef`] reads check the frame | padding only | `Send` (values behind a `FrameRef` must be `Send`) | `OutOfMemory` |
 //! | [`AlignedAlloc`] | alignment over a raw allocator that has none | raw alloc + header write; ledger lookup on free | `2 + align − 1` bytes + a ledger entry | `Sync` if the raw allocator is | the raw allocator's failure, as `OutOfMemory` |
@@ -73,7 +73,7 @@
 //!
 //! # Performance characteristics
 //!
-//! `BENCHMARKS.md` at the repository root holds the measured table (benches A1–A4 in
+//! `BENCHMARKS.md` at the repository root holds the measured table (benches A1–A5, A1t and A1x in
 //! `benches/allocators.rs`, each against System, mimalloc, bumpalo or a free-list limit in
 //! the same run).
 //!
