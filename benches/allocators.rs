@@ -7,6 +7,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use bumpalo::Bump;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -56,22 +59,22 @@ fn ring_bench(
 
 fn system_alloc(l: Layout) -> NonNull<u8> {
     // SAFETY: every layout in these benches has a non-zero size.
-    NonNull::new(unsafe { System.alloc(l) }).expect("system out of memory")
+    NonNull::new(unsafe { GlobalAlloc::alloc(&System, l) }).expect("system out of memory")
 }
 
 fn system_free(p: NonNull<u8>, l: Layout) {
     // SAFETY: `p` came from `System.alloc(l)` and is freed once.
-    unsafe { System.dealloc(p.as_ptr(), l) }
+    unsafe { GlobalAlloc::dealloc(&System, p.as_ptr(), l) }
 }
 
 fn mimalloc_alloc(l: Layout) -> NonNull<u8> {
     // SAFETY: non-zero size, as above.
-    NonNull::new(unsafe { MiMalloc.alloc(l) }).expect("mimalloc out of memory")
+    NonNull::new(unsafe { GlobalAlloc::alloc(&MiMalloc, l) }).expect("mimalloc out of memory")
 }
 
 fn mimalloc_free(p: NonNull<u8>, l: Layout) {
     // SAFETY: `p` came from `MiMalloc.alloc(l)` and is freed once.
-    unsafe { MiMalloc.dealloc(p.as_ptr(), l) }
+    unsafe { GlobalAlloc::dealloc(&MiMalloc, p.as_ptr(), l) }
 }
 
 /// The near-physical limit for a pool (BENCHMARKS.md): 64-byte slots in a `Vec<[u64; 8]>`
@@ -159,18 +162,17 @@ impl LockFreeClass {
     }
 }
 
-/// A1: `SizeClassPool` alloc + free, sizes 8–256 B mixed, 1,024 live blocks.
+/// A1: `SizeClassPool` alloc + free, sizes 8–256 B mixed, 1,024 live blocks, one thread.
 ///
 /// Peers: glibc `System` and mimalloc through `GlobalAlloc` (general allocators doing the same
 /// mixed-size job), and the free-list pool limit (one 64-byte size, no checks: the floor for
-/// any pool). Ours pays for its checks (bitmap double-free bit, class lookup from the
-/// address) and thread safety (a lock per class, an atomic byte counter).
+/// any pool). Ours pays for its checks (the double-free bit, class lookup from the address)
+/// and for being usable from any thread (a thread-local cache lookup keyed by the pool).
 fn a1_size_class_pool(c: &mut Criterion) {
     let ls = layouts(8, 256);
     let mut g = c.benchmark_group("A1_size_class_pool_8_256B");
     g.throughput(Throughput::Elements(1));
     let pool = SizeClassPool::new(&[(8, 2048), (16, 2048), (32, 2048), (64, 2048), (128, 2048), (256, 2048)]);
-    // SAFETY (in the closure): every freed block came from `pool.alloc` and is freed once.
     ring_bench(
         &mut g,
         "SizeClassPool",
@@ -180,23 +182,6 @@ fn a1_size_class_pool(c: &mut Criterion) {
         |p, _| unsafe { pool.free(p) },
     );
     drop(pool);
-    // The exclusive (`&mut self`, lock-free by ownership) path of the same pool.
-    let pool = std::cell::RefCell::new(SizeClassPool::new(&[
-        (8, 2048),
-        (16, 2048),
-        (32, 2048),
-        (64, 2048),
-        (128, 2048),
-        (256, 2048),
-    ]));
-    ring_bench(
-        &mut g,
-        "SizeClassPool_exclusive",
-        &ls,
-        |l| pool.borrow_mut().try_alloc_mut(l).unwrap(),
-        // SAFETY: every freed block came from this pool and is freed once.
-        |p, _| unsafe { pool.borrow_mut().try_free_mut(p).unwrap() },
-    );
     ring_bench(&mut g, "System", &ls, system_alloc, system_free);
     ring_bench(&mut g, "mimalloc", &ls, mimalloc_alloc, mimalloc_free);
     let mut limit = FreeListLimit::new(RING * 2);
@@ -214,18 +199,17 @@ fn a1_size_class_pool(c: &mut Criterion) {
     g.finish();
 }
 
-/// A1b: the same steady state with one 64-byte size, to compare `SizeClassPool`'s short lock
-/// per class against a lock-free tagged-head class (bench-local prototype) on one thread,
-/// with the free-list limit as the floor.
+/// A1b: the same steady state with one 64-byte size: `SizeClassPool` (per-thread pages)
+/// against a lock-free tagged-head class (bench-local prototype of the design it replaced
+/// the per-class lock with; kept as a reference point).
 fn a1b_lock_vs_lock_free(c: &mut Criterion) {
     let ls = vec![Layout::from_size_align(64, 8).unwrap()];
     let mut g = c.benchmark_group("A1b_lock_vs_lock_free_64B");
     g.throughput(Throughput::Elements(1));
     let pool = SizeClassPool::new(&[(64, 4096)]);
-    // SAFETY (in the closure): every freed block came from `pool.alloc` and is freed once.
     ring_bench(
         &mut g,
-        "SizeClassPool_mutex",
+        "SizeClassPool",
         &ls,
         |l| pool.alloc(l),
         // SAFETY: every freed block came from this allocator's `alloc` and is freed once.
@@ -234,6 +218,184 @@ fn a1b_lock_vs_lock_free(c: &mut Criterion) {
     let lock_free = LockFreeClass::new(4096);
     ring_bench(&mut g, "lock_free_tagged_head", &ls, |_| lock_free.alloc().unwrap(), |p, _| lock_free.free(p));
     g.finish();
+}
+
+/// The allocators the threaded benches compare, behind one interface.
+trait BenchAlloc: Sync {
+    fn alloc(&self, l: Layout) -> NonNull<u8>;
+    fn free(&self, p: NonNull<u8>, l: Layout);
+}
+
+impl BenchAlloc for SizeClassPool {
+    #[inline]
+    fn alloc(&self, l: Layout) -> NonNull<u8> {
+        SizeClassPool::alloc(self, l)
+    }
+
+    #[inline]
+    fn free(&self, p: NonNull<u8>, _: Layout) {
+        // SAFETY: the benches free each block they allocated once.
+        unsafe { SizeClassPool::free(self, p) }
+    }
+}
+
+impl BenchAlloc for System {
+    #[inline]
+    fn alloc(&self, l: Layout) -> NonNull<u8> {
+        system_alloc(l)
+    }
+
+    #[inline]
+    fn free(&self, p: NonNull<u8>, l: Layout) {
+        system_free(p, l)
+    }
+}
+
+impl BenchAlloc for MiMalloc {
+    #[inline]
+    fn alloc(&self, l: Layout) -> NonNull<u8> {
+        mimalloc_alloc(l)
+    }
+
+    #[inline]
+    fn free(&self, p: NonNull<u8>, l: Layout) {
+        mimalloc_free(p, l)
+    }
+}
+
+/// A block in flight between bench threads (an address, so it is `Send`).
+#[derive(Clone, Copy)]
+struct Sent(usize, Layout);
+
+impl Sent {
+    fn ptr(self) -> NonNull<u8> {
+        NonNull::new(self.0 as *mut u8).expect("a live block")
+    }
+}
+
+/// Live blocks per thread in A1t.
+const LARSON_SLOTS: usize = 256;
+
+/// One A1t run of `ops` alloc + free pairs over `threads` threads; returns the time between
+/// the start barrier and the moment every thread is done (set-up and tear-down excluded).
+fn larson<A: BenchAlloc>(alloc: &A, threads: usize, ops: u64, ls: &[Layout]) -> Duration {
+    let rounds = (ops as usize / threads).div_ceil(LARSON_SLOTS).max(1);
+    let (start, done) = (Barrier::new(threads + 1), Barrier::new(threads + 1));
+    let channels: Vec<_> = (0..threads).map(|_| crossbeam_channel::unbounded::<Vec<Sent>>()).collect();
+    thread::scope(|s| {
+        for t in 0..threads {
+            let (tx, rx) = (channels[(t + 1) % threads].0.clone(), channels[t].1.clone());
+            let (start, done) = (&start, &done);
+            s.spawn(move || {
+                let mut next = t * 977;
+                let mut take = || {
+                    next = (next + 1) % ls.len();
+                    ls[next]
+                };
+                let mut live: Vec<Sent> = (0..LARSON_SLOTS)
+                    .map(|_| {
+                        let l = take();
+                        Sent(alloc.alloc(l).as_ptr() as usize, l)
+                    })
+                    .collect();
+                start.wait();
+                for _ in 0..rounds {
+                    // Replace every block once, then pass the array on: with two threads or
+                    // more, every free is of a block another thread allocated.
+                    for slot in live.iter_mut() {
+                        alloc.free(slot.ptr(), slot.1);
+                        let l = take();
+                        *slot = Sent(black_box(alloc.alloc(l)).as_ptr() as usize, l);
+                    }
+                    tx.send(live).unwrap();
+                    live = rx.recv().unwrap();
+                }
+                done.wait();
+                for slot in live {
+                    alloc.free(slot.ptr(), slot.1);
+                }
+            });
+        }
+        start.wait();
+        let began = Instant::now();
+        done.wait();
+        began.elapsed()
+    })
+}
+
+/// A1t: larson-style, 1, 2 and 4 threads, sizes 8–256 B, 256 live blocks per thread;
+/// each round replaces every block of a thread's array and passes the array to the next
+/// thread, so with 2+ threads every free is of a block allocated on another thread.
+/// Throughput is alloc + free pairs (all threads together).
+///
+/// Peers: `System` and mimalloc doing the same job in the same run.
+fn a1t_larson(c: &mut Criterion) {
+    let ls = layouts(8, 256);
+    let mut g = c.benchmark_group("A1t_larson_8_256B");
+    g.throughput(Throughput::Elements(1));
+    let pool = SizeClassPool::new(&[(8, 4096), (16, 4096), (32, 4096), (64, 4096), (128, 4096), (256, 4096)]);
+    for threads in [1, 2, 4] {
+        g.bench_with_input(BenchmarkId::new("SizeClassPool", threads), &threads, |b, &n| {
+            b.iter_custom(|ops| larson(&pool, n, ops, &ls))
+        });
+        g.bench_with_input(BenchmarkId::new("System", threads), &threads, |b, &n| {
+            b.iter_custom(|ops| larson(&System, n, ops, &ls))
+        });
+        g.bench_with_input(BenchmarkId::new("mimalloc", threads), &threads, |b, &n| {
+            b.iter_custom(|ops| larson(&MiMalloc, n, ops, &ls))
+        });
+    }
+    g.finish();
+    assert_eq!(pool.stats().live, 0);
+}
+
+/// One A1x run: a producer allocates `ops` blocks in batches of 64 and a consumer frees
+/// them; returns the time until the consumer has freed the last.
+fn producer_consumer<A: BenchAlloc>(alloc: &A, ops: u64, ls: &[Layout]) -> Duration {
+    const BATCH: usize = 64;
+    let (tx, rx) = crossbeam_channel::bounded::<Vec<Sent>>(16);
+    let began = Instant::now();
+    thread::scope(|s| {
+        s.spawn(move || {
+            let mut left = ops as usize;
+            let mut next = 0;
+            while left > 0 {
+                let n = left.min(BATCH);
+                let batch = (0..n)
+                    .map(|_| {
+                        next = (next + 1) % ls.len();
+                        Sent(black_box(alloc.alloc(ls[next])).as_ptr() as usize, ls[next])
+                    })
+                    .collect();
+                tx.send(batch).unwrap();
+                left -= n;
+            }
+        });
+        s.spawn(move || {
+            for batch in rx {
+                for b in batch {
+                    alloc.free(b.ptr(), b.1);
+                }
+            }
+        });
+    });
+    began.elapsed()
+}
+
+/// A1x: producer / consumer, sizes 8–256 B: one thread allocates, another frees every block
+/// (batches of 64 over a bounded channel, at most 1,088 in flight). Throughput is blocks.
+///
+/// Peers: `System` and mimalloc in the same run.
+fn a1x_producer_consumer(c: &mut Criterion) {
+    let ls = layouts(8, 256);
+    let mut g = c.benchmark_group("A1x_producer_consumer_8_256B");
+    g.throughput(Throughput::Elements(1));
+    let pool = SizeClassPool::new(&[(8, 4096), (16, 4096), (32, 4096), (64, 4096), (128, 4096), (256, 4096)]);
+    g.bench_function("SizeClassPool", |b| b.iter_custom(|ops| producer_consumer(&pool, ops, &ls)));
+    g.bench_function("System", |b| b.iter_custom(|ops| producer_consumer(&System, ops, &ls)));
+    g.bench_function("mimalloc", |b| b.iter_custom(|ops| producer_consumer(&MiMalloc, ops, &ls)));
+    g.finish();
+    assert_eq!(pool.stats().live, 0);
 }
 
 /// A2: `SmallObjectAllocator` alloc + free, sizes 8–128 B mixed, with every class about half
@@ -393,6 +555,8 @@ mod run {
         benches,
         a1_size_class_pool,
         a1b_lock_vs_lock_free,
+        a1t_larson,
+        a1x_producer_consumer,
         a2_small_object,
         a3_frame,
         a4_stack,

@@ -271,3 +271,142 @@ fn loader_races_shutdown() {
         assert_eq!(drops.load(Ordering::SeqCst), 1, "the value dropped exactly once either way");
     });
 }
+
+// ---- SizeClassPool: frees on other threads -----------------------------------------------
+
+mod size_class_pool {
+    use std::alloc::Layout;
+    use std::ptr::NonNull;
+    use std::sync::Arc;
+
+    use loom::thread;
+    use mmobject::alloc::SizeClassPool;
+    use mmobject::Error;
+
+    fn one_word() -> Layout {
+        Layout::new::<u64>()
+    }
+
+    fn ptr(addr: usize) -> NonNull<u8> {
+        NonNull::new(addr as *mut u8).unwrap()
+    }
+
+    /// The owner allocates both blocks of a page and sends one to another thread, which
+    /// reads what the owner wrote and frees it (the remote path) while the owner asks for
+    /// a block: the owner gets nothing or exactly that block (collected), never a block
+    /// still in use, and after the join the block is certainly back.
+    #[test]
+    fn remote_free_is_collected_by_the_owner() {
+        super::model(|| {
+            let pool = Arc::new(SizeClassPool::new(&[(8, 2)]));
+            let a = pool.alloc(one_word());
+            let b = pool.alloc(one_word());
+            // SAFETY: `a` is a fresh 8-byte block.
+            unsafe { a.cast::<u64>().as_ptr().write(7) };
+            let (addr, remote) = (a.as_ptr() as usize, Arc::clone(&pool));
+            let t = thread::spawn(move || {
+                // SAFETY: the block was handed over by the spawn; read, then freed once.
+                unsafe {
+                    assert_eq!(ptr(addr).cast::<u64>().as_ptr().read(), 7);
+                    remote.free(ptr(addr));
+                }
+            });
+            let early = pool.try_alloc(one_word());
+            match &early {
+                Ok(p) => assert_eq!(*p, a, "only the freed block can come back"),
+                Err(e) => assert!(matches!(e, Error::OutOfMemory { .. }), "{e}"),
+            }
+            t.join().unwrap();
+            let again = match early {
+                Ok(p) => p,
+                Err(_) => pool.alloc(one_word()),
+            };
+            assert_eq!(again, a);
+            // SAFETY: both ours, freed once.
+            unsafe {
+                pool.free(again);
+                pool.free(b);
+            }
+            assert_eq!(pool.stats().live, 0);
+        });
+    }
+
+    /// Two threads free the same block at once: exactly one free succeeds, the other is a
+    /// `DoubleFree` error (the remote mask's `fetch_or` decides).
+    #[test]
+    fn racing_remote_double_free_is_reported_once() {
+        super::model(|| {
+            let pool = Arc::new(SizeClassPool::new(&[(8, 1)]));
+            let addr = pool.alloc(one_word()).as_ptr() as usize;
+            let spawn = || {
+                let pool = Arc::clone(&pool);
+                // SAFETY: the second free is the bug under test; both are checked.
+                thread::spawn(move || unsafe { pool.try_free(ptr(addr)) })
+            };
+            let (t1, t2) = (spawn(), spawn());
+            let results = [t1.join().unwrap(), t2.join().unwrap()];
+            assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
+            assert!(results.contains(&Err(Error::DoubleFree { addr })));
+            let p = pool.alloc(one_word());
+            assert_eq!(p.as_ptr() as usize, addr);
+            assert!(pool.try_alloc(one_word()).is_err(), "the block is free once, not twice");
+            // SAFETY: ours, freed once.
+            unsafe { pool.free(p) };
+        });
+    }
+
+    /// The owner and another thread free the same block at once. Either one of them gets
+    /// `DoubleFree`, or both checks pass and the owner finds the block free twice when it
+    /// collects: then it counts a failure and keeps the block free once.
+    #[test]
+    fn owner_and_remote_double_free() {
+        super::model(|| {
+            let pool = Arc::new(SizeClassPool::new(&[(8, 1)]));
+            let a = pool.alloc(one_word());
+            let (addr, remote) = (a.as_ptr() as usize, Arc::clone(&pool));
+            // SAFETY: the double free under test; both frees are checked.
+            let t = thread::spawn(move || unsafe { remote.try_free(ptr(addr)) });
+            // SAFETY: as above.
+            let here = unsafe { pool.try_free(a) };
+            let there = t.join().unwrap();
+            let oks = [here, there].iter().filter(|r| r.is_ok()).count();
+            let p = pool.alloc(one_word()); // collects the remote free, if any
+            assert_eq!(p, a);
+            assert!(pool.try_alloc(one_word()).is_err(), "free once, not twice");
+            let failures = pool.stats().failures;
+            assert!(
+                (oks == 1 && failures == 1) || (oks == 2 && failures == 2),
+                "{oks} frees passed, {failures} failures"
+            );
+            // SAFETY: ours, freed once.
+            unsafe { pool.free(p) };
+        });
+    }
+
+    /// A thread takes a page, allocates and frees in it, and exits: its page goes back to
+    /// the pool and the main thread can allocate its block.
+    #[test]
+    fn exiting_thread_hands_its_page_back() {
+        super::model(|| {
+            let pool = Arc::new(SizeClassPool::new(&[(8, 1)]));
+            let remote = Arc::clone(&pool);
+            thread::spawn(move || {
+                let p = remote.alloc(one_word());
+                // SAFETY: ours, freed once.
+                unsafe { remote.free(p) };
+            })
+            .join()
+            .unwrap();
+            // `join` returns before the thread's locals are dropped (as a scoped thread's
+            // does in std): the page comes back when they are.
+            let p = loop {
+                match pool.try_alloc(one_word()) {
+                    Ok(p) => break p,
+                    Err(_) => thread::yield_now(),
+                }
+            };
+            // SAFETY: ours, freed once.
+            unsafe { pool.free(p) };
+        });
+    }
+}

@@ -65,8 +65,6 @@ pub struct DoubleEndedStack {
     /// Offset of the lowest byte used by the upper stack (`region.len()` when empty).
     upper: Cell<usize>,
     id: u64,
-    allocations: Cell<u64>,
-    live: Cell<usize>,
     failures: Cell<u64>,
     peak: Cell<usize>,
 }
@@ -83,8 +81,6 @@ impl DoubleEndedStack {
             lower: Cell::new(0),
             upper: Cell::new(bytes),
             id: next_stack_id(),
-            allocations: Cell::new(0),
-            live: Cell::new(0),
             failures: Cell::new(0),
             peak: Cell::new(0),
         }
@@ -197,8 +193,6 @@ impl DoubleEndedStack {
             End::Upper => self.upper.set(start),
         }
         debug_assert!(self.lower.get() <= self.upper.get(), "the stacks crossed");
-        self.allocations.set(self.allocations.get() + 1);
-        self.live.set(self.live.get() + 1);
         Ok(ptr)
     }
 
@@ -262,9 +256,6 @@ impl DoubleEndedStack {
             }
             _ => return Err(Error::InvalidMarker { reason: "the marker is above the top of its stack" }),
         }
-        if self.lower.get() == 0 && self.upper.get() == self.region.len() {
-            self.live.set(0);
-        }
         Ok(())
     }
 
@@ -279,7 +270,6 @@ impl DoubleEndedStack {
         }
         self.lower.set(0);
         self.upper.set(len);
-        self.live.set(0);
     }
 
     fn update_peak(&self) {
@@ -287,18 +277,48 @@ impl DoubleEndedStack {
         self.peak.set(self.peak.get().max(used));
     }
 
-    /// A snapshot of the usage of both ends together.
+    /// A snapshot of the usage of both ends together, derived from the two tops (blocks are
+    /// not counted: `live` and `allocations` are 0, as for the other stacks).
     pub fn stats(&self) -> AllocStats {
         self.update_peak();
         AllocStats {
             capacity: self.region.len(),
             in_use: self.region.len() - self.available(),
             peak: self.peak.get(),
-            live: self.live.get(),
-            allocations: self.allocations.get(),
+            live: 0,
+            allocations: 0,
             failures: self.failures.get(),
             fallbacks: 0,
         }
+    }
+
+    /// Grows `block` in place if it is the last block of the lower stack (it ends at the
+    /// lower top), stays aligned for `new_align`, and the free gap has room. The upper
+    /// stack's last block cannot grow in place: the bytes after it belong to the block
+    /// allocated before it.
+    fn grow_last_lower(
+        &self,
+        block: NonNull<u8>,
+        old_size: usize,
+        new_size: usize,
+        new_align: usize,
+    ) -> Option<NonNull<u8>> {
+        let offset = (block.as_ptr() as usize).wrapping_sub(self.region.addr());
+        let (lower, upper) = (self.lower.get(), self.upper.get());
+        // A pointer from elsewhere gives a meaningless (wrapped) offset, which cannot end at
+        // the lower top unless the pointer is that stack's last block.
+        let is_last = old_size != 0 && offset.checked_add(old_size) == Some(lower);
+        let aligned = new_align <= MAX_ALIGN && offset % new_align == 0;
+        if !is_last || !aligned || new_size > upper - offset {
+            return None;
+        }
+        let end = offset + new_size;
+        // SAFETY: `lower..end` lies in the free gap `lower..upper`: nobody references it.
+        if !unsafe { region::freed_intact(self.region.at(lower), end - lower) } {
+            return None; // a stale write: leave it to `allocate`, which reports it
+        }
+        self.lower.set(end);
+        Some(self.region.at(offset))
     }
 
     #[cold]
@@ -327,7 +347,9 @@ impl fmt::Debug for DoubleEndedStack {
 
 // SAFETY: `Shell` contract: `try_alloc` returns a block of the lower stack, in the free gap,
 // from the region's pointer (1); blocks stay valid until a `&mut self` call
-// (`free_to_marker`, `reset`) or the drop (2); `try_free` touches no memory (3).
+// (`free_to_marker`, `reset`) or the drop (2); `try_free` touches no memory (3);
+// `grow_in_place` extends the lower stack's last block into the free gap, keeping its start
+// and contents, and only while it stays below the upper stack (4).
 unsafe impl Shell for DoubleEndedStack {
     #[inline]
     fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
@@ -342,6 +364,12 @@ unsafe impl Shell for DoubleEndedStack {
             return Ok(());
         }
         Err(Error::ForeignPointer { addr: ptr.as_ptr() as usize })
+    }
+
+    #[inline]
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        debug_assert!(new.size() >= old.size(), "grow to a smaller size");
+        self.grow_last_lower(ptr, old.size(), new.size(), new.align())
     }
 }
 
@@ -368,6 +396,30 @@ mod tests {
         s.alloc(End::Upper, [0u8; 4]);
         assert_eq!(s.available(), 0);
         assert_eq!(s.stats().failures, 2);
+    }
+
+    #[test]
+    fn last_lower_block_grows_in_place_and_counts_come_from_the_tops() {
+        let s = DoubleEndedStack::with_capacity(1024);
+        s.alloc(End::Upper, [1u8; 16]);
+        let mut v = allocator_api2::vec::Vec::with_capacity_in(8, &s);
+        let first = v.as_ptr();
+        v.extend(0..100u8);
+        assert_eq!(v.as_ptr(), first, "grown in place");
+        assert_eq!(s.allocated_bytes(End::Lower), v.capacity());
+        // Not the last block any more: a copy.
+        let other = s.alloc(End::Lower, 7u8);
+        v.extend(0..50u8);
+        assert_ne!(v.as_ptr(), first);
+        assert_eq!(*other, 7);
+        assert!(v.iter().take(100).copied().eq(0..100u8));
+        // A block that would reach the upper stack does not grow.
+        let mut w = allocator_api2::vec::Vec::<u8, _>::with_capacity_in(1, &s);
+        assert!(w.try_reserve(s.available() + 2).is_err(), "its own byte and the whole gap, plus one");
+        w.push(1);
+        let st = s.stats();
+        assert_eq!((st.live, st.allocations), (0, 0));
+        assert_eq!(st.in_use, 1024 - s.available());
     }
 
     #[test]

@@ -39,10 +39,10 @@
 //!
 //! | allocator | for | alloc / free cost | per-block overhead | threads | when full (`try_` calls) |
 //! |---|---|---|---|---|---|
-//! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget | class lookup + lock + free-list pop / push | 1 bit (+ up to 2× rounding) | `Sync` (lock per class; no lock via `&mut self`) | next larger class (a *fallback*), then `OutOfMemory` |
+//! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget, from any thread | class lookup + thread-cache lookup + bit scan of the thread's own page / a plain bit set on the page's owner thread, one atomic `fetch_or` on any other | 32 B per page of up to 64 blocks, ½ byte per block (+ up to 2× rounding) | `Sync` (per-thread pages, no lock) | next larger class (a *fallback*), then `OutOfMemory` |
 //! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | lock + bitmap scan, 64 slots per step / clear a bit | exactly 1 bit | `Sync` (lock per class) | the system allocator (a *fallback*), counted |
 //! | [`StackAllocator`] | nested lifetimes: level data, loading | bump / free everything above a [`Marker`] | alignment padding only | `Send` | `OutOfMemory` |
-//! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end | padding only | `Send` | `OutOfMemory` when the ends would meet |
+//! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end; the lower end's last block grows in place | padding only | `Send` | `OutOfMemory` when the ends would meet |
 //! | [`FrameAllocator`] | scratch data for one frame | bump / `reset` once per frame | padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleBufferedAllocator`] | results produced in frame *i*, read in frame *i + 1* | bump / `swap` per frame; [`FrameRef`] reads check the frame | padding only | `Send` (values behind a `FrameRef` must be `Send`) | `OutOfMemory` |
 //! | [`AlignedAlloc`] | alignment over a raw allocator that has none | raw alloc + header write; ledger lookup on free | `2 + align − 1` bytes + a ledger entry | `Sync` if the raw allocator is | the raw allocator's failure, as `OutOfMemory` |
@@ -73,7 +73,7 @@
 //!
 //! # Performance characteristics
 //!
-//! `BENCHMARKS.md` at the repository root holds the measured table (benches A1–A4 in
+//! `BENCHMARKS.md` at the repository root holds the measured table (benches A1–A5, A1t and A1x in
 //! `benches/allocators.rs`, each against System, mimalloc, bumpalo or a free-list limit in
 //! the same run).
 //!
@@ -100,7 +100,8 @@
 //! | [`FrameRef<T>`] | **invariant** in `T` | yes | yes | it gives mutable access ([`DoubleBufferedAllocator::try_get_mut`]), so it must not be relabelled with a shorter lifetime. It is a token (no pointer, no `T`): reading through it needs the allocator. |
 //! | [`DoubleBufferedAllocator`] | — | yes | no | a `FrameRef` is not tied to a borrow, so its value is reachable again after the allocator moves to another thread: [`alloc`](DoubleBufferedAllocator::alloc) requires `T: Send`. Values from `alloc_mut` and the `Allocator` impl are reachable only through borrows, which end before a move, so they need no bound. |
 //! | [`StackAllocator`], [`DoubleEndedStack`], [`FrameAllocator`] | — | yes | no | the top is a `Cell`. Stored values need no `Send` bound: references to them borrow the allocator, and values are never dropped, so after a move they are unreachable bytes. |
-//! | [`SizeClassPool`], [`SmallObjectAllocator`] | — | yes | yes | untyped bytes; every class's state sits behind its own lock (`&mut self` paths skip it). |
+//! | [`SizeClassPool`] | — | yes | yes | untyped bytes. A page's masks are atomics: stored only by the page's one owner thread (relaxed load + store), or set by one `fetch_or` from other threads and taken by the owner with a swap. Thread caches hold pool ids (never reused) and page indices, never pointers into a pool, so dropping, forgetting or moving a pool leaves them harmless. |
+//! | [`SmallObjectAllocator`] | — | yes | yes | untyped bytes; every class's state sits behind its own lock. |
 //! | [`AlignedAlloc<A>`] | covariant in `A` | when `A: Send` | when `A: Sync` | it owns `A` like a plain field and never writes an `A` through `&self`. |
 //! | [`SegmentAlloc`] | — | yes | yes | untyped bytes from `System`; its ledger sits behind a lock and holds addresses only. |
 //!
@@ -140,6 +141,7 @@ mod aligned;
 mod double_buffered;
 mod double_ended_stack;
 mod frame;
+mod page;
 mod pool;
 mod region;
 mod segment;
@@ -148,6 +150,7 @@ mod size_class_pool;
 mod small_object;
 mod stack;
 mod stats;
+mod thread_cache;
 
 pub use aligned::{AlignedAlloc, RawAlloc, SystemRaw, HEADER as ALIGNED_HEADER};
 pub use double_buffered::{DoubleBufferedAllocator, FrameRef};

@@ -36,22 +36,24 @@ pub struct AllocStats {
     /// Bytes in use now.
     pub in_use: usize,
     /// The most bytes ever in use at once (for the stacks: updated on each free/reset and
-    /// when the stats are read). For [`SizeClassPool`](super::SizeClassPool) and
-    /// [`SmallObjectAllocator`](super::SmallObjectAllocator) it is the sum of each class's
-    /// own peak, an upper bound of the simultaneous peak: the classes count under their own
-    /// locks, which saves a shared atomic on every call (per-class peaks are also what
-    /// sizing a class needs).
+    /// when the stats are read). For [`SmallObjectAllocator`](super::SmallObjectAllocator)
+    /// it is the sum of each class's own peak, and for [`SizeClassPool`](super::SizeClassPool)
+    /// the sum of each page's: an upper bound of the simultaneous peak, counted where the
+    /// allocation happens (under a class lock, or by a page's owner thread), which saves a
+    /// shared atomic on every call (per-class peaks are also what sizing a class needs).
     pub peak: usize,
-    /// Blocks live now. [`DoubleEndedStack`](super::DoubleEndedStack) counts allocations
-    /// since its last reset; [`StackAllocator`](super::StackAllocator),
+    /// Blocks live now. [`StackAllocator`](super::StackAllocator),
+    /// [`DoubleEndedStack`](super::DoubleEndedStack),
     /// [`FrameAllocator`](super::FrameAllocator) and
     /// [`DoubleBufferedAllocator`](super::DoubleBufferedAllocator) derive everything from
-    /// their top and do not count blocks (0).
+    /// their tops and do not count blocks (0).
     pub live: usize,
     /// Successful allocations over the allocator's life (0 for the bump allocators that do
     /// not count blocks, see `live`).
     pub allocations: u64,
-    /// Requests that failed (out of memory, unsupported alignment, use-after-free detected).
+    /// Requests that failed (out of memory, unsupported alignment, use-after-free detected),
+    /// and for [`SizeClassPool`](super::SizeClassPool) double frees that raced on two threads
+    /// (found later by the page's owner).
     pub failures: u64,
     /// Requests served somewhere other than the first choice: by a larger class
     /// ([`SizeClassPool`](super::SizeClassPool)) or by the system allocator

@@ -1,0 +1,293 @@
+//! [`Page`]: up to 64 blocks of one size class, owned by one thread at a time. The owner
+//! allocates and frees with plain (relaxed load + store) updates of a local free mask; any
+//! other thread frees by setting a bit in an atomic remote mask, which the owner takes in
+//! one swap. This is mimalloc's local / thread-free split (Leijen, Zorn and de Moura, 2019)
+//! with bitmaps for lists: the allocator never writes into a block it does not own, so no
+//! link can be corrupted and a double free is a bit that is already set.
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// The owner of a page that no thread owns.
+pub(crate) const UNOWNED: u64 = 0;
+
+/// The state of up to 64 consecutive blocks of one size class.
+///
+/// Invariants:
+/// 1. `owner` is [`UNOWNED`] or the token of the one thread that owns the page
+///    (`thread_cache::token`). Only the owner stores to `free` and `stats`, always as a
+///    relaxed load followed by a relaxed store: no other thread stores to them, so no update
+///    is lost. A thread takes an unowned page with an `Acquire` compare-exchange and gives it
+///    up with a `Release` store of `UNOWNED`, so each owner sees the last owner's stores.
+/// 2. Bit `i` of `free` is set when block `i` is free and the owner may hand it out; bit `i`
+///    of `remote` is set when another thread freed block `i` and the owner has not collected
+///    it yet (collecting moves it to `free` with an `Acquire` swap that pairs with the
+///    freeing thread's `Release` `fetch_or`, so the block's last writes happen before it is
+///    handed out again). A block is handed out exactly when both bits are clear.
+/// 3. Bits at or above the page's block count are never set in `free` or `remote`.
+/// 4. `stats` is `allocations << 16 | peak << 8 | used`: `used` counts the blocks handed
+///    out plus those freed remotely and not yet collected (so it bounds the blocks in use
+///    from above, and remote frees and claims need not touch it), and `peak` is the most
+///    `used` has been.
+#[repr(C, align(32))]
+pub(crate) struct Page {
+    owner: AtomicU64,
+    free: AtomicU64,
+    remote: AtomicU64,
+    stats: AtomicU64,
+}
+
+/// The mask of a page of `blocks` blocks (1 to 64).
+#[inline]
+pub(crate) fn full_mask(blocks: u32) -> u64 {
+    debug_assert!((1..=64).contains(&blocks), "a page holds 1 to 64 blocks");
+    u64::MAX >> (64 - blocks)
+}
+
+impl Page {
+    /// An unowned page whose `blocks` blocks are all free.
+    pub(crate) fn new(blocks: u32) -> Page {
+        Page {
+            owner: AtomicU64::new(UNOWNED),
+            free: AtomicU64::new(full_mask(blocks)),
+            remote: AtomicU64::new(0),
+            stats: AtomicU64::new(0),
+        }
+    }
+
+    /// The page's owner now (a hint for other threads; exact for the owner itself, since
+    /// only it moves the owner away from its own token).
+    #[inline]
+    pub(crate) fn owner(&self) -> u64 {
+        self.owner.load(Ordering::Relaxed)
+    }
+
+    /// Takes the page if nobody owns it.
+    #[inline]
+    pub(crate) fn try_acquire(&self, token: u64) -> bool {
+        self.owner.compare_exchange(UNOWNED, token, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// Gives the page up (owner only), publishing the owner's updates to the next owner.
+    #[inline]
+    pub(crate) fn release(&self) {
+        self.owner.store(UNOWNED, Ordering::Release);
+    }
+
+    /// Whether any block may be free, locally or remotely (any thread; a hint).
+    #[inline]
+    pub(crate) fn may_have_free(&self) -> bool {
+        (self.free.load(Ordering::Relaxed) | self.remote.load(Ordering::Relaxed)) != 0
+    }
+
+    /// Whether the owner has a block to hand out without collecting (owner only).
+    #[inline]
+    pub(crate) fn has_local_free(&self) -> bool {
+        self.free.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether every block of a page with this `full` mask is free locally (owner only,
+    /// after a collect).
+    #[inline]
+    pub(crate) fn all_free(&self, full: u64) -> bool {
+        self.free.load(Ordering::Relaxed) == full
+    }
+
+    /// [`take`](Self::take) when no block of the page is free twice (the common case), or
+    /// `None` (nothing free, or a double free to report: call `take` then).
+    #[inline(always)]
+    pub(crate) fn take_clean(&self) -> Option<u32> {
+        let mask = self.free.load(Ordering::Relaxed);
+        if mask == 0 || self.remote.load(Ordering::Relaxed) & mask != 0 {
+            return None;
+        }
+        self.free.store(mask & (mask - 1), Ordering::Relaxed);
+        self.count_take();
+        Some(mask.trailing_zeros())
+    }
+
+    #[inline(always)]
+    fn count_take(&self) {
+        let stats = self.stats.load(Ordering::Relaxed) + (1 << 16) + 1;
+        let new_peak = (stats & 0xff > (stats >> 8) & 0xff) as u64;
+        self.stats.store(stats + (new_peak << 8), Ordering::Relaxed);
+    }
+
+    /// Takes the lowest free block (owner only) and returns its bit index, with the mask of
+    /// blocks found free twice (usually 0): free here and also freed remotely, a double free
+    /// whose two frees raced on two threads. Those remote bits are dropped, so each such
+    /// block is free once.
+    #[inline]
+    pub(crate) fn take(&self) -> Option<(u32, u64)> {
+        let mask = self.free.load(Ordering::Relaxed);
+        if mask == 0 {
+            return None;
+        }
+        let doubles = self.remote.load(Ordering::Relaxed) & mask;
+        if doubles != 0 {
+            self.drop_remote(doubles);
+        }
+        self.free.store(mask & (mask - 1), Ordering::Relaxed);
+        self.count_take();
+        Some((mask.trailing_zeros(), doubles))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drop_remote(&self, bits: u64) {
+        self.remote.fetch_and(!bits, Ordering::Relaxed);
+    }
+
+    /// Puts back a block just taken, without undoing its count (owner only): for a block
+    /// that failed its use-after-free check and was refilled.
+    #[inline]
+    pub(crate) fn untake(&self, bit: u32) {
+        let mask = self.free.load(Ordering::Relaxed);
+        self.free.store(mask | 1 << bit, Ordering::Relaxed);
+        self.stats.store(self.stats.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+    }
+
+    /// Frees block `bit` on the owner's thread. `fill` runs after the double-free check and
+    /// before the block becomes free. `Err` if it is free already (locally or remotely).
+    #[inline]
+    pub(crate) fn free_local(&self, bit: u32, fill: impl FnOnce()) -> Result<(), ()> {
+        let mask = self.free.load(Ordering::Relaxed);
+        if (mask | self.remote.load(Ordering::Relaxed)) & 1 << bit != 0 {
+            return Err(());
+        }
+        fill();
+        self.free.store(mask | 1 << bit, Ordering::Relaxed);
+        self.stats.store(self.stats.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Frees block `bit` from a thread that does not own the page. Touches no block memory.
+    /// `Err` if the block is free already: seen in the owner's mask (a relaxed load is enough:
+    /// the caller's ownership of the block happens after the owner cleared the bit, so a set
+    /// bit means a later free), or already in the remote mask (atomically).
+    #[inline]
+    pub(crate) fn free_remote(&self, bit: u32) -> Result<(), ()> {
+        if self.free.load(Ordering::Relaxed) & 1 << bit != 0 {
+            return Err(());
+        }
+        let before = self.remote.fetch_or(1 << bit, Ordering::Release);
+        if before & 1 << bit != 0 {
+            return Err(());
+        }
+        Ok(())
+    }
+
+    /// Claims one block from the remote mask (any thread, owner or not): the last resort of
+    /// a thread that finds no page of its own. The block goes from "freed remotely" straight
+    /// to "handed out" (both bits clear) without the owner's involvement; the `Acquire`
+    /// pairs with the freeing thread's `Release`. Its debug fill was never written (remote
+    /// frees touch no block memory), so it is handed out unchecked.
+    pub(crate) fn steal_remote(&self) -> Option<u32> {
+        let mut remote = self.remote.load(Ordering::Relaxed);
+        while remote != 0 {
+            let bit = remote.trailing_zeros();
+            match self.remote.compare_exchange_weak(remote, remote & !(1 << bit), Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(bit),
+                Err(now) => remote = now,
+            }
+        }
+        None
+    }
+
+    /// Moves the remote frees into the local mask (owner only). `on_freed` runs for each
+    /// newly free block before it can be handed out; the returned mask holds blocks that were
+    /// free on both sides: a double free whose two frees raced on two threads, which only
+    /// this collection can see.
+    #[inline]
+    pub(crate) fn collect(&self, mut on_freed: impl FnMut(u32)) -> u64 {
+        if self.remote.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let remote = self.remote.swap(0, Ordering::Acquire);
+        let mask = self.free.load(Ordering::Relaxed);
+        let mut fresh = remote & !mask;
+        self.stats.store(self.stats.load(Ordering::Relaxed) - fresh.count_ones() as u64, Ordering::Relaxed);
+        while fresh != 0 {
+            on_freed(fresh.trailing_zeros());
+            fresh &= fresh - 1;
+        }
+        self.free.store(mask | remote, Ordering::Relaxed);
+        remote & mask
+    }
+
+    /// Free blocks, local and remote (any thread; a snapshot).
+    pub(crate) fn free_count(&self) -> u32 {
+        (self.free.load(Ordering::Relaxed) | self.remote.load(Ordering::Relaxed)).count_ones()
+    }
+
+    /// Blocks handed out from this page over its life, and the most in use at once (an
+    /// upper bound: a remote free counts as in use until collected).
+    pub(crate) fn counts(&self) -> (u64, u32) {
+        let stats = self.stats.load(Ordering::Relaxed);
+        (stats >> 16, ((stats >> 8) & 0xff) as u32)
+    }
+}
+
+impl std::fmt::Debug for Page {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Page")
+            .field("owner", &self.owner())
+            .field("free", &format_args!("{:#x}", self.free.load(Ordering::Relaxed)))
+            .field("remote", &format_args!("{:#x}", self.remote.load(Ordering::Relaxed)))
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_and_remote_frees() {
+        let page = Page::new(3);
+        assert!(page.try_acquire(7));
+        assert!(!page.try_acquire(8), "owned");
+        assert_eq!(
+            (page.take(), page.take(), page.take(), page.take()),
+            (Some((0, 0)), Some((1, 0)), Some((2, 0)), None)
+        );
+        assert_eq!(page.free_local(1, || {}), Ok(()));
+        assert_eq!(page.free_local(1, || {}), Err(()), "double free on the owner");
+        assert_eq!(page.free_remote(1), Err(()), "double free seen in the owner's mask");
+        assert_eq!(page.free_remote(2), Ok(()));
+        assert_eq!(page.free_remote(2), Err(()), "double remote free");
+        assert_eq!(page.free_local(2, || {}), Err(()), "remote then local");
+        let mut seen = Vec::new();
+        assert_eq!(page.collect(|b| seen.push(b)), 0);
+        assert_eq!(seen, [2]);
+        assert_eq!(page.free_count(), 2);
+        assert_eq!(page.counts(), (3, 3));
+        assert_eq!(page.take(), Some((1, 0)));
+        assert_eq!(page.free_remote(1), Ok(()));
+        assert_eq!(Page::new(2).steal_remote(), None);
+        assert_eq!(page.steal_remote(), Some(1), "claimed by any thread");
+        assert_eq!(page.free_count(), 1);
+        page.release();
+        assert!(page.try_acquire(8));
+    }
+
+    #[test]
+    fn racing_double_free_shows_at_collection() {
+        let page = Page::new(64);
+        assert!(page.try_acquire(1));
+        let (bit, _) = page.take().unwrap();
+        // The remote free lands first, the owner's check ran before it (the race).
+        page.free_remote(bit).unwrap();
+        let mask = page.free.load(Ordering::Relaxed);
+        page.free.store(mask | 1 << bit, Ordering::Relaxed);
+        assert_eq!(page.collect(|_| {}), 1 << bit);
+        assert_eq!(page.free_count(), 64);
+        // The same race, seen when the block is about to be handed out again.
+        let (bit, _) = page.take().unwrap();
+        page.free_remote(bit).unwrap();
+        let mask = page.free.load(Ordering::Relaxed);
+        page.free.store(mask | 1 << bit, Ordering::Relaxed);
+        assert_eq!(page.take(), Some((bit, 1 << bit)));
+        assert_eq!(page.free_count(), 63, "free once, and now handed out");
+    }
+}
