@@ -70,7 +70,7 @@ impl ObjectManagerBuilder {
     }
 
     /// The most objects of one type alive (or dead, not yet collected) at once.
-    /// Past it, `try_create` fails with [`Error::CapacityExceeded`].
+    /// Past it, `try_create` fails with [`Error::CapacityExceeded`](crate::Error::CapacityExceeded).
     pub fn max_objects_per_type(mut self, max: u32) -> Self {
         self.max_objects_per_type = max.min(MAX_INDEX);
         self
@@ -86,7 +86,7 @@ impl ObjectManagerBuilder {
     /// Reports each type's bytes to `tracker`, under the type's `#[mm(tag)]`.
     ///
     /// A budget on that tag then limits creation: [`ObjectManager::try_create`]
-    /// returns [`Error::BudgetExceeded`] when the new object would go over it,
+    /// returns [`Error::BudgetExceeded`](crate::Error::BudgetExceeded) when the new object would go over it,
     /// whatever the tag's policy, and [`ObjectManager::create`] follows the
     /// tag's [`BudgetPolicy`](crate::track::BudgetPolicy) (log, callback, or
     /// panic for `Error` and `Panic`). In [`Mode::Stacks`](crate::track::Mode::Stacks)
@@ -153,7 +153,7 @@ impl ObjectManagerBuilder {
     /// size of the one before, so the allocator sees few, large requests.
     ///
     /// When the allocator refuses, [`ObjectManager::try_create`] returns
-    /// [`Error::StoreOutOfMemory`] with the value, and
+    /// [`Error::StoreOutOfMemory`](crate::Error::StoreOutOfMemory) with the value, and
     /// [`ObjectManager::create`] panics with that error's message, which names
     /// the type and the allocator. Objects already alive are untouched.
     ///

@@ -178,7 +178,7 @@ impl ObjectManager {
     /// [`Error::CapacityExceeded`] when the type's store is at
     /// [`max_objects_per_type`](ObjectManagerBuilder::max_objects_per_type),
     /// the manager's index space (2^24 slots) is used up, or the manager
-    /// already holds [`MAX_TYPES`] types. [`Error::BudgetExceeded`] when the
+    /// already holds [`MAX_TYPES`](crate::object::MAX_TYPES) types. [`Error::BudgetExceeded`] when the
     /// manager has a [tracker](ObjectManagerBuilder::tracker) and the object's
     /// `size()` would take its tag over budget, whatever the tag's policy.
     #[track_caller]

@@ -481,7 +481,7 @@ impl<T> std::fmt::Debug for ObjectViewMut<'_, T> {
 /// # Invariants
 ///
 /// `manager` was borrowed mutably for `'m`; `taken[i]` says how the type of
-/// store `i` was handed out (0: not yet; [`READ`]; [`WRITE`]) and never goes
+/// store `i` was handed out (0: not yet, `READ` or `WRITE`) and never goes
 /// back, so a type given for writing is given to no one else while `'m` lasts.
 pub struct Views<'m> {
     manager: &'m ObjectManager,
