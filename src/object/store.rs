@@ -58,7 +58,9 @@ pub(crate) struct StoreConfig {
 /// - `biased[k]` is null or `segments[k]` moved back by `segment_first(k)`
 ///   slots (with `wrapping_sub`, keeping its provenance), so that slot `local`
 ///   of segment `k` is `biased[k].wrapping_add(local)`. It is written before
-///   `segments[k]` is published, and never again.
+///   `segments[k]` is published, and never again. So is `sites[k]`: the
+///   segment's creation-site array, which follows its slots in the same
+///   allocation ([`segment_layout`]).
 /// - Every local index below `len` names a slot that is occupied, on the dead
 ///   list, on the free list (or is about to be, inside `create`), or retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
@@ -82,6 +84,9 @@ pub(crate) struct Store<T> {
     segments: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
     /// Each segment's base, moved back by the local index of its first slot.
     biased: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
+    /// Each segment's creation sites (the array after its slots), so `create`
+    /// finds a slot's site with one load instead of recomputing the layout.
+    sites: [AtomicPtr<SiteCell>; MAX_SEGMENTS],
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
@@ -171,6 +176,7 @@ impl<T: MMObject> Store<T> {
             shared: shared_ptr,
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             biased: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            sites: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
             destroyed: AtomicU64::new(0),
@@ -224,13 +230,12 @@ impl<T: MMObject> Store<T> {
         }
         let (segment, offset) = locate(local, self.config.base_bits);
         let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
+        // Written before the segment was published (which the load above saw).
+        let sites = self.sites[segment].load(Ordering::Relaxed);
         // SAFETY: a published segment came from `allocate_segment` with
-        // `segment_len(segment)` slots and as many sites, and `offset` is below
-        // that by construction of `locate`.
-        unsafe {
-            let sites = segment_sites(base, segment_len(segment, self.config.base_bits) as usize);
-            Some((&*base.as_ptr().add(offset), &*sites.as_ptr().add(offset)))
-        }
+        // `segment_len(segment)` slots and as many sites (at `sites`), and
+        // `offset` is below that by construction of `locate`.
+        unsafe { Some((&*base.as_ptr().add(offset), &*sites.add(offset))) }
     }
 
     /// The creation site of the occupied slot `local`.
@@ -428,6 +433,9 @@ impl<T: MMObject> Store<T> {
             }
         };
         self.shared().set_segment_start(segment, start);
+        // SAFETY: `base` came from `allocate_segment` with `len` slots just above.
+        let sites = unsafe { segment_sites(base, len as usize) };
+        self.sites[segment].store(sites.as_ptr(), Ordering::Relaxed);
         let base = base.as_ptr();
         let first = segment_first(segment, base_bits) as usize;
         self.biased[segment].store(base.wrapping_sub(first), Ordering::Relaxed);
