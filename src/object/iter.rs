@@ -48,10 +48,10 @@ struct Cursor<'a, T> {
     store_index: u32,
 }
 
-// SAFETY: a cursor is a shared borrow of the store plus a position: `base`
-// points into the store's segment, which the borrow keeps alive, and the
-// cursor only reads atomics through it. So it may move or be shared between
-// threads whenever `&Store<T>` may (`T: Send + Sync`, the store's bounds).
+// A cursor is a shared borrow of the store plus a position: `base` points into
+// the store's segment, which the borrow keeps alive, and the cursor only reads
+// atomics through it.
+// SAFETY: `T: Send + Sync`, the bounds under which `&Store<T>` crosses threads.
 unsafe impl<T: Send + Sync> Send for Cursor<'_, T> {}
 // SAFETY: as for `Send`; `&Cursor` allows no access at all beyond `&Store<T>`'s.
 unsafe impl<T: Send + Sync> Sync for Cursor<'_, T> {}

@@ -124,16 +124,13 @@ pub(crate) enum SlotSource {
     Loader,
 }
 
-// SAFETY: the store owns `T`s, hands out `&T` to any thread holding `&self`
-// (needs `T: Sync`) and drops them on the thread holding `&mut ObjectManager`
-// (needs `T: Send`). All shared mutable state is atomic or behind a lock; the
-// slot values are only written by the thread that popped the slot (`create`)
-// or under `&mut ObjectManager` (collection, `get_mut`). The destroy hook is
-// `Send` and only called under its lock.
+// The store owns `T`s: it hands out `&T` to any thread holding `&self` and
+// drops them on the thread holding `&mut ObjectManager`. Its own shared state
+// is atomic or behind a lock, and the destroy hook is `Send` and called under
+// its lock. So a `T` holding an `Rc` (neither `Send` nor `Sync`) is refused.
+// SAFETY: `T: Send` (values are dropped on another thread) + `T: Sync` (`&T` is shared).
 unsafe impl<T: Send + Sync> Send for Store<T> {}
-// SAFETY: `&Store<T>` gives `&T` to its thread (`T: Sync`) and may create a
-// `T` that another thread later drops (`T: Send`); the rest is as for `Send`.
-// The destroy hook is reached only through its mutex.
+// SAFETY: `T: Sync` (`&Store<T>` gives `&T`) + `T: Send` (it creates `T`s other threads drop).
 unsafe impl<T: Send + Sync> Sync for Store<T> {}
 
 /// A newly occupied slot, holding one counted reference.
