@@ -261,9 +261,21 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             // SAFETY: as above.
             return unsafe { self.alloc_tagged(layout, Some(tag), zeroed) };
         }
-        let Some(block) = block::block_layout(layout, false) else {
+        let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {
             return ptr::null_mut();
         };
+        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
+        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, H_COUNTED)) };
+        t.placed_without_record(user as usize);
+        t.count_unbudgeted(tag, layout.size());
+        user
+    }
+
+    /// The inner allocation of an unguarded block for `layout` (header included), or `None`
+    /// if the layout overflows or the inner allocator refuses.
+    #[inline(always)]
+    fn alloc_unguarded(&self, layout: Layout, zeroed: bool) -> Option<(*mut u8, block::BlockLayout)> {
+        let block = block::block_layout(layout, false)?;
         // SAFETY: `block.outer` has a non-zero size (it includes the header).
         let base = unsafe {
             if zeroed {
@@ -272,14 +284,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 self.inner.alloc(block.outer)
             }
         };
-        if base.is_null() {
-            return base;
-        }
-        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
-        let user = unsafe { block::init(base, block, layout.size(), Header::new(tag.0, H_COUNTED)) };
-        t.placed_without_record(user as usize);
-        t.count_unbudgeted(tag, layout.size());
-        user
+        (!base.is_null()).then_some((base, block))
     }
 
     /// `alloc` of a block that may get a record but no guards (records or stacks mode, or a
@@ -295,20 +300,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         let size = layout.size();
         // `None`: a sampled size that this allocation skips; it is counted only.
         let depth = config.records(size);
-        let Some(block) = block::block_layout(layout, false) else {
+        let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {
             return ptr::null_mut();
         };
-        // SAFETY: `block.outer` has a non-zero size (it includes the header).
-        let base = unsafe {
-            if zeroed {
-                self.inner.alloc_zeroed(block.outer)
-            } else {
-                self.inner.alloc(block.outer)
-            }
-        };
-        if base.is_null() {
-            return base;
-        }
         // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`.
         let user = unsafe {
             block::init(
