@@ -182,21 +182,12 @@ impl ObjectManager {
     #[track_caller]
     pub fn try_upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<Handle<T>> {
         let slot = self.weak_slot(weak)?;
-        let (store_index, local) = unpack_location(weak.location());
         let key = weak.key();
         match slot.header.try_add_ref(key.generation()) {
             Ok(()) => {
-                let store = self.registry().store_at::<T>(store_index).expect("checked by weak_slot");
                 // SAFETY: we just counted a reference to this occupied slot.
                 Ok(unsafe {
-                    Handle::from_counted(
-                        std::ptr::NonNull::from(slot),
-                        store.shared_ptr(),
-                        key.generation(),
-                        local,
-                        HandleOrigin::Upgraded,
-                        Location::caller(),
-                    )
+                    Handle::from_counted(std::ptr::NonNull::from(slot), HandleOrigin::Upgraded, Location::caller())
                 })
             }
             Err(AddRefError::Stale) => {

@@ -12,6 +12,7 @@ use super::handle_sites::HandleOrigin;
 #[cfg(feature = "handle-sites")]
 use super::handle_sites::HandleSite;
 use super::index_space::INDEX_BITS;
+use super::layout::Chunks;
 use super::shared::{reserve_raw_ref, StoreShared};
 use super::slot::{Slot, MAX_REFS};
 use super::{MMObject, ObjectKey, VisitHandles};
@@ -30,6 +31,7 @@ pub(crate) fn unpack_location(location: u32) -> (u32, u32) {
 
 /// A strong, refcounted reference to an object in an [`ObjectManager`](crate::ObjectManager).
 ///
+/// A handle is one pointer, like `Rc` (so `Option<Handle<T>>` is 8 bytes too).
 /// Cloning adds a reference (one relaxed atomic add); dropping removes one.
 /// Dropping the last handle never runs `T::drop` on the spot: the object
 /// becomes *dead*, and the next
@@ -57,11 +59,17 @@ pub(crate) fn unpack_location(location: u32) -> (u32, u32) {
 /// assert_eq!(mm.dead_count(), 1);
 /// assert_eq!(mm.collect_garbage().objects, 1);
 /// ```
+///
+/// # Invariants
+///
+/// `slot` points to an occupied slot of a published segment (so its chunk
+/// header names the store, see `layout.rs`), and the handle owns one counted
+/// reference to it. The slot's generation therefore stays what it was when
+/// the handle was made (until shutdown destroys the object in place and
+/// makes it one more), and the segment stays allocated while the handle
+/// lives (the manager leaks it if handles outlive the manager).
 pub struct Handle<T> {
     slot: NonNull<Slot<T>>,
-    shared: NonNull<StoreShared>,
-    generation: u32,
-    local: u32,
     /// This handle's entry in its store's table of live handles.
     #[cfg(feature = "handle-sites")]
     site: u32,
@@ -83,26 +91,19 @@ impl<T> Handle<T> {
     ///
     /// # Safety
     ///
-    /// `slot` must be the occupied slot `local` of the store whose shared part
-    /// is `shared`, with the given generation, and the caller must transfer
-    /// one counted reference to the new handle. `origin` and `location` say
-    /// where it was made (kept only with the `handle-sites` feature).
+    /// `slot` must be an occupied slot of a published segment, and the caller
+    /// must transfer one counted reference to the new handle. `origin` and
+    /// `location` say where it was made (kept only with the `handle-sites` feature).
     #[inline]
     #[allow(unused_variables)]
     pub(crate) unsafe fn from_counted(
         slot: NonNull<Slot<T>>,
-        shared: NonNull<StoreShared>,
-        generation: u32,
-        local: u32,
         origin: HandleOrigin,
         location: &'static std::panic::Location<'static>,
     ) -> Self {
         #[allow(unused_mut)]
         let mut handle = Handle {
             slot,
-            shared,
-            generation,
-            local,
             #[cfg(feature = "handle-sites")]
             site: 0,
             _type: PhantomData,
@@ -115,7 +116,7 @@ impl<T> Handle<T> {
     #[cfg(feature = "handle-sites")]
     #[cold]
     fn register_site(&mut self, site: HandleSite) {
-        let index = self.shared().global_index(self.local);
+        let index = self.shared().global_index(self.local());
         let id = self.shared().handle_sites.lock().register(index, site);
         self.site = id;
     }
@@ -127,21 +128,42 @@ impl<T> Handle<T> {
 
     #[inline]
     pub(crate) fn slot(&self) -> &Slot<T> {
-        // SAFETY: the slot's segment outlives every handle into it (the
-        // manager leaks it if handles outlive the manager).
+        // SAFETY: the slot's segment outlives every handle into it (type invariant).
         unsafe { self.slot.as_ref() }
+    }
+
+    /// The header of the slot's chunk: the store's shared part and manager id.
+    #[inline]
+    fn chunk(&self) -> &super::layout::ChunkHeader {
+        // SAFETY: the slot lies in a published segment that outlives the handle (type invariant).
+        unsafe { Chunks::header(self.slot) }
     }
 
     #[inline]
     pub(crate) fn shared(&self) -> &StoreShared {
-        // SAFETY: the store's shared part outlives every handle (as above).
-        unsafe { self.shared.as_ref() }
+        // SAFETY: the store's shared part outlives every handle (`StoreShared` invariant).
+        unsafe { self.chunk().shared.as_ref() }
     }
 
     /// The id of the manager the handle belongs to.
     #[inline]
     pub(crate) fn manager_id(&self) -> u32 {
-        self.shared().manager_id
+        self.chunk().manager_id
+    }
+
+    /// The slot's local index in its store.
+    #[inline]
+    fn local(&self) -> u32 {
+        // SAFETY: as in `chunk`.
+        unsafe { Chunks::local(self.slot) }
+    }
+
+    /// The object's generation. While the handle holds its reference the
+    /// slot's generation is the object's (odd), or, once shutdown destroyed
+    /// the object in place, one more: `(g - 1) | 1` gives the object's in both cases.
+    #[inline]
+    fn generation(&self) -> u32 {
+        self.slot().header.generation.load(AtomicOrdering::Relaxed).wrapping_sub(1) | 1
     }
 
     /// The number of strong references to the object (handles plus raw handles).
@@ -151,7 +173,7 @@ impl<T> Handle<T> {
 
     /// The object's untyped key.
     pub fn key(&self) -> ObjectKey {
-        ObjectKey::new(self.shared().global_index(self.local), self.generation)
+        ObjectKey::new(self.shared().global_index(self.local()), self.generation())
     }
 
     /// Test hook: adds `n` references that are never given back, so a test
@@ -179,7 +201,7 @@ impl<T> Handle<T> {
         let shared = self.shared();
         WeakHandle {
             key: self.key(),
-            location: pack_location(shared.store_index, self.local),
+            location: pack_location(shared.store_index, self.local()),
             manager: shared.manager_id,
             _type: PhantomData,
         }
@@ -204,8 +226,9 @@ impl<T> Handle<T> {
     pub fn into_raw(self) -> RawHandle {
         let shared = self.shared();
         let tag = u64::from(shared.manager_id & 0xff);
-        let index = u64::from(shared.global_index(self.local));
-        let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation));
+        let local = self.local();
+        let index = u64::from(shared.global_index(local));
+        let raw = RawHandle(tag << 56 | index << 32 | u64::from(self.generation()));
         let mut raw_refs = shared.raw_refs.lock();
         if let Err(error) = reserve_raw_ref(&mut raw_refs, shared.type_name) {
             drop(raw_refs);
@@ -222,7 +245,7 @@ impl<T> Handle<T> {
             let site = HandleSite { origin: HandleOrigin::IntoRaw, location: std::panic::Location::caller() };
             shared.handle_sites.lock().register_raw(index as u32, site);
         }
-        *raw_refs.entry(self.local).or_insert(0) += 1;
+        *raw_refs.entry(local).or_insert(0) += 1;
         drop(raw_refs);
         std::mem::forget(self);
         raw
@@ -261,13 +284,14 @@ impl<T> Drop for Handle<T> {
         if word.fetch_sub(1, AtomicOrdering::Release) != 1 {
             return;
         }
-        self.shared().release_last(self.local, word);
+        self.shared().release_last(self.local(), word);
     }
 }
 
 impl<T> PartialEq for Handle<T> {
+    /// Same slot, same object: a slot's generation cannot change while a handle holds it.
     fn eq(&self, other: &Self) -> bool {
-        self.slot == other.slot && self.generation == other.generation
+        self.slot == other.slot
     }
 }
 
@@ -276,7 +300,6 @@ impl<T> Eq for Handle<T> {}
 impl<T> Hash for Handle<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.slot.hash(state);
-        self.generation.hash(state);
     }
 }
 
@@ -458,7 +481,7 @@ mod tests {
 
     #[test]
     fn sizes() {
-        let handle = if cfg!(feature = "handle-sites") { 32 } else { 24 };
+        let handle = if cfg!(feature = "handle-sites") { 16 } else { 8 };
         assert_eq!(std::mem::size_of::<Handle<u8>>(), handle);
         assert_eq!(std::mem::size_of::<Option<Handle<u8>>>(), handle);
         assert_eq!(std::mem::size_of::<WeakHandle<u8>>(), 16);

@@ -1,9 +1,9 @@
 //! Iterators over the live objects of one type: [`Iter`] and [`IterMut`].
 //!
-//! Both walk the store a segment at a time, up to the slots used when they
-//! were made, so an object created during the iteration is never yielded
+//! Both walk the store a run of contiguous slots at a time (a segment's
+//! chunk, see `layout.rs`), up to the slots used when they were made, so an object created during the iteration is never yielded
 //! (the store gives new objects fresh slots while an iterator is alive; see
-//! `store.rs`). Keys come from the segment's first index plus the offset, so
+//! `store.rs`). Keys come from the run's first index plus the offset, so
 //! a step is a generation load, a count load and an add.
 
 use std::iter::FusedIterator;
@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 use crate::sync::Ordering;
 
 use super::handle::pack_location;
-use super::shared::{segment_first, segment_len, MAX_SEGMENTS};
+use super::layout::{segment_first, segment_len, Chunks, MAX_SEGMENTS};
 use super::slot::{Slot, LINK_FLAG};
 use super::store::Store;
 use super::{MMObject, ObjectKey, WeakHandle};
@@ -22,10 +22,12 @@ use super::{MMObject, ObjectKey, WeakHandle};
 ///
 /// # Invariants
 ///
-/// - While `offset < len`, `base` points to the published segment `segment`
-///   of `store`, whose slot `offset` has local index `first_local + offset`
-///   and manager-wide index `first_index + offset`; `len` never passes the
-///   segment's length.
+/// - While `offset < len`, `base` points to a run of `len` contiguous slots
+///   of the published segment `segment` of `store` (at `segment_base`),
+///   starting at segment offset `run_start`; its slot `offset` has local
+///   index `first_local + offset` and manager-wide index
+///   `first_index + offset`. `segment_end` (the slots of the segment to walk)
+///   never passes the segment's length.
 /// - With a store, the cursor counted itself in the store's `iterating`
 ///   (`begin_iteration`) and uncounts itself when dropped. Without one it is
 ///   at its end from the start.
@@ -34,6 +36,9 @@ struct Cursor<'a, T> {
     store: Option<&'a Store<T>>,
     base: NonNull<Slot<T>>,
     segment: usize,
+    segment_base: NonNull<u8>,
+    segment_end: u32,
+    run_start: u32,
     offset: u32,
     len: u32,
     first_local: u32,
@@ -65,6 +70,9 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             store,
             base: NonNull::dangling(),
             segment: usize::MAX,
+            segment_base: NonNull::dangling(),
+            segment_end: 0,
+            run_start: 0,
             offset: 0,
             len: 0,
             first_local: 0,
@@ -98,7 +106,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 let location = pack_location(self.store_index, self.first_local + offset);
                 return Some((WeakHandle::new(key, location, self.manager), slot));
             }
-            if !self.next_segment() {
+            if !self.next_run() {
                 return None;
             }
         }
@@ -128,42 +136,50 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             }
             self.offset = offset;
             self.yielded += yielded;
-            if !self.next_segment() {
+            if !self.next_run() {
                 return acc;
             }
         }
     }
 
-    /// Moves to the next published segment below `end`; false at the end.
+    /// Moves to the next run of slots: the next chunk of this segment, or
+    /// the first of the next published segment below `end`; false at the end.
     #[cold]
-    fn next_segment(&mut self) -> bool {
-        let Some(store) = self.store else {
+    fn next_run(&mut self) -> bool {
+        let Some(store) = self.store.filter(|_| self.segment != MAX_SEGMENTS) else {
             self.segment = MAX_SEGMENTS;
             return false;
         };
         let base_bits = store.base_bits();
-        loop {
+        let mut next = self.run_start + self.len;
+        while next >= self.segment_end {
             self.segment = self.segment.wrapping_add(1);
-            if self.segment >= MAX_SEGMENTS {
+            let first = segment_first(self.segment.min(MAX_SEGMENTS - 1), base_bits);
+            if self.segment >= MAX_SEGMENTS || first >= self.end {
                 self.segment = MAX_SEGMENTS;
                 self.len = 0;
-                return false;
-            }
-            let first = segment_first(self.segment, base_bits);
-            if first >= self.end {
-                self.segment = MAX_SEGMENTS;
-                self.len = 0;
+                self.offset = 0;
                 return false;
             }
             if let Some((base, first_index)) = store.segment(self.segment) {
-                self.base = base;
+                self.segment_base = base;
+                self.segment_end = segment_len(self.segment, base_bits).min(self.end - first);
                 self.first_local = first;
                 self.first_index = first_index;
-                self.offset = 0;
-                self.len = segment_len(self.segment, base_bits).min(self.end - first);
-                return true;
+                self.run_start = 0;
+                next = 0;
             }
         }
+        // SAFETY: `next < segment_end`, within the published segment at `segment_base`.
+        let (run, len) = unsafe { Chunks::<T>::run(self.segment_base, next, self.segment_end) };
+        // Keys and locations count from the segment's first slot: move them to the run's.
+        self.first_local += next - self.run_start;
+        self.first_index += next - self.run_start;
+        self.run_start = next;
+        self.base = run;
+        self.offset = 0;
+        self.len = len;
+        true
     }
 }
 

@@ -27,6 +27,7 @@ mod handle_sites;
 mod index_space;
 mod iter;
 mod key;
+mod layout;
 mod leak;
 mod leak_render;
 mod loader;

@@ -139,14 +139,7 @@ impl ObjectManager {
                 // SAFETY: the raw handle held a counted reference (checked in
                 // the raw table), which moves to the new handle.
                 Ok(unsafe {
-                    Handle::from_counted(
-                        std::ptr::NonNull::from(slot),
-                        store.shared_ptr(),
-                        raw.generation(),
-                        local,
-                        HandleOrigin::FromRaw,
-                        Location::caller(),
-                    )
+                    Handle::from_counted(std::ptr::NonNull::from(slot), HandleOrigin::FromRaw, Location::caller())
                 })
             }
             _ => Err(Error::DoubleRelease { type_name: T::TYPE_NAME, index: raw.index() }),

@@ -18,7 +18,7 @@ use crate::track::Tracker;
 use crate::{Error, Result};
 
 use super::index_space::IndexSpace;
-use super::store::{ErasedStore, Inserted, SlotSource, Store, StoreConfig};
+use super::store::{ErasedStore, SlotSource, Store, StoreConfig};
 use super::store_alloc::StoreAlloc;
 use super::{Handle, HandleOrigin, MMObject, TryCreateError};
 
@@ -210,12 +210,10 @@ impl Registry {
             Err(error) => return Err(TryCreateError { value, error }),
         };
         match store.try_insert(value, site, strict_budget, source) {
-            Ok(Inserted { local, slot, generation }) => {
+            Ok(slot) => {
                 // SAFETY: `try_insert` returns an occupied slot of this store
                 // with a count of one, which the new handle takes over.
-                Ok(unsafe {
-                    Handle::from_counted(slot, store.shared_ptr(), generation, local, HandleOrigin::Created, site)
-                })
+                Ok(unsafe { Handle::from_counted(slot, HandleOrigin::Created, site) })
             }
             Err((value, error)) => Err(TryCreateError { value, error }),
         }

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::sync::{fence, AtomicU32, Ordering};
 
+use super::layout::{locate, MAX_SEGMENTS};
 use super::slot::{LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 
@@ -27,9 +28,6 @@ pub(crate) fn reserve_raw_ref(refs: &mut RawRefs, type_name: &'static str) -> Re
         allocator: refs.allocator().name(),
     })
 }
-
-/// Segments per store: enough for 2^24 slots from a base of one slot.
-pub(crate) const MAX_SEGMENTS: usize = 26;
 
 /// What a store shares with its handles.
 ///
@@ -143,47 +141,6 @@ impl StoreShared {
     #[inline]
     pub(crate) fn global_index(&self, local: u32) -> u32 {
         let (segment, offset) = locate(local, self.base_bits);
-        self.segment_start[segment].load(Ordering::Relaxed) + offset as u32
-    }
-}
-
-/// Splits a local slot index into (segment, offset): segment `k` holds `base << k` slots.
-#[inline]
-pub(crate) fn locate(local: u32, base_bits: u32) -> (usize, usize) {
-    let shifted = u64::from(local) + (1u64 << base_bits);
-    let segment = 63 - shifted.leading_zeros() - base_bits;
-    let offset = shifted - (1u64 << (segment + base_bits));
-    (segment as usize, offset as usize)
-}
-
-/// The slot count of segment `k`.
-#[inline]
-pub(crate) fn segment_len(segment: usize, base_bits: u32) -> u32 {
-    1u32 << (segment as u32 + base_bits)
-}
-
-/// The local index of segment `k`'s first slot.
-#[inline]
-pub(crate) fn segment_first(segment: usize, base_bits: u32) -> u32 {
-    segment_len(segment, base_bits) - (1u32 << base_bits)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn locate_walks_doubling_segments() {
-        for base_bits in [0, 3, 6] {
-            let mut local = 0u32;
-            for segment in 0..8 {
-                assert_eq!(segment_first(segment, base_bits), local);
-                for offset in 0..segment_len(segment, base_bits) {
-                    assert_eq!(locate(local, base_bits), (segment, offset as usize));
-                    local += 1;
-                }
-            }
-        }
-        assert_eq!(locate((1 << 24) - 1, 0).0, 24);
+        self.segment_start[segment].load(Ordering::Relaxed) + offset
     }
 }

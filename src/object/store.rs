@@ -1,8 +1,8 @@
 //! One type's object store: a generational slot map over never-moving segments.
 //!
-//! Segment `k` holds `base << k` slots and is allocated once, when the store
-//! first needs it, and never moved or freed while the store lives. Handles can
-//! therefore point straight at their slot. Free slots form a list threaded
+//! Segment `k` holds `base << k` slots (laid out as `layout.rs` says) and is
+//! allocated once, when the store first needs it, and never moved or freed
+//! while the store lives. Handles can therefore point straight at their slot. Free slots form a list threaded
 //! through their header words; `create` pops it with one CAS (no lock), a
 //! [`Loader`](super::Loader) pops it under the store's `free_lock`, and only
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
@@ -10,7 +10,6 @@
 
 use std::alloc::Layout;
 use std::any::Any;
-use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::panic::Location;
 use std::ptr::{self, NonNull};
@@ -24,8 +23,11 @@ use crate::track::StackTrace;
 use crate::Error;
 
 use super::index_space::{IndexSpace, MAX_INDEX};
+use super::layout::{
+    allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
+};
 use super::report::TypeReport;
-use super::shared::{locate, segment_first, segment_len, StoreShared, MAX_SEGMENTS};
+use super::shared::StoreShared;
 use super::slot::{SiteCell, Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
@@ -51,16 +53,13 @@ pub(crate) struct StoreConfig {
 /// - `shared` was allocated from `alloc` with `Layout::new::<StoreShared>()`
 ///   and is freed in `Drop` unless `leaked` is set. It is never freed while a
 ///   handle into the store exists.
-/// - `segments[k]` is null or points to `segment_len(k)` initialised slots,
-///   allocated from `alloc` with [`segment_layout`]; once published it never
-///   changes. Everything the store allocates goes back to `alloc`, the same
+/// - `segments[k]` is null or the base of a segment of `segment_len(k)`
+///   initialised slots, with chunk headers naming this store, allocated from
+///   `alloc` by [`allocate_segment`]; once published it never changes.
+///   Everything the store allocates goes back to `alloc`, the same
 ///   allocator, unless `leaked` is set.
-/// - `biased[k]` is null or `segments[k]` moved back by `segment_first(k)`
-///   slots (with `wrapping_sub`, keeping its provenance), so that slot `local`
-///   of segment `k` is `biased[k].wrapping_add(local)`. It is written before
-///   `segments[k]` is published, and never again. So is `sites[k]`: the
-///   segment's creation-site array, which follows its slots in the same
-///   allocation ([`segment_layout`]).
+/// - `sites[k]` is the segment's creation-site array, written before
+///   `segments[k]` is published, and never again.
 /// - Every local index below `len` names a slot that is occupied, on the dead
 ///   list, on the free list (or is about to be, inside `create`), or retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
@@ -81,12 +80,10 @@ pub(crate) struct StoreConfig {
 ///   `len - free length - destroyed_in_place`, with no counter on `create`.
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
-    segments: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
-    /// Each segment's base, moved back by the local index of its first slot.
-    biased: [AtomicPtr<Slot<T>>; MAX_SEGMENTS],
-    /// Each segment's creation sites (the array after its slots), so `create`
-    /// finds a slot's site with one load instead of recomputing the layout.
+    segments: [AtomicPtr<u8>; MAX_SEGMENTS],
+    /// Each segment's creation sites.
     sites: [AtomicPtr<SiteCell>; MAX_SEGMENTS],
+    _type: std::marker::PhantomData<fn(T) -> T>,
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
@@ -133,13 +130,6 @@ unsafe impl<T: Send + Sync> Send for Store<T> {}
 // SAFETY: `T: Sync` (`&Store<T>` gives `&T`) + `T: Send` (it creates `T`s other threads drop).
 unsafe impl<T: Send + Sync> Sync for Store<T> {}
 
-/// A newly occupied slot, holding one counted reference.
-pub(crate) struct Inserted<T> {
-    pub(crate) local: u32,
-    pub(crate) slot: NonNull<Slot<T>>,
-    pub(crate) generation: u32,
-}
-
 /// The outcome of the shutdown pass over one store.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Settled {
@@ -172,8 +162,8 @@ impl<T: MMObject> Store<T> {
         Ok(Store {
             shared: shared_ptr,
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
-            biased: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             sites: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            _type: std::marker::PhantomData,
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
             destroyed: AtomicU64::new(0),
@@ -198,11 +188,6 @@ impl<T: MMObject> Store<T> {
         unsafe { self.shared.as_ref() }
     }
 
-    #[inline]
-    pub(crate) fn shared_ptr(&self) -> NonNull<StoreShared> {
-        self.shared
-    }
-
     /// The slot `local`, if its segment exists.
     #[inline]
     pub(crate) fn slot(&self, local: u32) -> Option<&Slot<T>> {
@@ -210,13 +195,10 @@ impl<T: MMObject> Store<T> {
             return None;
         }
         let (segment, offset) = locate(local, self.config.base_bits);
-        let base = self.segments[segment].load(Ordering::Acquire);
-        if base.is_null() {
-            return None;
-        }
+        let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
         // SAFETY: a published segment holds `segment_len(segment)` initialised
         // slots and `offset` is below that by construction of `locate`.
-        Some(unsafe { &*base.add(offset) })
+        Some(unsafe { Chunks::slot(base, offset).as_ref() })
     }
 
     /// The slot `local` and its creation site, if its segment exists.
@@ -232,7 +214,7 @@ impl<T: MMObject> Store<T> {
         // SAFETY: a published segment came from `allocate_segment` with
         // `segment_len(segment)` slots and as many sites (at `sites`), and
         // `offset` is below that by construction of `locate`.
-        unsafe { Some((&*base.as_ptr().add(offset), &*sites.add(offset))) }
+        unsafe { Some((Chunks::slot(base, offset).as_ref(), &*sites.add(offset as usize))) }
     }
 
     /// The creation site of the occupied slot `local`.
@@ -259,16 +241,13 @@ impl<T: MMObject> Store<T> {
     #[inline]
     pub(crate) unsafe fn published_slot(&self, local: u32, base_bits: u32) -> &Slot<T> {
         debug_assert!(local < MAX_INDEX && base_bits == self.config.base_bits);
-        let shifted = u64::from(local) + (1u64 << base_bits);
-        let segment = (63 - shifted.leading_zeros() - base_bits) as usize;
-        // SAFETY: `local < 2^24` and `base_bits <= 20`, so `shifted < 2^25`
-        // and `segment <= 24 < MAX_SEGMENTS`.
-        let biased = unsafe { self.biased.get_unchecked(segment) }.load(Ordering::Acquire);
-        debug_assert!(!biased.is_null(), "the caller guarantees the segment is published");
-        // SAFETY: the segment is published (caller), so `biased` is its base
-        // moved back by `segment_first(segment)` (type invariant), and `local`
-        // lies in it: the pointer is inside the segment's initialised slots.
-        unsafe { &*biased.wrapping_add(local as usize) }
+        let (segment, offset) = locate(local, base_bits);
+        // SAFETY: `local < 2^24` and `base_bits <= 20`, so `segment <= 24 < MAX_SEGMENTS`.
+        let base = unsafe { self.segments.get_unchecked(segment) }.load(Ordering::Acquire);
+        debug_assert!(!base.is_null(), "the caller guarantees the segment is published");
+        // SAFETY: the segment is published (caller), so `base` is non-null and
+        // holds `segment_len(segment)` slots, more than `offset` (`locate`).
+        unsafe { Chunks::slot(NonNull::new_unchecked(base), offset).as_ref() }
     }
 
     /// The link to the tracker, if the manager has one.
@@ -282,7 +261,7 @@ impl<T: MMObject> Store<T> {
         self.config.base_bits
     }
 
-    /// Puts `value` in a free slot, with a count of one.
+    /// Puts `value` in a free slot, with a count of one, and returns the slot.
     ///
     /// With a tracker, the value's `size()` is charged to its tag first;
     /// `strict` refuses anything over the tag's budget (see [`Tracking::charge`]).
@@ -292,7 +271,7 @@ impl<T: MMObject> Store<T> {
         site: &'static Location<'static>,
         strict: bool,
         source: SlotSource,
-    ) -> Result<Inserted<T>, (T, Error)> {
+    ) -> Result<NonNull<Slot<T>>, (T, Error)> {
         let charged = match &self.tracking {
             Some(tracking) => {
                 let bytes = match tracking.charge(value.size(), std::mem::size_of::<T>(), strict) {
@@ -339,7 +318,7 @@ impl<T: MMObject> Store<T> {
         debug_assert!(generation & 1 == 1, "a vacant slot's generation is even");
         // Release: readers that see the odd generation see the value and count.
         slot.header.generation.store(generation, Ordering::Release);
-        Ok(Inserted { local, slot: NonNull::from(slot), generation })
+        Ok(NonNull::from(slot))
     }
 
     /// Pops the free list, decrementing its length in the same CAS.
@@ -405,8 +384,9 @@ impl<T: MMObject> Store<T> {
         }
         let base_bits = self.config.base_bits;
         let len = segment_len(segment, base_bits);
-        let base = allocate_segment::<T>(&self.alloc, len as usize, self.config.first_generation)?;
         let first_local = segment_first(segment, base_bits);
+        let owner = SegmentOwner { shared: self.shared, manager_id: self.config.manager_id, first_local };
+        let memory = allocate_segment::<T>(&self.alloc, len, self.config.first_generation, &owner)?;
         let slots = first_local as usize + len as usize;
         let tables = match &self.tracking {
             Some(tracking) => tracking.reserve_slots(slots).map_err(|()| Error::StoreOutOfMemory {
@@ -422,22 +402,17 @@ impl<T: MMObject> Store<T> {
         let start = match start {
             Ok(start) => start,
             Err(error) => {
-                // SAFETY: `base` was just allocated from `alloc` with this
+                // SAFETY: `memory` was just allocated from `alloc` with this
                 // length and was never published. (A charge table that grew
                 // stays: it only covers slots that do not exist yet.)
-                unsafe { free_segment(&self.alloc, base, len as usize) };
+                unsafe { free_segment::<T>(&self.alloc, memory.base, len) };
                 return Err(error);
             }
         };
         self.shared().set_segment_start(segment, start);
-        // SAFETY: `base` came from `allocate_segment` with `len` slots just above.
-        let sites = unsafe { segment_sites(base, len as usize) };
-        self.sites[segment].store(sites.as_ptr(), Ordering::Relaxed);
-        let base = base.as_ptr();
-        let first = segment_first(segment, base_bits) as usize;
-        self.biased[segment].store(base.wrapping_sub(first), Ordering::Relaxed);
-        // Release: publishes the initialised slots and the segment start.
-        self.segments[segment].store(base, Ordering::Release);
+        self.sites[segment].store(memory.sites.as_ptr(), Ordering::Relaxed);
+        // Release: publishes the initialised slots, the sites and the segment start.
+        self.segments[segment].store(memory.base.as_ptr(), Ordering::Release);
         Ok(())
     }
 
@@ -449,14 +424,17 @@ impl<T: MMObject> Store<T> {
             if first >= limit {
                 break;
             }
-            let base = self.segments[segment].load(Ordering::Acquire);
-            if base.is_null() {
-                continue;
-            }
+            let Some(base) = NonNull::new(self.segments[segment].load(Ordering::Acquire)) else { continue };
             let len = segment_len(segment, self.config.base_bits).min(limit - first);
-            for offset in 0..len {
-                // SAFETY: `offset < segment_len(segment)`; the segment is published.
-                f(first + offset, unsafe { &*base.add(offset as usize) });
+            let mut offset = 0;
+            while offset < len {
+                // SAFETY: `offset < len <= segment_len(segment)`; the segment is published.
+                let (run, run_len) = unsafe { Chunks::<T>::run(base, offset, len) };
+                for i in 0..run_len {
+                    // SAFETY: the run's slots are contiguous and initialised.
+                    f(first + offset + i, unsafe { run.add(i as usize).as_ref() });
+                }
+                offset += run_len;
             }
         }
     }
@@ -605,10 +583,10 @@ impl<T: MMObject> Store<T> {
         *self.on_destroy.lock() = hook;
     }
 
-    /// The store's segment `k` and the manager-wide index of its first slot,
-    /// if it is published: for iterators, which walk a segment at a time.
+    /// The base of the store's segment `k` and the manager-wide index of its
+    /// first slot, if it is published: for iterators, which walk a chunk at a time.
     #[inline]
-    pub(crate) fn segment(&self, segment: usize) -> Option<(NonNull<Slot<T>>, u32)> {
+    pub(crate) fn segment(&self, segment: usize) -> Option<(NonNull<u8>, u32)> {
         let base = NonNull::new(self.segments.get(segment)?.load(Ordering::Acquire))?;
         let first = segment_first(segment, self.config.base_bits);
         Some((base, self.shared().global_index(first)))
@@ -657,87 +635,6 @@ impl<T> Store<T> {
     /// Objects ever created.
     fn created(&self) -> u64 {
         self.destroyed.load(Ordering::Relaxed) + self.resident()
-    }
-}
-
-/// The memory layout of a segment of `len` slots, followed by their `len`
-/// creation sites, and the byte offset of the sites; `None` if it does not
-/// fit in `isize`.
-fn segment_layout<T>(len: usize) -> Option<(Layout, usize)> {
-    let (layout, sites) = Layout::array::<Slot<T>>(len).ok()?.extend(Layout::array::<SiteCell>(len).ok()?).ok()?;
-    Some((layout.pad_to_align(), sites))
-}
-
-/// Segment bytes per slot: the slot and its creation site.
-fn slot_bytes<T>() -> usize {
-    std::mem::size_of::<Slot<T>>() + std::mem::size_of::<SiteCell>()
-}
-
-/// The creation sites of segment `base`, which holds `len` slots.
-///
-/// # Safety
-///
-/// `base` must come from [`allocate_segment`] with this `len`.
-unsafe fn segment_sites<T>(base: NonNull<Slot<T>>, len: usize) -> NonNull<SiteCell> {
-    let (_, offset) = segment_layout::<T>(len).expect("the layout was valid when the segment was allocated");
-    // SAFETY: the sites start `offset` bytes into the same allocation (caller).
-    unsafe { base.cast::<u8>().add(offset).cast() }
-}
-
-/// Allocates a segment of `len` vacant slots at `first_generation` from `alloc`.
-///
-/// A refusal (by the allocator, or a layout too large for the address space)
-/// is an [`Error::StoreOutOfMemory`], never an abort.
-fn allocate_segment<T: MMObject>(
-    alloc: &StoreAlloc,
-    len: usize,
-    first_generation: u32,
-) -> Result<NonNull<Slot<T>>, Error> {
-    let refused = || Error::StoreOutOfMemory {
-        type_name: T::TYPE_NAME,
-        part: "a new segment",
-        bytes: len.saturating_mul(slot_bytes::<T>()),
-        allocator: alloc.name(),
-    };
-    let (layout, sites_offset) = segment_layout::<T>(len).ok_or_else(refused)?;
-    let memory = alloc.allocate(layout).map_err(|_| refused())?;
-    let base = memory.cast::<Slot<T>>();
-    // SAFETY: the sites start `sites_offset` bytes into the new allocation.
-    let sites = unsafe { memory.cast::<u8>().add(sites_offset).cast::<SiteCell>() };
-    let unknown = UnsafeCell::new(Location::caller());
-    for offset in 0..len {
-        // SAFETY: `offset < len`, so the header and the site are inside the
-        // new allocation. Only the header is written of the slot: the value
-        // is a `MaybeUninit`, and building a whole `Slot<T>` on the stack
-        // would cost a `T`-sized frame.
-        unsafe {
-            let slot = base.as_ptr().add(offset);
-            ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
-            sites.as_ptr().add(offset).write(UnsafeCell::new(*unknown.get()));
-            // Loom's cell keeps state of its own (std's is plain memory).
-            #[cfg(loom)]
-            Slot::<T>::value_ptr(slot).write(Slot::<T>::empty_value());
-        }
-    }
-    Ok(base)
-}
-
-/// Drops and frees a segment made by [`allocate_segment`].
-///
-/// # Safety
-///
-/// `base` must come from `allocate_segment::<T>(alloc, len, ..)`, no slot
-/// value may be initialised any more, and nothing may use the segment
-/// afterwards.
-unsafe fn free_segment<T>(alloc: &StoreAlloc, base: NonNull<Slot<T>>, len: usize) {
-    let (layout, _) = segment_layout::<T>(len).expect("the layout was valid when the segment was allocated");
-    // SAFETY: the caller guarantees `base` holds `len` slots from `alloc`
-    // with this layout that nothing else uses; a slot's drop glue only drops
-    // its header (the value is a `MaybeUninit`, destroyed earlier by the
-    // manager), and the sites need no drop.
-    unsafe {
-        ptr::drop_in_place(ptr::slice_from_raw_parts_mut(base.as_ptr(), len));
-        alloc.deallocate(base.cast(), layout);
     }
 }
 
@@ -946,7 +843,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
             peak_live: self.note_peak() as usize,
             dead_pending: dead,
             bytes,
-            slot_bytes: slot_bytes::<T>(),
+            slot_bytes: Chunks::<T>::slot_bytes(),
             created: self.created(),
             destroyed: self.destroyed.load(Ordering::Relaxed),
         }
@@ -1067,7 +964,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
             self.leaked.store(true, Ordering::Relaxed);
             for segment in 0..MAX_SEGMENTS {
                 if !self.segments[segment].load(Ordering::Relaxed).is_null() {
-                    settled.leaked_bytes += segment_len(segment, self.config.base_bits) as usize * slot_bytes::<T>();
+                    settled.leaked_bytes += Chunks::<T>::segment_bytes(segment_len(segment, self.config.base_bits));
                 }
             }
             settled.leaked_bytes += std::mem::size_of::<StoreShared>();
@@ -1087,12 +984,12 @@ impl<T> Drop for Store<T> {
         for segment in 0..MAX_SEGMENTS {
             let base = self.segments[segment].load(Ordering::Relaxed);
             if let Some(base) = NonNull::new(base) {
-                let len = segment_len(segment, self.config.base_bits) as usize;
+                let len = segment_len(segment, self.config.base_bits);
                 // SAFETY: a published segment came from `allocate_segment` with
                 // `self.alloc` and this length; the manager's shutdown destroyed
                 // every value, and `leaked` is false, so no handle into the
                 // store is left.
-                unsafe { free_segment(&self.alloc, base, len) };
+                unsafe { free_segment::<T>(&self.alloc, base, len) };
             }
         }
         // SAFETY: `shared` was allocated from `self.alloc` with this layout

@@ -111,18 +111,19 @@ fn keys_of_many_managers_work_with_secondary_map_entry() {
 #[test]
 fn refused_segment_is_an_error_and_nothing_is_lost() {
     static TIGHT: SegmentAlloc = SegmentAlloc::with_limit(4096);
+    // A slot: its 8-byte header, the value, its 8-byte creation site.
     let slot = std::mem::size_of::<Item>() + 16;
     let mm = ObjectManager::builder().segment_base(2).allocator(&TIGHT).build();
     let a = mm.create(item(1));
     let b = mm.create(item(2));
     let c = b.clone();
     let held = TIGHT.stats().in_use;
-    // The next segment (4 slots) no longer fits.
+    // The next segment (a 16-byte chunk header and 4 slots) no longer fits.
     let _room = TIGHT.alloc(std::alloc::Layout::from_size_align(4096 - held - 3 * slot, 8).unwrap());
 
     let refused = mm.try_create(item(3)).unwrap_err();
     assert!(
-        matches!(refused.error, Error::StoreOutOfMemory { type_name: "Item", part: "a new segment", bytes, .. } if bytes == 4 * slot),
+        matches!(refused.error, Error::StoreOutOfMemory { type_name: "Item", part: "a new segment", bytes, .. } if bytes == 16 + 4 * slot),
         "{:?}",
         refused.error
     );

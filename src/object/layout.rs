@@ -1,0 +1,324 @@
+//! Where a slot lives: a store's segments, the chunks they are cut into, and
+//! the way back from a slot's address to its store.
+//!
+//! Segment `k` of a store holds `base << k` slots. It is one allocation,
+//! aligned to [`Chunks::BYTES`] (64 KiB, or the next power of two that holds
+//! one slot), and cut into chunks of that many bytes. Each chunk begins with
+//! a [`ChunkHeader`] (the store's shared part, the chunk's first local index,
+//! the manager id), and its slots follow; the last chunk of a segment ends
+//! after its last slot. So the address of any slot, rounded down to the
+//! chunk alignment, is its chunk's header: a [`Handle`](crate::Handle) needs
+//! nothing but the slot pointer.
+//!
+//! A segment's creation sites follow its last slot, in the same allocation:
+//! past the slots, where no slot address can mask to.
+
+use std::alloc::Layout;
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::panic::Location;
+use std::ptr::{self, NonNull};
+
+use allocator_api2::alloc::Allocator;
+
+use crate::Error;
+
+use super::shared::StoreShared;
+use super::slot::{SiteCell, Slot, SlotHeader};
+use super::store_alloc::StoreAlloc;
+use super::MMObject;
+
+/// Segments per store: enough for 2^24 slots from a base of one slot.
+pub(crate) const MAX_SEGMENTS: usize = 26;
+
+/// The least chunk size: one chunk header per 64 KiB of slots.
+const MIN_CHUNK_BYTES: usize = 64 << 10;
+
+/// Splits a local slot index into (segment, offset): segment `k` holds `base << k` slots.
+#[inline]
+pub(crate) fn locate(local: u32, base_bits: u32) -> (usize, u32) {
+    let shifted = u64::from(local) + (1u64 << base_bits);
+    let segment = 63 - shifted.leading_zeros() - base_bits;
+    let offset = shifted - (1u64 << (segment + base_bits));
+    (segment as usize, offset as u32)
+}
+
+/// The slot count of segment `k`.
+#[inline]
+pub(crate) fn segment_len(segment: usize, base_bits: u32) -> u32 {
+    1u32 << (segment as u32 + base_bits)
+}
+
+/// The local index of segment `k`'s first slot.
+#[inline]
+pub(crate) fn segment_first(segment: usize, base_bits: u32) -> u32 {
+    segment_len(segment, base_bits) - (1u32 << base_bits)
+}
+
+/// The start of every chunk: what a slot pointer needs to know about its store.
+///
+/// # Invariants
+///
+/// Written once, before the chunk's segment is published, and never again:
+/// `shared` is the store's shared part (which outlives every handle),
+/// `first_local` the local index of the chunk's first slot, and `manager_id`
+/// the store's manager (a copy of `shared.manager_id`, one load closer).
+#[repr(C)]
+pub(crate) struct ChunkHeader {
+    pub(crate) shared: NonNull<StoreShared>,
+    pub(crate) first_local: u32,
+    pub(crate) manager_id: u32,
+}
+
+/// The chunk geometry of `T`'s slots: all compile-time constants, so
+/// dividing by the slot count is a multiply and masking a slot's address
+/// finds its chunk.
+pub(crate) struct Chunks<T>(PhantomData<fn(T) -> T>);
+
+impl<T> Chunks<T> {
+    const SLOT: usize = std::mem::size_of::<Slot<T>>();
+
+    /// The header, padded so the first slot is aligned.
+    const HEADER: usize = std::mem::size_of::<ChunkHeader>().next_multiple_of(std::mem::align_of::<Slot<T>>());
+
+    /// A chunk's size and alignment: a power of two that holds the header
+    /// and at least one slot.
+    pub(crate) const BYTES: usize = {
+        let one = (Self::HEADER + Self::SLOT).next_power_of_two();
+        if one > MIN_CHUNK_BYTES {
+            one
+        } else {
+            MIN_CHUNK_BYTES
+        }
+    };
+
+    /// Slots in a full chunk.
+    pub(crate) const SLOTS: u32 = {
+        let slots = (Self::BYTES - Self::HEADER) / Self::SLOT;
+        assert!(slots >= 1 && slots <= u32::MAX as usize);
+        slots as u32
+    };
+
+    /// The memory of a segment of `len` slots: whole chunks, then a last
+    /// chunk that ends after its last slot, then the `len` creation sites;
+    /// and the byte offset of the sites. `None` if it does not fit in `isize`.
+    pub(crate) fn segment_layout(len: u32) -> Option<(Layout, usize)> {
+        debug_assert!(len > 0);
+        let full = ((len - 1) / Self::SLOTS) as usize;
+        let last = (len - full as u32 * Self::SLOTS) as usize;
+        let size = full.checked_mul(Self::BYTES)?.checked_add(Self::HEADER + last * Self::SLOT)?;
+        let slots = Layout::from_size_align(size, Self::BYTES).ok()?;
+        slots.extend(Layout::array::<SiteCell>(len as usize).ok()?).ok()
+    }
+
+    /// Segment bytes per slot, for reports: the slot and its creation site
+    /// (chunk headers and the last chunk's padding are not counted).
+    pub(crate) fn slot_bytes() -> usize {
+        Self::SLOT + std::mem::size_of::<SiteCell>()
+    }
+
+    /// Bytes a segment of `len` slots takes, with its site array.
+    pub(crate) fn segment_bytes(len: u32) -> usize {
+        Self::segment_layout(len).map_or(usize::MAX, |(layout, _)| layout.size())
+    }
+
+    /// Slot `offset` of the segment at `base`.
+    ///
+    /// # Safety
+    ///
+    /// `base` is a segment from [`allocate_segment`] whose length is above `offset`.
+    #[inline]
+    pub(crate) unsafe fn slot(base: NonNull<u8>, offset: u32) -> NonNull<Slot<T>> {
+        let (chunk, index) = (offset / Self::SLOTS, offset % Self::SLOTS);
+        let bytes = chunk as usize * Self::BYTES + Self::HEADER + index as usize * Self::SLOT;
+        // SAFETY: inside the segment's allocation (caller), by its layout.
+        unsafe { base.add(bytes).cast() }
+    }
+
+    /// The run of slots from `offset` to the end of its chunk (or to `end`,
+    /// if sooner): its first slot and its length.
+    ///
+    /// # Safety
+    ///
+    /// As for [`slot`](Self::slot), with `offset < end <= ` the segment's length.
+    #[inline]
+    pub(crate) unsafe fn run(base: NonNull<u8>, offset: u32, end: u32) -> (NonNull<Slot<T>>, u32) {
+        debug_assert!(offset < end);
+        let chunk_end = (offset / Self::SLOTS + 1) * Self::SLOTS;
+        // SAFETY: the caller's contract.
+        (unsafe { Self::slot(base, offset) }, chunk_end.min(end) - offset)
+    }
+
+    /// The header of the chunk that holds `slot`.
+    ///
+    /// # Safety
+    ///
+    /// `slot` points to a slot of a published segment, and the segment is
+    /// still allocated for the returned lifetime.
+    #[inline]
+    pub(crate) unsafe fn header<'a>(slot: NonNull<Slot<T>>) -> &'a ChunkHeader {
+        let chunk = slot.as_ptr().cast::<u8>().map_addr(|addr| addr & !(Self::BYTES - 1));
+        // SAFETY: segments are aligned to `BYTES` and cut into chunks of
+        // `BYTES` bytes, each starting with an initialised header (see the
+        // module docs); `map_addr` keeps the slot's provenance, which covers
+        // the whole segment.
+        unsafe { &*chunk.cast::<ChunkHeader>() }
+    }
+
+    /// The local index of `slot`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`header`](Self::header).
+    #[inline]
+    pub(crate) unsafe fn local(slot: NonNull<Slot<T>>) -> u32 {
+        let addr = slot.as_ptr().addr();
+        let in_chunk = (addr & (Self::BYTES - 1)) - Self::HEADER;
+        // SAFETY: the caller's contract.
+        let first = unsafe { Self::header(slot) }.first_local;
+        first + (in_chunk / Self::SLOT) as u32
+    }
+}
+
+/// A segment's memory: its slots (in chunks), then their creation sites.
+pub(crate) struct Segment<T> {
+    pub(crate) base: NonNull<u8>,
+    pub(crate) sites: NonNull<SiteCell>,
+    /// Which slots `base` holds (invariant, as every slot type here).
+    _type: PhantomData<fn(T) -> T>,
+}
+
+/// What every chunk header of a new segment says.
+pub(crate) struct SegmentOwner {
+    pub(crate) shared: NonNull<StoreShared>,
+    pub(crate) manager_id: u32,
+    /// The local index of the segment's first slot.
+    pub(crate) first_local: u32,
+}
+
+/// Allocates a segment of `len` vacant slots at `first_generation` from
+/// `alloc`, with its chunk headers written.
+///
+/// A refusal (by the allocator, or a layout too large for the address space)
+/// is an [`Error::StoreOutOfMemory`], never an abort; nothing stays allocated.
+pub(crate) fn allocate_segment<T: MMObject>(
+    alloc: &StoreAlloc,
+    len: u32,
+    first_generation: u32,
+    owner: &SegmentOwner,
+) -> Result<Segment<T>, Error> {
+    let refused = |part| Error::StoreOutOfMemory {
+        type_name: T::TYPE_NAME,
+        part,
+        bytes: Chunks::<T>::segment_bytes(len),
+        allocator: alloc.name(),
+    };
+    let (layout, sites_offset) = Chunks::<T>::segment_layout(len).ok_or_else(|| refused("a new segment"))?;
+    let base = alloc.allocate(layout).map_err(|_| refused("a new segment"))?.cast::<u8>();
+    // SAFETY: the sites start `sites_offset` bytes into the new allocation.
+    let sites = unsafe { base.add(sites_offset).cast::<SiteCell>() };
+    let unknown = UnsafeCell::new(Location::caller());
+    for chunk in 0..len.div_ceil(Chunks::<T>::SLOTS) {
+        let header = ChunkHeader {
+            shared: owner.shared,
+            first_local: owner.first_local + chunk * Chunks::<T>::SLOTS,
+            manager_id: owner.manager_id,
+        };
+        // SAFETY: every chunk of the layout starts with room for a header,
+        // aligned (chunks are `BYTES`-aligned, `BYTES` ≥ the header's alignment).
+        unsafe { base.add(chunk as usize * Chunks::<T>::BYTES).cast::<ChunkHeader>().write(header) };
+    }
+    for offset in 0..len {
+        // SAFETY: `offset < len`, so the header and the site are inside the
+        // new allocations. Only the header is written of the slot: the value
+        // is a `MaybeUninit`, and building a whole `Slot<T>` on the stack
+        // would cost a `T`-sized frame.
+        unsafe {
+            let slot = Chunks::<T>::slot(base, offset).as_ptr();
+            ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
+            sites.as_ptr().add(offset as usize).write(UnsafeCell::new(*unknown.get()));
+            // Loom's cell keeps state of its own (std's is plain memory).
+            #[cfg(loom)]
+            Slot::<T>::value_ptr(slot).write(Slot::<T>::empty_value());
+        }
+    }
+    Ok(Segment { base, sites, _type: PhantomData })
+}
+
+/// Drops and frees a segment made by [`allocate_segment`].
+///
+/// # Safety
+///
+/// `base` must be a segment from `allocate_segment::<T>(alloc, len, ..)`, no
+/// slot value may be initialised any more, and nothing may use the segment
+/// afterwards.
+pub(crate) unsafe fn free_segment<T>(alloc: &StoreAlloc, base: NonNull<u8>, len: u32) {
+    let (layout, _) = Chunks::<T>::segment_layout(len).expect("the layout was valid when the segment was allocated");
+    // SAFETY: the caller guarantees the segment holds `len` slots from
+    // `alloc` with these layouts that nothing else uses; a slot's drop glue
+    // only drops its header (the value is a `MaybeUninit`, destroyed earlier
+    // by the manager), and the sites and chunk headers need no drop.
+    unsafe {
+        for offset in 0..len {
+            ptr::drop_in_place(Chunks::<T>::slot(base, offset).as_ptr());
+        }
+        alloc.deallocate(base, layout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_walks_doubling_segments() {
+        for base_bits in [0, 3, 6] {
+            let mut local = 0u32;
+            for segment in 0..8 {
+                assert_eq!(segment_first(segment, base_bits), local);
+                for offset in 0..segment_len(segment, base_bits) {
+                    assert_eq!(locate(local, base_bits), (segment, offset));
+                    local += 1;
+                }
+            }
+        }
+        assert_eq!(locate((1 << 24) - 1, 0).0, 24);
+    }
+
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn chunk_geometry() {
+        type Big = [u8; 100_000];
+        assert_eq!(Chunks::<[u64; 8]>::BYTES, 64 << 10);
+        assert_eq!(Chunks::<[u64; 8]>::SLOTS, ((64 << 10) - 16) / 72);
+        assert_eq!(Chunks::<Big>::BYTES, 128 << 10);
+        assert_eq!(Chunks::<Big>::SLOTS, 1);
+        #[repr(align(4096))]
+        struct Page(#[allow(dead_code)] u8);
+        assert_eq!(Chunks::<Page>::HEADER, 4096);
+        assert_eq!(Chunks::<Page>::SLOTS, ((64 << 10) - 4096) / 8192);
+        let (layout, sites) = Chunks::<[u64; 8]>::segment_layout(Chunks::<[u64; 8]>::SLOTS + 1).unwrap();
+        assert_eq!(sites, (64 << 10) + 16 + 72);
+        assert_eq!(layout.size(), sites + 8 * (Chunks::<[u64; 8]>::SLOTS as usize + 1));
+        assert_eq!(layout.align(), 64 << 10);
+    }
+
+    #[test]
+    fn runs_stop_at_chunk_ends() {
+        type T = [u64; 8];
+        let slots = Chunks::<T>::SLOTS;
+        let (layout, _) = Chunks::<T>::segment_layout(slots + 5).unwrap();
+        // SAFETY: the layout has a non-zero size.
+        let base = NonNull::new(unsafe { std::alloc::alloc(layout) }).unwrap();
+        let header = Chunks::<T>::HEADER;
+        let slot = Chunks::<T>::SLOT;
+        // SAFETY: the segment has `slots + 5` slots.
+        let (first, len) = unsafe { Chunks::<T>::run(base, 3, slots + 5) };
+        assert_eq!((first.as_ptr().addr() - base.as_ptr().addr(), len), (header + 3 * slot, slots - 3));
+        // SAFETY: as above.
+        let (second, len) = unsafe { Chunks::<T>::run(base, slots, slots + 5) };
+        assert_eq!((second.as_ptr().addr() - base.as_ptr().addr(), len), (Chunks::<T>::BYTES + header, 5));
+        // SAFETY: allocated just above with this layout.
+        unsafe { std::alloc::dealloc(base.as_ptr(), layout) };
+    }
+}
