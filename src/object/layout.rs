@@ -2,13 +2,21 @@
 //! the way back from a slot's address to its store.
 //!
 //! Segment `k` of a store holds `base << k` slots. It is one allocation,
-//! aligned to [`Chunks::BYTES`] (64 KiB, or the next power of two that holds
-//! one slot), and cut into chunks of that many bytes. Each chunk begins with
-//! a [`ChunkHeader`] (the store's shared part, the chunk's first local index,
-//! the manager id), and its slots follow; the last chunk of a segment ends
-//! after its last slot. So the address of any slot, rounded down to the
-//! chunk alignment, is its chunk's header: a [`Handle`](crate::Handle) needs
-//! nothing but the slot pointer.
+//! aligned to [`Chunks::BYTES`] (256 KiB, or the next power of two that
+//! holds one slot), and cut into chunks of that many bytes. Each chunk
+//! begins with a prefix holding its [`ChunkHeader`] (the store's shared
+//! part, the chunk's first local index, the manager id), and its slots
+//! follow; the last chunk of a segment ends after its last slot. So the
+//! address of any slot, rounded down to the chunk alignment, finds its
+//! chunk's header: a [`Handle`](crate::Handle) needs nothing but the slot
+//! pointer.
+//!
+//! The header does not sit at the chunk's first byte but on one of
+//! [`COLORS`] cache lines of the prefix, chosen by the chunk's address. Were
+//! every header at a multiple of 256 KiB, all of them would fall in the same
+//! set of a cache indexed by the low address bits (a 512 KiB, 8-way L2 holds
+//! only 8 of them), and a strong read over many chunks would miss on the
+//! header as well as on the slot.
 //!
 //! A segment's creation sites follow its last slot, in the same allocation:
 //! past the slots, where no slot address can mask to.
@@ -31,8 +39,12 @@ use super::MMObject;
 /// Segments per store: enough for 2^24 slots from a base of one slot.
 pub(crate) const MAX_SEGMENTS: usize = 26;
 
-/// The least chunk size: one chunk header per 64 KiB of slots.
-const MIN_CHUNK_BYTES: usize = 64 << 10;
+/// The least chunk size: one chunk header per 256 KiB of slots.
+const MIN_CHUNK_BYTES: usize = 256 << 10;
+
+/// The cache lines a chunk header may sit on (see the module docs).
+const COLORS: usize = 16;
+const LINE: usize = 64;
 
 /// Splits a local slot index into (segment, offset): segment `k` holds `base << k` slots.
 #[inline]
@@ -78,13 +90,17 @@ pub(crate) struct Chunks<T>(PhantomData<fn(T) -> T>);
 impl<T> Chunks<T> {
     const SLOT: usize = std::mem::size_of::<Slot<T>>();
 
-    /// The header, padded so the first slot is aligned.
-    const HEADER: usize = std::mem::size_of::<ChunkHeader>().next_multiple_of(std::mem::align_of::<Slot<T>>());
+    /// The prefix before the first slot: room for the header on any of its
+    /// cache lines, padded so the first slot is aligned.
+    const PREFIX: usize = {
+        assert!(std::mem::size_of::<ChunkHeader>() <= LINE);
+        (COLORS * LINE).next_multiple_of(std::mem::align_of::<Slot<T>>())
+    };
 
     /// A chunk's size and alignment: a power of two that holds the header
     /// and at least one slot.
     pub(crate) const BYTES: usize = {
-        let one = (Self::HEADER + Self::SLOT).next_power_of_two();
+        let one = (Self::PREFIX + Self::SLOT).next_power_of_two();
         if one > MIN_CHUNK_BYTES {
             one
         } else {
@@ -94,7 +110,7 @@ impl<T> Chunks<T> {
 
     /// Slots in a full chunk.
     pub(crate) const SLOTS: u32 = {
-        let slots = (Self::BYTES - Self::HEADER) / Self::SLOT;
+        let slots = (Self::BYTES - Self::PREFIX) / Self::SLOT;
         assert!(slots >= 1 && slots <= u32::MAX as usize);
         slots as u32
     };
@@ -106,7 +122,7 @@ impl<T> Chunks<T> {
         debug_assert!(len > 0);
         let full = ((len - 1) / Self::SLOTS) as usize;
         let last = (len - full as u32 * Self::SLOTS) as usize;
-        let size = full.checked_mul(Self::BYTES)?.checked_add(Self::HEADER + last * Self::SLOT)?;
+        let size = full.checked_mul(Self::BYTES)?.checked_add(Self::PREFIX + last * Self::SLOT)?;
         let slots = Layout::from_size_align(size, Self::BYTES).ok()?;
         slots.extend(Layout::array::<SiteCell>(len as usize).ok()?).ok()
     }
@@ -130,7 +146,7 @@ impl<T> Chunks<T> {
     #[inline]
     pub(crate) unsafe fn slot(base: NonNull<u8>, offset: u32) -> NonNull<Slot<T>> {
         let (chunk, index) = (offset / Self::SLOTS, offset % Self::SLOTS);
-        let bytes = chunk as usize * Self::BYTES + Self::HEADER + index as usize * Self::SLOT;
+        let bytes = chunk as usize * Self::BYTES + Self::PREFIX + index as usize * Self::SLOT;
         // SAFETY: inside the segment's allocation (caller), by its layout.
         unsafe { base.add(bytes).cast() }
     }
@@ -149,6 +165,12 @@ impl<T> Chunks<T> {
         (unsafe { Self::slot(base, offset) }, chunk_end.min(end) - offset)
     }
 
+    /// Where the header of the chunk at `chunk` (an address) sits in its prefix.
+    #[inline]
+    fn header_offset(chunk: usize) -> usize {
+        (chunk / Self::BYTES % COLORS) * LINE
+    }
+
     /// The header of the chunk that holds `slot`.
     ///
     /// # Safety
@@ -157,12 +179,15 @@ impl<T> Chunks<T> {
     /// still allocated for the returned lifetime.
     #[inline]
     pub(crate) unsafe fn header<'a>(slot: NonNull<Slot<T>>) -> &'a ChunkHeader {
-        let chunk = slot.as_ptr().cast::<u8>().map_addr(|addr| addr & !(Self::BYTES - 1));
+        let header = slot.as_ptr().cast::<u8>().map_addr(|addr| {
+            let chunk = addr & !(Self::BYTES - 1);
+            chunk + Self::header_offset(chunk)
+        });
         // SAFETY: segments are aligned to `BYTES` and cut into chunks of
-        // `BYTES` bytes, each starting with an initialised header (see the
-        // module docs); `map_addr` keeps the slot's provenance, which covers
-        // the whole segment.
-        unsafe { &*chunk.cast::<ChunkHeader>() }
+        // `BYTES` bytes, each with an initialised header at `header_offset`
+        // of its prefix (see the module docs); `map_addr` keeps the slot's
+        // provenance, which covers the whole segment.
+        unsafe { &*header.cast::<ChunkHeader>() }
     }
 
     /// The local index of `slot`.
@@ -173,7 +198,7 @@ impl<T> Chunks<T> {
     #[inline]
     pub(crate) unsafe fn local(slot: NonNull<Slot<T>>) -> u32 {
         let addr = slot.as_ptr().addr();
-        let in_chunk = (addr & (Self::BYTES - 1)) - Self::HEADER;
+        let in_chunk = (addr & (Self::BYTES - 1)) - Self::PREFIX;
         // SAFETY: the caller's contract.
         let first = unsafe { Self::header(slot) }.first_local;
         first + (in_chunk / Self::SLOT) as u32
@@ -224,9 +249,14 @@ pub(crate) fn allocate_segment<T: MMObject>(
             first_local: owner.first_local + chunk * Chunks::<T>::SLOTS,
             manager_id: owner.manager_id,
         };
-        // SAFETY: every chunk of the layout starts with room for a header,
-        // aligned (chunks are `BYTES`-aligned, `BYTES` ≥ the header's alignment).
-        unsafe { base.add(chunk as usize * Chunks::<T>::BYTES).cast::<ChunkHeader>().write(header) };
+        // SAFETY: every chunk of the layout starts with a prefix of `COLORS`
+        // lines, so the header's line lies inside the allocation; lines are
+        // aligned for a header (chunks are `BYTES`-aligned).
+        unsafe {
+            let start = base.add(chunk as usize * Chunks::<T>::BYTES);
+            let offset = Chunks::<T>::header_offset(start.as_ptr().addr());
+            start.add(offset).cast::<ChunkHeader>().write(header);
+        }
     }
     for offset in 0..len {
         // SAFETY: `offset < len`, so the header and the site are inside the
@@ -288,19 +318,28 @@ mod tests {
     #[cfg(target_pointer_width = "64")]
     #[test]
     fn chunk_geometry() {
-        type Big = [u8; 100_000];
-        assert_eq!(Chunks::<[u64; 8]>::BYTES, 64 << 10);
-        assert_eq!(Chunks::<[u64; 8]>::SLOTS, ((64 << 10) - 16) / 72);
-        assert_eq!(Chunks::<Big>::BYTES, 128 << 10);
+        type Big = [u8; 300_000];
+        assert_eq!(Chunks::<[u64; 8]>::BYTES, 256 << 10);
+        assert_eq!(Chunks::<[u64; 8]>::SLOTS, ((256 << 10) - 1024) / 72);
+        assert_eq!(Chunks::<Big>::BYTES, 512 << 10);
         assert_eq!(Chunks::<Big>::SLOTS, 1);
         #[repr(align(4096))]
         struct Page(#[allow(dead_code)] u8);
-        assert_eq!(Chunks::<Page>::HEADER, 4096);
-        assert_eq!(Chunks::<Page>::SLOTS, ((64 << 10) - 4096) / 8192);
+        assert_eq!(Chunks::<Page>::PREFIX, 4096);
+        assert_eq!(Chunks::<Page>::SLOTS, ((256 << 10) - 4096) / 8192);
         let (layout, sites) = Chunks::<[u64; 8]>::segment_layout(Chunks::<[u64; 8]>::SLOTS + 1).unwrap();
-        assert_eq!(sites, (64 << 10) + 16 + 72);
+        assert_eq!(sites, (256 << 10) + 1024 + 72);
         assert_eq!(layout.size(), sites + 8 * (Chunks::<[u64; 8]>::SLOTS as usize + 1));
-        assert_eq!(layout.align(), 64 << 10);
+        assert_eq!(layout.align(), 256 << 10);
+    }
+
+    #[test]
+    fn headers_spread_over_cache_lines() {
+        let bytes = Chunks::<u64>::BYTES;
+        let offsets: std::collections::HashSet<usize> =
+            (0..COLORS * 2).map(|chunk| Chunks::<u64>::header_offset(chunk * bytes)).collect();
+        assert_eq!(offsets.len(), COLORS);
+        assert!(offsets.iter().all(|&offset| offset % LINE == 0 && offset + LINE <= Chunks::<u64>::PREFIX));
     }
 
     #[test]
@@ -310,7 +349,7 @@ mod tests {
         let (layout, _) = Chunks::<T>::segment_layout(slots + 5).unwrap();
         // SAFETY: the layout has a non-zero size.
         let base = NonNull::new(unsafe { std::alloc::alloc(layout) }).unwrap();
-        let header = Chunks::<T>::HEADER;
+        let header = Chunks::<T>::PREFIX;
         let slot = Chunks::<T>::SLOT;
         // SAFETY: the segment has `slots + 5` slots.
         let (first, len) = unsafe { Chunks::<T>::run(base, 3, slots + 5) };
