@@ -118,12 +118,12 @@ fn refused_segment_is_an_error_and_nothing_is_lost() {
     let b = mm.create(item(2));
     let c = b.clone();
     let held = TIGHT.stats().in_use;
-    // The next segment (a 1 KiB chunk prefix and 4 slots) no longer fits.
+    // The next segment (a 2 KiB chunk prefix and 4 slots) no longer fits.
     let _room = TIGHT.alloc(std::alloc::Layout::from_size_align(4096 - held - 3 * slot, 8).unwrap());
 
     let refused = mm.try_create(item(3)).unwrap_err();
     assert!(
-        matches!(refused.error, Error::StoreOutOfMemory { type_name: "Item", part: "a new segment", bytes, .. } if bytes == 1024 + 4 * slot),
+        matches!(refused.error, Error::StoreOutOfMemory { type_name: "Item", part: "a new segment", bytes, .. } if bytes == 2048 + 4 * slot),
         "{:?}",
         refused.error
     );
