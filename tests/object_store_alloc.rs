@@ -221,7 +221,8 @@ fn try_reserve_then_create_asks_nothing_more() {
     assert_eq!(counting.allocations(), asked);
     drop(handles);
 
-    let tight = Counting::refusing_over(4 << 10);
+    // Room for the first segment (64 slots and a 2 KiB chunk prefix), not for 10,000 slots.
+    let tight = Counting::refusing_over(8 << 10);
     let small = ObjectManager::builder().allocator(tight.clone()).build();
     assert!(matches!(small.try_reserve::<Entity>(10_000), Err(Error::StoreOutOfMemory { .. })));
     let h = small.create(entity(1.0));
