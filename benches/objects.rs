@@ -427,7 +427,7 @@ fn o2_clone_drop(c: &mut Criterion) {
 /// plus one miss. The `_shuffled_walk` rows (information only) hold the
 /// references in a `Vec` already in random order and walk it front to back,
 /// as a game walks its entities: one miss per read, so the size of the
-/// reference (24 B handle vs 8 B `Rc`) drops out.
+/// reference drops out (both are 8 B now; the handle was 24 B before).
 fn o3_strong_read(c: &mut Criterion) {
     let order = permutation(READ_LIVE);
     let mut group = c.benchmark_group("O3_strong_read");

@@ -10,6 +10,15 @@
 //! while the store lives, so a [`Handle`](crate::Handle) holds a plain
 //! pointer to its slot.
 //!
+//! A segment is cut into *chunks*: 4 MiB, aligned to 4 MiB (more for a type
+//! whose slot is larger). Each chunk starts with a 2 KiB prefix holding its
+//! header (the store's shared part, the chunk's first local index and the
+//! manager id) on one of 32 cache lines chosen by the chunk's address, then
+//! its slots. Masking a slot's address finds the header (see
+//! `object/layout.rs`, which also gives the measurements behind the sizes).
+//! A small segment is allocated at its own size, but at that alignment: the
+//! cost is address space the allocator may reserve, not memory touched.
+//!
 //! A slot is an 8-byte header followed by `UnsafeCell<MaybeUninit<T>>`:
 //!
 //! | field | bytes | meaning |
@@ -24,28 +33,37 @@
 //!
 //! The creation site (`&'static Location` of the `create` call, 8 bytes) is
 //! the other half of the 16 bytes of metadata per object. It lives in an
-//! array after the slots, in the same segment allocation: `create` writes it
+//! array after the last slot, in the same segment allocation: `create` writes it
 //! once, and only the leak report and forensics read it, so it stays out of
 //! the lines that iteration and reads walk.
 //!
 //! # Reading through handles
 //!
-//! A [`Handle`](crate::Handle) is 24 bytes: a pointer to its slot, a pointer
-//! to its store's shared part (dead list, manager id, segment starts), the
-//! generation and the local index. A strong read, `mm[&h]`, is the
-//! manager-id check (`h.shared → manager_id`, a hot line) and the value load.
-//! (A 16-byte handle that finds its local index from the slot's address, by
-//! scanning the segment addresses, was tried: it made the O1 frame 25 %
-//! slower through the last drop, for no clear O3 gain, and was reverted.)
+//! A [`Handle`](crate::Handle) is one pointer, to its slot, so
+//! `Option<Handle<T>>` is 8 bytes too (16 with the `handle-sites` feature,
+//! which adds the handle's entry in its site table). Everything else comes
+//! from the slot's address:
+//!
+//! - the chunk header, by masking: the store's shared part (dead list,
+//!   segment starts) and the manager id;
+//! - the local index: the chunk's first local index plus the offset divided
+//!   by the slot size (a constant, so a multiply);
+//! - the generation: the slot's own, which cannot change while the handle
+//!   holds its count, except that shutdown destroys a still-held object in
+//!   place and makes it one more (even); `(g - 1) | 1` gives the object's
+//!   generation in both cases.
+//!
+//! A strong read, `mm[&h]`, is the manager-id check (the chunk header's
+//! line, cached: few chunks) and the value load. Clone and drop touch only
+//! the slot's count; the last drop reads the chunk header for the dead list.
 //!
 //! A [`WeakHandle`](crate::WeakHandle) packs the store index and local index
 //! (its *location*) next to its key and manager id, and is only ever made
 //! from a real slot. So once its manager id matches, its slot lies in a
 //! published segment of the manager's store for `T`: a weak read needs no
-//! bounds or null checks. Each store keeps, beside every segment pointer, the
-//! pointer moved back by the local index of the segment's first slot
-//! (`wrapping_sub`, which keeps provenance), so slot `local` is one
-//! `leading_zeros`, one table load and one multiply-add. The read then checks
+//! bounds or null checks. Slot `local` is one `leading_zeros` (the segment),
+//! one table load (its base), and the chunk arithmetic: a multiply for the
+//! division by the constant chunk slot count, and two multiply-adds. The read then checks
 //! the generation and that the count word is in `1..LINK_FLAG` (one compare).
 //! [`ObjectManager::view`](crate::ObjectManager::view) hoists the store
 //! lookup (store table, `TypeId` compare) out of a loop as well.

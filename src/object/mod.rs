@@ -8,7 +8,8 @@
 //! link, generation) followed by the value; each segment keeps its objects'
 //! creation sites in an array of its own, for reports.
 //!
-//! - A [`Handle`] points straight at its slot. Clone is one relaxed atomic add;
+//! - A [`Handle`] is one pointer, to its slot; the slot's address finds its
+//!   store (segments are cut into aligned chunks with a header each). Clone is one relaxed atomic add;
 //!   drop is one atomic sub, and the last drop pushes the slot onto its store's
 //!   lock-free dead list.
 //! - [`ObjectManager::collect_garbage`] swaps each dead list empty and destroys
