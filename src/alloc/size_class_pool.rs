@@ -294,7 +294,7 @@ impl SizeClassPool {
     /// assert_eq!(p.as_ptr() as usize % 64, 0);
     /// assert!(matches!(pool.try_alloc(Layout::new::<u8>()), Err(Error::OutOfMemory { .. })));
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
         let align = layout.align();
         if align > MAX_ALIGN {
@@ -557,7 +557,7 @@ impl SizeClassPool {
     ///     assert_eq!(pool.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
     /// }
     /// ```
-    #[inline]
+    #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let (class, index) = self.locate(addr)?;
@@ -614,7 +614,7 @@ impl SizeClassPool {
     }
 
     /// Finds the class and block index of `addr`, checking it starts a block.
-    #[inline]
+    #[inline(always)]
     fn locate(&self, addr: usize) -> Result<(&Class, u32)> {
         if !self.region.contains(addr) {
             return Err(Error::ForeignPointer { addr });
