@@ -186,11 +186,13 @@ pub(crate) struct LaneCache {
     mine: u64,
     /// The word allocations come from first (in a lane of `mine`), or [`NO_WORD`].
     active: u32,
+    /// The bit of the active word's lane (0 with no active word).
+    active_lane: u64,
 }
 
 impl Default for LaneCache {
     fn default() -> Self {
-        LaneCache { mine: 0, active: NO_WORD }
+        LaneCache { mine: 0, active: NO_WORD, active_lane: 0 }
     }
 }
 
@@ -260,9 +262,15 @@ impl Lanes {
         first..(first + (1 << self.lane_shift)).min(self.bits.len())
     }
 
-    /// The owner's fast path: takes the lowest free slot of the active word.
+    /// The owner's fast path: takes the lowest free slot of the active word, unless its
+    /// lane has queued frees (they are applied first, by [`refill`](Self::refill): a queued
+    /// free of a slot that is free already is a raced double free, and must be seen before
+    /// the slot is handed out again).
     #[inline(always)]
     pub(crate) fn take_active(&self, cache: &LaneCache, counts: &LaneCounts) -> Option<usize> {
+        if self.pending.load(Ordering::Relaxed) & cache.active_lane != 0 {
+            return None;
+        }
         let w = cache.active as usize;
         // Invariant 2: `w` is in a lane this thread owns, so this thread is its one writer;
         // `NO_WORD` is past the end and reads as full.
@@ -331,6 +339,7 @@ impl Lanes {
                 let w = (start + n) % words;
                 if cache.mine & self.lane_bit(w) != 0 && self.bits.load(w) != u64::MAX {
                     cache.active = w as u32;
+                    cache.active_lane = self.lane_bit(w);
                     return (self.take_active(cache, counts), raced);
                 }
             }
@@ -353,9 +362,10 @@ impl Lanes {
             counts.add_held(held);
             cache.mine |= 1 << l;
             cache.active = w as u32;
+            cache.active_lane = 1 << l;
             return (self.take_active(cache, counts), raced);
         }
-        cache.active = NO_WORD;
+        *cache = LaneCache { mine: cache.mine, ..LaneCache::default() };
         (None, raced)
     }
 
@@ -558,6 +568,7 @@ mod tests {
         assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
         assert_eq!(lanes.clear(slot, || {}), Ok(()));
         counts.sub_held(1);
+        assert_eq!(lanes.take_active(&mine, &counts), None, "queued frees are applied first");
         let (again, raced) = lanes.refill(&mut mine, &counts);
         assert_eq!((again, raced), (Some(slot), vec![slot]), "found, dropped, and the slot is free once");
     }
