@@ -477,10 +477,12 @@ impl Lanes {
     }
 
     /// Slots not free now, without the queued ones (a snapshot; exact when no other thread
-    /// is inside the class).
+    /// is allocating or freeing in the class). The bits are read under the lock, so a thread
+    /// applying queued frees as it exits is seen before or after, never halfway.
     pub(crate) fn live(&self) -> usize {
+        let shared = self.lock();
         let set: usize = (0..self.bits.len()).map(|w| (self.bits.load(w) & self.valid(w)).count_ones() as usize).sum();
-        set - self.lock().queued.len()
+        set - shared.queued.len()
     }
 
     /// Allocations and the most slots in use at once (an upper bound: the sum of each
