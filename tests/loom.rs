@@ -410,3 +410,157 @@ mod size_class_pool {
         });
     }
 }
+
+// ---- SmallObjectAllocator: frees on other threads ----------------------------------------
+
+mod small_object {
+    use std::alloc::Layout;
+    use std::ptr::NonNull;
+    use std::sync::Arc;
+
+    use loom::thread;
+    use mmobject::alloc::{SmallObjectAllocator, SmallObjectConfig};
+    use mmobject::Error;
+
+    fn one_word() -> Layout {
+        Layout::new::<u64>()
+    }
+
+    fn ptr(addr: usize) -> NonNull<u8> {
+        NonNull::new(addr as *mut u8).unwrap()
+    }
+
+    /// An allocator of `slots` 8-byte slots and no other class.
+    fn small(slots: usize) -> Arc<SmallObjectAllocator> {
+        Arc::new(SmallObjectAllocator::new(SmallObjectConfig { slots: [slots, 0, 0, 0, 0, 0, 0] }))
+    }
+
+    /// The owner allocates both slots of its lane and sends one to another thread, which
+    /// reads what the owner wrote and frees it (queued for the owner) while the owner asks
+    /// for a slot: the owner gets that slot (its queued free applied) or a system block,
+    /// never a slot still in use, and after the join the slot is certainly back.
+    #[test]
+    fn remote_free_is_applied_by_the_owner() {
+        super::model(|| {
+            let small = small(2);
+            let a = small.alloc(one_word());
+            let b = small.alloc(one_word());
+            // SAFETY: `a` is a fresh 8-byte slot.
+            unsafe { a.cast::<u64>().as_ptr().write(7) };
+            let (addr, remote) = (a.as_ptr() as usize, Arc::clone(&small));
+            let t = thread::spawn(move || {
+                // SAFETY: the slot was handed over by the spawn; read, then freed once.
+                unsafe {
+                    assert_eq!(ptr(addr).cast::<u64>().as_ptr().read(), 7);
+                    remote.free(ptr(addr));
+                }
+            });
+            let early = small.alloc(one_word());
+            assert_ne!(early, b, "a slot in use is never handed out");
+            t.join().unwrap();
+            let again = if early == a {
+                early
+            } else {
+                assert_eq!(small.stats().fallbacks, 1, "not the slot: a system block");
+                // SAFETY: the system block, ours, freed once.
+                unsafe { small.free(early) };
+                small.alloc(one_word())
+            };
+            assert_eq!(again, a);
+            // SAFETY: both ours, freed once.
+            unsafe {
+                small.free(again);
+                small.free(b);
+            }
+            assert_eq!(small.stats().live, 0);
+        });
+    }
+
+    /// Two other threads free the same slot at once: the lock orders them, so exactly one
+    /// free succeeds and the other is a `DoubleFree` error.
+    #[test]
+    fn racing_remote_double_free_is_reported_once() {
+        super::model(|| {
+            let small = small(1);
+            let addr = small.alloc(one_word()).as_ptr() as usize;
+            let spawn = || {
+                let small = Arc::clone(&small);
+                // SAFETY: the second free is the bug under test; both are checked.
+                thread::spawn(move || unsafe { small.try_free(ptr(addr)) })
+            };
+            let (t1, t2) = (spawn(), spawn());
+            let results = [t1.join().unwrap(), t2.join().unwrap()];
+            assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
+            assert!(results.contains(&Err(Error::DoubleFree { addr })));
+            let p = small.alloc(one_word());
+            assert_eq!(p.as_ptr() as usize, addr);
+            assert_eq!(small.stats().fallbacks, 0);
+            // SAFETY: ours, freed once.
+            unsafe { small.free(p) };
+            assert_eq!(small.stats().live, 0);
+        });
+    }
+
+    /// The owner and another thread free the same slot at once. Either one of them gets
+    /// `DoubleFree`, or both checks pass and the owner finds the slot free twice when it
+    /// applies the queued free: then it counts a failure and keeps the slot free once.
+    #[test]
+    fn owner_and_remote_double_free() {
+        super::model(|| {
+            let small = small(1);
+            let a = small.alloc(one_word());
+            let (addr, remote) = (a.as_ptr() as usize, Arc::clone(&small));
+            // SAFETY: the double free under test; both frees are checked.
+            let t = thread::spawn(move || unsafe { remote.try_free(ptr(addr)) });
+            // SAFETY: as above.
+            let here = unsafe { small.try_free(a) };
+            let there = t.join().unwrap();
+            let oks = [here, there].iter().filter(|r| r.is_ok()).count();
+            let p = small.alloc(one_word()); // applies the queued free, if any
+            assert_eq!(p, a);
+            let q = small.alloc(one_word());
+            assert_eq!(small.stats().fallbacks, 1, "free once, not twice: the next is a system block");
+            let failures = small.stats().failures;
+            assert!(
+                (oks == 1 && failures == 0) || (oks == 2 && failures == 1),
+                "{oks} frees passed, {failures} failures"
+            );
+            // SAFETY: ours, freed once.
+            unsafe {
+                small.free(p);
+                small.free(q);
+            }
+        });
+    }
+
+    /// A thread takes a lane, allocates and frees in it, and exits: its lane goes back and
+    /// the main thread can allocate its slot.
+    #[test]
+    fn exiting_thread_gives_its_lane_back() {
+        super::model(|| {
+            let small = small(1);
+            let remote = Arc::clone(&small);
+            thread::spawn(move || {
+                let p = remote.alloc(one_word());
+                // SAFETY: ours, freed once.
+                unsafe { remote.free(p) };
+            })
+            .join()
+            .unwrap();
+            // `join` returns before the thread's locals are dropped: the lane comes back
+            // when they are. Until then requests fall back to the system.
+            let p = loop {
+                let p = small.alloc(one_word());
+                if small.free_slots()[0] == 0 {
+                    break p;
+                }
+                // SAFETY: a system block, ours, freed once.
+                unsafe { small.free(p) };
+                thread::yield_now();
+            };
+            // SAFETY: ours, freed once.
+            unsafe { small.free(p) };
+            assert_eq!(small.stats().live, 0);
+        });
+    }
+}

@@ -40,7 +40,7 @@
 //! | allocator | for | alloc / free cost | per-block overhead | threads | when full (`try_` calls) |
 //! |---|---|---|---|---|---|
 //! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget, from any thread | class lookup + thread-cache lookup + bit scan of the thread's own page / a plain bit set on the page's owner thread, one atomic `fetch_or` on any other | 32 B per page of up to 64 blocks, ½ byte per block (+ up to 2× rounding) | `Sync` (per-thread pages, no lock) | next larger class (a *fallback*), then `OutOfMemory` |
-//! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | lock + bitmap scan, 64 slots per step / clear a bit | exactly 1 bit | `Sync` (lock per class) | the system allocator (a *fallback*), counted |
+//! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | thread-cache lookup + bit scan of the thread's own bitmap word / a plain bit clear in a lane the thread owns, a lock on any other | exactly 1 bit | `Sync` (per-thread lanes, no lock on the owner's path) | the system allocator (a *fallback*), counted |
 //! | [`StackAllocator`] | nested lifetimes: level data, loading | bump / free everything above a [`Marker`] | alignment padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end; the lower end's last block grows in place | padding only | `Send` | `OutOfMemory` when the ends would meet |
 //! | [`FrameAllocator`] | scratch data for one frame | bump / `reset` once per frame | padding only | `Send` | `OutOfMemory` |
@@ -101,7 +101,7 @@
 //! | [`DoubleBufferedAllocator`] | — | yes | no | a `FrameRef` is not tied to a borrow, so its value is reachable again after the allocator moves to another thread: [`alloc`](DoubleBufferedAllocator::alloc) requires `T: Send`. Values from `alloc_mut` and the `Allocator` impl are reachable only through borrows, which end before a move, so they need no bound. |
 //! | [`StackAllocator`], [`DoubleEndedStack`], [`FrameAllocator`] | — | yes | no | the top is a `Cell`. Stored values need no `Send` bound: references to them borrow the allocator, and values are never dropped, so after a move they are unreachable bytes. |
 //! | [`SizeClassPool`] | — | yes | yes | untyped bytes. A page's masks are atomics: stored only by the page's one owner thread (relaxed load + store), or set by one `fetch_or` from other threads and taken by the owner with a swap. Thread caches hold pool ids (never reused) and page indices, never pointers into a pool, so dropping, forgetting or moving a pool leaves them harmless. |
-//! | [`SmallObjectAllocator`] | — | yes | yes | untyped bytes; every class's state sits behind its own lock. |
+//! | [`SmallObjectAllocator`] | — | yes | yes | untyped bytes. A lane's bitmap words are atomics, stored only by the thread that owns the lane (relaxed load + store) or, while nobody owns it, under the class's lock; a free from any other thread is queued under that lock for the owner. Thread caches hold allocator ids (never reused) and lane masks, and a `Weak` to the bitmaps, never pointers into the region. |
 //! | [`AlignedAlloc<A>`] | covariant in `A` | when `A: Send` | when `A: Sync` | it owns `A` like a plain field and never writes an `A` through `&self`. |
 //! | [`SegmentAlloc`] | — | yes | yes | untyped bytes from `System`; its ledger sits behind a lock and holds addresses only. |
 //!
@@ -141,6 +141,7 @@ mod aligned;
 mod double_buffered;
 mod double_ended_stack;
 mod frame;
+mod lane;
 mod page;
 mod pool;
 mod region;

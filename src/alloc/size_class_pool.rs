@@ -11,7 +11,7 @@ use super::page::{self, Page, UNOWNED};
 use super::region::{self, Region, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::stats::SharedCounters;
-use super::thread_cache::{self, ClassCache, NO_PAGE, NO_TOKEN};
+use super::thread_cache::{self, ClassCache, PoolCache, NO_PAGE, NO_TOKEN, POOL_CACHES};
 use super::AllocStats;
 use crate::{Error, Result};
 
@@ -248,7 +248,7 @@ impl SizeClassPool {
             chunk_class,
             classes: built.into_boxed_slice(),
             pages: pages.into(),
-            id: thread_cache::next_pool_id(),
+            id: thread_cache::next_allocator_id(),
             by_log2,
             counters: SharedCounters::default(),
             stolen: AtomicU64::new(0),
@@ -294,7 +294,7 @@ impl SizeClassPool {
     /// assert_eq!(p.as_ptr() as usize % 64, 0);
     /// assert!(matches!(pool.try_alloc(Layout::new::<u8>()), Err(Error::OutOfMemory { .. })));
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
         let align = layout.align();
         if align > MAX_ALIGN {
@@ -310,7 +310,7 @@ impl SizeClassPool {
         // SAFETY: the closure only reads and writes page masks and counts: it calls nothing
         // that could reach the thread cache again.
         let fast = unsafe {
-            thread_cache::with_last_cache(self.id, |cache| {
+            thread_cache::with_last_cache(&POOL_CACHES, self.id, |cache| {
                 let active = cache.classes[first].active;
                 if active == NO_PAGE {
                     return None;
@@ -330,7 +330,8 @@ impl SizeClassPool {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout, first: usize, k: usize) -> Result<NonNull<u8>> {
-        let cached = thread_cache::with_cache(self.id, &self.pages, self.classes.len(), |cache| {
+        let make = || PoolCache::new(self.id, &self.pages, self.classes.len());
+        let cached = thread_cache::with_cache(&POOL_CACHES, self.id, make, |cache| {
             for i in first..self.classes.len() {
                 if let Some(ptr) = self.alloc_cached(i, &mut cache.classes[i])? {
                     if i != first {
@@ -556,7 +557,7 @@ impl SizeClassPool {
     ///     assert_eq!(pool.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
     /// }
     /// ```
-    #[inline]
+    #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let (class, index) = self.locate(addr)?;
@@ -613,7 +614,7 @@ impl SizeClassPool {
     }
 
     /// Finds the class and block index of `addr`, checking it starts a block.
-    #[inline]
+    #[inline(always)]
     fn locate(&self, addr: usize) -> Result<(&Class, u32)> {
         if !self.region.contains(addr) {
             return Err(Error::ForeignPointer { addr });

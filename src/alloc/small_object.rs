@@ -5,13 +5,15 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::{Arc, Weak};
 
-use super::shell::{self, Shell};
-use parking_lot::Mutex;
-
+use super::lane::{LaneCache, LaneCounts, Lanes};
 use super::region::{self, Region, MAX_ALIGN};
+use super::shell::{self, Shell};
 use super::stats::SharedCounters;
+use super::thread_cache::{self, CacheEntry, SMALL_CACHES};
 use super::AllocStats;
+use crate::sync::Mutex;
 use crate::{Error, Result};
 
 /// The slot sizes of the seven classes, in bytes.
@@ -139,117 +141,153 @@ struct SmallClass {
     start: usize,
     end: usize,
     slots: usize,
-    state: Mutex<Bits>,
 }
 
-/// A class's bitmap and counters, behind its lock.
-///
-/// Invariants:
-/// 1. `bits` holds `ceil(slots / 8)` bytes; bit `i` (byte `i / 8`, bit `i % 8`) is set exactly
-///    when slot `i` is handed out. Bits past `slots` in the last byte are always set, so a
-///    scan never finds them free.
-/// 2. Every 64-slot word below `hint` is full.
-struct Bits {
-    bits: Box<[u8]>,
-    hint: usize,
-    live: usize,
-    peak_live: usize,
-    /// Live slots plus live system fallbacks of this class's size (for the histogram).
-    demand: u64,
-    peak_demand: u64,
-    requests: u64,
-    allocations: u64,
+/// What the allocator shares with the thread caches (which hold it as a `Weak`), so that a
+/// thread leaving can give its lanes back and move its counts into the classes'.
+struct Shared {
+    /// The classes' bitmaps and lanes, in the order of [`SMALL_OBJECT_CLASSES`].
+    lanes: [Lanes; 7],
+    /// The counts of the threads that have a cache for this allocator now.
+    threads: Mutex<Vec<Arc<ThreadCounts>>>,
+    counters: SharedCounters,
+    /// Each class's first slot address and slot size, to name slots in reports.
+    slot_addr: [(usize, usize); 7],
 }
 
-impl Bits {
-    fn new(slots: usize) -> Bits {
-        let mut bits = vec![0u8; slots.div_ceil(8)].into_boxed_slice();
-        if slots % 8 != 0 {
-            bits[slots / 8] = !((1u8 << (slots % 8)) - 1);
+impl Shared {
+    /// Reports slots of class `i` found freed twice when their two frees raced on two
+    /// threads. The second free is ignored (the slot is free once).
+    #[cold]
+    #[inline(never)]
+    fn report_raced(&self, i: usize, raced: Vec<usize>) {
+        let (start, size) = self.slot_addr[i];
+        for slot in raced {
+            log::error!(
+                "SmallObjectAllocator: {} (two frees raced on two threads; the second is ignored)",
+                Error::DoubleFree { addr: start + slot * size }
+            );
+            self.counters.failure();
         }
-        Bits { bits, hint: 0, live: 0, peak_live: 0, demand: 0, peak_demand: 0, requests: 0, allocations: 0 }
-    }
-
-    /// The 64 slots of word `w`, slot `64w` in bit 0; missing bytes past the end read as full.
-    #[inline]
-    fn word(&self, w: usize) -> u64 {
-        let bytes = &self.bits[w * 8..];
-        match bytes.first_chunk::<8>() {
-            Some(chunk) => u64::from_le_bytes(*chunk),
-            None => {
-                let mut chunk = [0xFF; 8];
-                chunk[..bytes.len()].copy_from_slice(bytes);
-                u64::from_le_bytes(chunk)
-            }
-        }
-    }
-
-    /// Finds and marks the lowest free slot, scanning 64 slots per step from the hint.
-    #[inline]
-    fn take(&mut self) -> Option<usize> {
-        let words = self.bits.len().div_ceil(8);
-        for w in self.hint..words {
-            let word = self.word(w);
-            if word != u64::MAX {
-                let slot = w * 64 + (!word).trailing_zeros() as usize;
-                self.bits[slot / 8] |= 1 << (slot % 8);
-                self.hint = w;
-                return Some(slot);
-            }
-        }
-        self.hint = words;
-        None
-    }
-
-    #[inline]
-    fn is_set(&self, slot: usize) -> bool {
-        self.bits[slot / 8] & (1 << (slot % 8)) != 0
-    }
-
-    #[inline]
-    fn clear(&mut self, slot: usize) {
-        self.bits[slot / 8] &= !(1 << (slot % 8));
-        self.hint = self.hint.min(slot / 64);
-    }
-
-    #[inline]
-    fn demand_up(&mut self) {
-        self.requests += 1;
-        self.demand += 1;
-        self.peak_demand = self.peak_demand.max(self.demand);
     }
 }
 
-/// Live system-fallback blocks, by address.
+/// One thread's counts, per class.
+#[derive(Debug, Default)]
+struct ThreadCounts([LaneCounts; 7]);
+
+/// One thread's cache for one [`SmallObjectAllocator`]: the lanes it owns in each class.
+/// Dropping it (when the thread exits) gives them back.
+pub(crate) struct SmallCache {
+    id: u64,
+    shared: Weak<Shared>,
+    counts: Arc<ThreadCounts>,
+    classes: [LaneCache; 7],
+}
+
+impl CacheEntry for SmallCache {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn is_alive(&self) -> bool {
+        self.shared.strong_count() > 0
+    }
+}
+
+impl Drop for SmallCache {
+    fn drop(&mut self) {
+        // The allocator may be gone, or alive on another thread: hand the lanes back so
+        // other threads can take them over.
+        let Some(shared) = self.shared.upgrade() else { return };
+        for (i, lanes) in shared.lanes.iter().enumerate() {
+            let raced = lanes.release(&mut self.classes[i], &self.counts.0[i]);
+            shared.report_raced(i, raced);
+        }
+        shared.threads.lock().retain(|counts| !Arc::ptr_eq(counts, &self.counts));
+    }
+}
+
+impl fmt::Debug for SmallCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmallCache").field("id", &self.id).field("classes", &self.classes).finish()
+    }
+}
+
+/// Live system-fallback blocks, by address, and the fallback counts.
 #[derive(Default)]
 struct Fallbacks {
     live: HashMap<usize, (Layout, Option<usize>)>,
     larger: u64,
     allocations: u64,
+    /// Per class: requests the system served (or refused) because the class had no slot
+    /// for the thread, fallback blocks live now, and the most live at once.
+    requests: [u64; 7],
+    live_by_class: [u64; 7],
+    peak_by_class: [u64; 7],
 }
 
-/// A small-object allocator: one region of 8/16/32/48/64/96/128-byte slots, one bit per slot.
+/// `(shift, multiplier)` per class: `rel / slot_size == ((rel >> shift) × multiplier) >> 64`.
+/// A power of two `2^k` is `(x × 2^63) >> 64` after a shift by `k − 1`; 48 and 96 are 16 × 3
+/// and 32 × 3, and `x / 3 == (x × ceil(2^64 / 3)) >> 64` for every `x < 2^63` (the rounding
+/// error, `2x / 3` over `2^64`, stays below `1 / 3`). Offsets into a class are below `2^39`
+/// (fewer than `2^32` slots of at most 128 bytes).
+const DIVIDE: [(u32, u64); 7] = {
+    const HALF: u64 = 1 << 63;
+    const THIRD: u64 = 0x5555_5555_5555_5556; // ceil(2^64 / 3)
+    [(2, HALF), (3, HALF), (4, HALF), (4, THIRD), (5, HALF), (5, THIRD), (6, HALF)]
+};
+
+/// The slot of class `i` that `rel` bytes into the class fall in: `rel / slot_size` with one
+/// multiplication, no division and no branch on the class.
+#[inline(always)]
+fn slot_index(i: usize, rel: usize) -> usize {
+    let (shift, multiplier) = DIVIDE[i];
+    ((((rel >> shift) as u128) * multiplier as u128) >> 64) as usize
+}
+
+/// A small-object allocator: one region of 8/16/32/48/64/96/128-byte slots, one bit per slot,
+/// with a per-thread fast path.
 ///
-/// - **Allocate**: the smallest class that fits the size and alignment; scan its bitmap from
-///   the lowest-free hint, 64 slots per step (`trailing_zeros` of the inverted word). If the
-///   class is full, or the request is over 128 bytes or more aligned than any class, the
-///   system allocator serves it and it counts as a *fallback*. Fallback blocks are kept in
-///   a small side table (address → layout) so they are recognised and freed correctly.
-/// - **Free**: an address inside the region reveals its class; clearing the bit frees it,
-///   and a bit that is already clear is a double free ([`Error::DoubleFree`]). An address
-///   outside the region must be a live fallback block, or it is
-///   [`Error::ForeignPointer`] (this includes a second free of a fallback block, since the
-///   system may already have reused the address).
+/// - **Allocate**: the smallest class that fits the size and alignment. Each class's bitmap
+///   is cut into at most 64 *lanes* of consecutive 64-slot words; a thread takes lanes for
+///   itself and allocates from them with no lock and no atomic read-modify-write (the lowest
+///   clear bit of its active word, `trailing_zeros`). If the thread has no free slot in its
+///   lanes and finds no unowned lane with one, or the request is over 128 bytes or more
+///   aligned than any class, the system allocator serves it and it counts as a *fallback*.
+///   Fallback blocks are kept in a small side table (address → layout) so they are
+///   recognised and freed correctly.
+/// - **Free**: an address inside the region reveals its class and slot. In a lane the
+///   freeing thread owns, clearing the bit frees the slot (a plain store). Otherwise the free
+///   takes the class's lock and either clears the bit (nobody owns the lane) or queues the
+///   slot for the lane's owner, which applies it when it next needs a slot or frees in that
+///   lane. A slot whose bit is clear, or which is queued already, is a double free
+///   ([`Error::DoubleFree`]), on the owner's thread or any other. An address outside the
+///   region must be a live fallback block, or it is [`Error::ForeignPointer`] (this
+///   includes a second free of a fallback block, since the system may already have reused
+///   the address).
+/// - **Double frees across threads** are caught at the call. Only two frees of one slot
+///   racing on two threads at the same moment can both pass their checks; the owner then
+///   finds the slot free twice when it applies the queued free, logs the double free
+///   (`log::error!`), counts it in [`AllocStats::failures`] and keeps the slot free once.
+///   (If the late free of such a race lands only after the slot was handed out again, it
+///   looks exactly like freeing a block someone else holds, which `try_free`'s safety
+///   contract rules out and no allocator can tell apart.)
+/// - **Lanes and threads**: a thread keeps the lanes it has taken until it exits; then they
+///   go back, and other threads take them over. So while one thread owns every lane of a
+///   class with free slots, other threads' requests in that class fall back to the system.
 /// - **Overhead**: exactly one bit per slot ([`footprint`](Self::footprint)): 1,000 slots of
-///   8 bytes cost 8,000 + 125 = 8,125 bytes. Classes start on 128-byte boundaries, so up to
+///   8 bytes cost 8,000 + 125 = 8,125 bytes. Lanes have no metadata of their own. Beside
+///   that, a fixed part per class (its lock, two lane masks, the queue of frees waiting for
+///   an owner) and, per thread that uses the allocator, a few words per class in its
+///   thread-local cache and in its counts. Classes start on 128-byte boundaries, so up to
 ///   127 bytes of padding can follow a class.
 /// - **Sizing**: the allocator records a [`SizeHistogram`];
 ///   [`SmallObjectConfig::from_histogram`] turns a recorded run into slot counts.
-/// - **Threads**: `Sync`, with a `parking_lot::Mutex` around each class's bitmap and counters
-///   (and one around the fallback table). The lock is held for the bitmap scan only; there is
-///   no other atomic on the fast path.
 /// - **Debug builds** fill freed slots with `0xDD` and check the fill on allocation.
 /// - **Drop** logs slots still in use as leaks (`log::warn!`) and frees live fallback blocks.
+///   Dropping the allocator while other threads' caches still name it is fine: they hold
+///   its id and a `Weak` to its bitmaps, never a pointer into it.
 ///
 /// # Examples
 ///
@@ -261,18 +299,27 @@ struct Fallbacks {
 /// let node = small.alloc(Layout::new::<[u64; 5]>()); // 40 bytes: a 48-byte slot
 /// let big = small.alloc(Layout::new::<[u8; 300]>()); // too large: the system serves it
 /// assert_eq!(small.stats().fallbacks, 1);
-/// // SAFETY: both blocks are ours, freed once.
-/// unsafe {
-///     small.free(node);
-///     small.free(big);
-/// }
+/// // Blocks may be freed on any thread.
+/// let addr = node.as_ptr() as usize;
+/// std::thread::scope(|s| {
+///     s.spawn(|| {
+///         let node = std::ptr::NonNull::new(addr as *mut u8).unwrap();
+///         // SAFETY: `node` is a live block from `small`, freed once.
+///         unsafe { small.free(node) };
+///     });
+/// });
+/// // SAFETY: ours, freed once.
+/// unsafe { small.free(big) };
+/// assert_eq!(small.stats().live, 0);
 /// ```
 pub struct SmallObjectAllocator {
     region: Region,
     classes: [SmallClass; 7],
+    shared: Arc<Shared>,
+    /// Keys this allocator's thread caches; never repeats.
+    id: u64,
     /// `route[size]` for `size <= 128`: the first class whose slots are at least `size` bytes.
     route: [u8; 129],
-    counters: SharedCounters,
     fallbacks: Mutex<Fallbacks>,
 }
 
@@ -281,10 +328,10 @@ impl SmallObjectAllocator {
     ///
     /// # Panics
     ///
-    /// Panics if the total overflows `isize`.
+    /// Panics if the total overflows `isize`, or if a class has `2^32` slots or more.
     pub fn new(config: SmallObjectConfig) -> SmallObjectAllocator {
         let mut offset = 0usize;
-        let classes = std::array::from_fn(|i| {
+        let classes: [SmallClass; 7] = std::array::from_fn(|i| {
             let slot_size = SMALL_OBJECT_CLASSES[i];
             let slots = config.slots[i];
             let start = if slots == 0 { offset } else { region::align_up(offset, CLASS_ALIGN) };
@@ -294,23 +341,24 @@ impl SmallObjectAllocator {
                 .filter(|&e| e < isize::MAX as usize / 2)
                 .expect("small object region too large");
             offset = end;
-            SmallClass {
-                slot_size,
-                align: 1 << slot_size.trailing_zeros(),
-                start,
-                end,
-                slots,
-                state: Mutex::new(Bits::new(slots)),
-            }
+            SmallClass { slot_size, align: 1 << slot_size.trailing_zeros(), start, end, slots }
         });
         let route = std::array::from_fn(|size| {
             SMALL_OBJECT_CLASSES.iter().position(|&s| s >= size).expect("size <= 128") as u8
         });
-        SmallObjectAllocator {
-            region: Region::new(offset),
-            classes,
-            route,
+        let region = Region::new(offset);
+        let shared = Arc::new(Shared {
+            lanes: std::array::from_fn(|i| Lanes::new(classes[i].slots)),
+            threads: Mutex::new(Vec::new()),
             counters: SharedCounters::default(),
+            slot_addr: std::array::from_fn(|i| (region.addr() + classes[i].start, classes[i].slot_size)),
+        });
+        SmallObjectAllocator {
+            region,
+            classes,
+            shared,
+            id: thread_cache::next_allocator_id(),
+            route,
             fallbacks: Mutex::new(Fallbacks::default()),
         }
     }
@@ -344,32 +392,74 @@ impl SmallObjectAllocator {
         let (size, align) = (layout.size(), layout.align());
         if size <= 128 {
             let mut i = self.route[size] as usize;
-            while i < 7 && self.classes[i].align < align {
+            // Every slot is 8-aligned: only a larger alignment can need a larger class.
+            while align > 8 && i < 7 && self.classes[i].align < align {
                 i += 1;
             }
             if i < 7 {
-                let class = &self.classes[i];
-                let mut st = class.state.lock();
-                st.demand_up();
-                if let Some(slot) = st.take() {
-                    let ptr = self.region.at(class.start + slot * class.slot_size);
-                    // SAFETY: the slot was free: nobody references its bytes.
-                    if !unsafe { region::freed_intact(ptr, class.slot_size) } {
-                        st.clear(slot);
-                        st.demand -= 1;
-                        drop(st);
-                        return Err(self.corrupted(ptr, class.slot_size));
-                    }
-                    st.live += 1;
-                    st.peak_live = st.peak_live.max(st.live);
-                    st.allocations += 1;
-                    return Ok(ptr);
-                }
-                drop(st);
-                return self.fallback(layout, Some(i));
+                let lanes = &self.shared.lanes[i];
+                // SAFETY: the closure only reads and writes bitmap words and this thread's
+                // counts: it calls nothing that could reach the thread cache again.
+                let fast = unsafe {
+                    thread_cache::with_last_cache(&SMALL_CACHES, self.id, |cache| {
+                        lanes.take_active(&cache.classes[i], &cache.counts.0[i])
+                    })
+                };
+                return match fast {
+                    Some(slot) => self.hand_out(i, slot),
+                    None => self.alloc_slow(layout, i),
+                };
             }
         }
         self.fallback(layout, None)
+    }
+
+    /// The rest of [`try_alloc`](Self::try_alloc) for class `i`: another word or lane for
+    /// this thread, the uncached path, and the system fallback.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
+        let lanes = &self.shared.lanes[i];
+        let cached = thread_cache::with_cache(
+            &SMALL_CACHES,
+            self.id,
+            || self.new_cache(),
+            |cache| lanes.refill(&mut cache.classes[i], &cache.counts.0[i]),
+        );
+        let slot = match cached {
+            Some((slot, raced)) => {
+                if !raced.is_empty() {
+                    self.shared.report_raced(i, raced);
+                }
+                slot
+            }
+            // No cache to use (the thread's locals are gone): a slot of an unowned lane.
+            None => lanes.take_unowned(),
+        };
+        match slot {
+            Some(slot) => self.hand_out(i, slot),
+            None => self.fallback(layout, Some(i)),
+        }
+    }
+
+    /// A new thread cache for this allocator, its counts registered.
+    fn new_cache(&self) -> SmallCache {
+        let counts = Arc::new(ThreadCounts::default());
+        self.shared.threads.lock().push(Arc::clone(&counts));
+        SmallCache { id: self.id, shared: Arc::downgrade(&self.shared), counts, classes: Default::default() }
+    }
+
+    /// Returns slot `slot` of class `i`, just taken, after the use-after-free check.
+    #[inline(always)]
+    fn hand_out(&self, i: usize, slot: usize) -> Result<NonNull<u8>> {
+        let class = &self.classes[i];
+        let ptr = self.region.at(class.start + slot * class.slot_size);
+        // SAFETY: the slot was free until just now: `slot_size` bytes nobody references,
+        // initialised by the region's fill or the last free's.
+        if !unsafe { region::freed_intact(ptr, class.slot_size) } {
+            return Err(self.corrupted(ptr, class.slot_size));
+        }
+        Ok(ptr)
     }
 
     #[cold]
@@ -377,25 +467,32 @@ impl SmallObjectAllocator {
     fn fallback(&self, layout: Layout, class: Option<usize>) -> Result<NonNull<u8>> {
         let align = layout.align();
         if align > MAX_ALIGN {
-            self.counters.failure();
+            self.shared.counters.failure();
             return Err(Error::UnsupportedAlignment { align, max: MAX_ALIGN });
         }
         let real = Layout::from_size_align(layout.size().max(1), align).expect("valid layout");
         // SAFETY: `real` has a non-zero size.
-        let Some(ptr) = NonNull::new(unsafe { System.alloc(real) }) else {
-            if let Some(i) = class {
-                self.classes[i].state.lock().demand -= 1;
-            }
-            self.counters.failure();
+        let ptr = NonNull::new(unsafe { System.alloc(real) });
+        let mut table = self.fallbacks.lock();
+        if let Some(i) = class {
+            table.requests[i] += 1;
+        }
+        let Some(ptr) = ptr else {
+            drop(table);
+            self.shared.counters.failure();
             return Err(Error::OutOfMemory { requested: layout.size(), available: 0 });
         };
-        let mut table = self.fallbacks.lock();
-        if class.is_none() {
-            table.larger += 1;
+        match class {
+            None => table.larger += 1,
+            Some(i) => {
+                table.live_by_class[i] += 1;
+                table.peak_by_class[i] = table.peak_by_class[i].max(table.live_by_class[i]);
+            }
         }
         table.allocations += 1;
         table.live.insert(ptr.as_ptr() as usize, (real, class));
-        self.counters.fallback();
+        drop(table);
+        self.shared.counters.fallback();
         Ok(ptr)
     }
 
@@ -415,13 +512,14 @@ impl SmallObjectAllocator {
         unsafe { Shell::free(self, ptr) }
     }
 
-    /// Frees a block.
+    /// Frees a block, from any thread.
     ///
     /// # Errors
     ///
     /// [`Error::NotBlockStart`] for an address inside a slot, [`Error::DoubleFree`] for a slot
     /// that is not handed out, [`Error::ForeignPointer`] for an address that is neither in
-    /// the region nor a live fallback block. Nothing changes on error.
+    /// the region nor a live fallback block. Nothing changes on error. (Two frees of one slot
+    /// racing on two threads at once are reported later instead: see the type's docs.)
     ///
     /// # Safety
     ///
@@ -442,6 +540,7 @@ impl SmallObjectAllocator {
     ///     assert_eq!(small.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
     /// }
     /// ```
+    #[inline]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         if !self.region.contains(addr) {
@@ -449,29 +548,59 @@ impl SmallObjectAllocator {
             return unsafe { self.free_fallback(ptr) };
         }
         let offset = addr - self.region.addr();
-        let Some(class) = self.classes.iter().find(|c| c.start <= offset && offset < c.end) else {
+        // Starts ascend with the class (an empty class starts where the previous one ends),
+        // so the class is the number of later starts at or below `offset`: no branch.
+        let i = self.classes[1..].iter().map(|c| usize::from(c.start <= offset)).sum::<usize>();
+        let class = &self.classes[i];
+        if offset >= class.end {
             return Err(Error::ForeignPointer { addr }); // padding between classes
-        };
+        }
         let rel = offset - class.start;
-        let slot = rel / class.slot_size;
-        if rel % class.slot_size != 0 {
-            let block_start = addr - rel % class.slot_size;
-            return Err(Error::NotBlockStart { addr, block_start });
+        let slot = slot_index(i, rel);
+        if rel != slot * class.slot_size {
+            return Err(Error::NotBlockStart { addr, block_start: addr - (rel - slot * class.slot_size) });
         }
-        let mut st = class.state.lock();
-        if !st.is_set(slot) {
-            return Err(Error::DoubleFree { addr });
+        let fill = move || {
+            // SAFETY: the checks passed, so the slot was handed out and, by the caller's
+            // contract, is no longer used. The fill goes through the region's own pointer,
+            // whose provenance covers the whole slot; the caller's pointer may cover only the
+            // bytes it asked for (an `allocator_api2::boxed::Box<u8>` retags it to one byte),
+            // so writing the whole slot through it would be undefined behaviour under Stacked
+            // Borrows.
+            unsafe { region::fill_freed(self.region.at(offset), class.slot_size) }
+        };
+        let lanes = &self.shared.lanes[i];
+        // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
+        // and writes the debug fill: it calls nothing that could reach the thread cache again.
+        let fast = unsafe {
+            thread_cache::with_last_cache(&SMALL_CACHES, self.id, |cache| {
+                lanes.free_owned(&cache.classes[i], &cache.counts.0[i], slot, fill)
+            })
+        };
+        let freed = match fast {
+            Some(freed) => freed,
+            None => self.free_slow(i, slot, &fill),
+        };
+        freed.map_err(|()| Error::DoubleFree { addr })
+    }
+
+    /// The rest of [`try_free`](Self::try_free) for slot `slot` of class `i`: a lane with
+    /// queued frees, or one this thread does not own.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&self, i: usize, slot: usize, fill: &dyn Fn()) -> std::result::Result<(), ()> {
+        let lanes = &self.shared.lanes[i];
+        let (freed, raced) = thread_cache::with_cache(
+            &SMALL_CACHES,
+            self.id,
+            || self.new_cache(),
+            |cache| lanes.free_shared(Some((&mut cache.classes[i], &cache.counts.0[i])), slot, fill),
+        )
+        .unwrap_or_else(|| lanes.free_shared(None, slot, fill));
+        if !raced.is_empty() {
+            self.shared.report_raced(i, raced);
         }
-        // SAFETY: the slot was handed out and the caller no longer uses it. The fill goes
-        // through the region's own pointer, whose provenance covers the whole slot; the
-        // caller's pointer may cover only the bytes it asked for (an
-        // `allocator_api2::boxed::Box<u8>` retags it to one byte), so writing the whole slot
-        // through it would be undefined behaviour under Stacked Borrows.
-        unsafe { region::fill_freed(self.region.at(offset), class.slot_size) };
-        st.clear(slot);
-        st.live -= 1;
-        st.demand -= 1;
-        Ok(())
+        freed
     }
 
     /// # Safety
@@ -481,12 +610,14 @@ impl SmallObjectAllocator {
     #[inline(never)]
     unsafe fn free_fallback(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        let Some((layout, class)) = self.fallbacks.lock().live.remove(&addr) else {
+        let mut table = self.fallbacks.lock();
+        let Some((layout, class)) = table.live.remove(&addr) else {
             return Err(Error::ForeignPointer { addr });
         };
         if let Some(i) = class {
-            self.classes[i].state.lock().demand -= 1;
+            table.live_by_class[i] -= 1;
         }
+        drop(table);
         // SAFETY: the table only holds blocks from `System.alloc` with this layout, and the
         // entry was removed, so each is freed once.
         unsafe { System.dealloc(ptr.as_ptr(), layout) };
@@ -510,52 +641,67 @@ impl SmallObjectAllocator {
                 slot_size: c.slot_size,
                 slots: c.slots,
                 data_bytes: c.slots * c.slot_size,
-                bitmap_bytes: c.state.lock().bits.len(),
+                bitmap_bytes: self.shared.lanes[i].bitmap_bytes(),
             }
         })
     }
 
-    /// The recorded request statistics, to feed [`SmallObjectConfig::from_histogram`].
-    pub fn histogram(&self) -> SizeHistogram {
-        let mut h = SizeHistogram { larger: self.fallbacks.lock().larger, ..SizeHistogram::default() };
-        for (i, c) in self.classes.iter().enumerate() {
-            let st = c.state.lock();
-            h.requests[i] = st.requests;
-            h.peak_live[i] = st.peak_demand;
-        }
-        h
+    /// Per class: slots handed out over the allocator's life and the most in use at once
+    /// (an upper bound: the sum of the peaks of each thread's lanes and of the unowned ones).
+    fn class_totals(&self) -> [(u64, usize); 7] {
+        let threads = self.shared.threads.lock();
+        std::array::from_fn(|i| self.shared.lanes[i].totals(threads.iter().map(|t| &t.0[i])))
     }
 
-    /// Free slots per class, in the order of [`SMALL_OBJECT_CLASSES`].
+    /// The recorded request statistics, to feed [`SmallObjectConfig::from_histogram`].
+    pub fn histogram(&self) -> SizeHistogram {
+        let totals = self.class_totals();
+        let table = self.fallbacks.lock();
+        SizeHistogram {
+            requests: std::array::from_fn(|i| totals[i].0 + table.requests[i]),
+            peak_live: std::array::from_fn(|i| totals[i].1 as u64 + table.peak_by_class[i]),
+            larger: table.larger,
+        }
+    }
+
+    /// Free slots per class, in the order of [`SMALL_OBJECT_CLASSES`] (a snapshot, exact
+    /// when no other thread is inside the allocator).
     pub fn free_slots(&self) -> [usize; 7] {
-        std::array::from_fn(|i| self.classes[i].slots - self.classes[i].state.lock().live)
+        std::array::from_fn(|i| self.classes[i].slots - self.shared.lanes[i].live())
     }
 
     /// A snapshot of the usage. `in_use`/`peak` count slot bytes in the region (`peak` is the
-    /// sum of per-class peaks, see [`AllocStats::peak`]); `live` counts slots and fallback
-    /// blocks; `fallbacks` counts requests the system served.
+    /// sum of per-class peaks, each the sum of per-thread peaks, see [`AllocStats::peak`]);
+    /// `live` counts slots and fallback blocks; `fallbacks` counts requests the system served.
     pub fn stats(&self) -> AllocStats {
+        let totals = self.class_totals();
         let (mut live, mut allocations, mut in_use, mut peak) = (0, 0, 0, 0);
-        for c in &self.classes {
-            let st = c.state.lock();
-            live += st.live;
-            allocations += st.allocations;
-            in_use += st.live * c.slot_size;
-            peak += st.peak_live * c.slot_size;
+        for (i, c) in self.classes.iter().enumerate() {
+            let class_live = self.shared.lanes[i].live();
+            live += class_live;
+            allocations += totals[i].0;
+            in_use += class_live * c.slot_size;
+            peak += totals[i].1 * c.slot_size;
         }
         let table = self.fallbacks.lock();
         live += table.live.len();
         allocations += table.allocations;
         drop(table);
-        self.counters.snapshot_with(self.region.len(), in_use, peak, live, allocations)
+        self.shared.counters.snapshot_with(self.region.len(), in_use, peak, live, allocations)
     }
 
+    /// Reports a free slot whose fill was overwritten: it is refilled and freed again, so
+    /// the next call hands it out.
     #[cold]
     #[inline(never)]
     fn corrupted(&self, ptr: NonNull<u8>, len: usize) -> Error {
-        // SAFETY: the slot is free (its bit was cleared again): nobody references it.
+        // SAFETY: the slot was just taken and is handed to nobody: nobody references it.
         unsafe { region::fill_freed(ptr, len) };
-        self.counters.failure();
+        // SAFETY: the slot was just taken by this call and is handed to nobody, so this is
+        // its one free.
+        let back = unsafe { self.try_free(ptr) };
+        debug_assert!(back.is_ok(), "a slot just taken frees cleanly: {back:?}");
+        self.shared.counters.failure();
         region::use_after_free("SmallObjectAllocator", ptr.as_ptr() as usize)
     }
 }
@@ -569,8 +715,8 @@ impl Default for SmallObjectAllocator {
 
 impl Drop for SmallObjectAllocator {
     fn drop(&mut self) {
-        for c in self.classes.iter_mut() {
-            let live = c.state.get_mut().live;
+        for (i, c) in self.classes.iter().enumerate() {
+            let live = self.shared.lanes[i].live();
             if live > 0 {
                 log::warn!(
                     "SmallObjectAllocator dropped with {live} slot(s) of {} B still in use (leaked)",
@@ -578,7 +724,7 @@ impl Drop for SmallObjectAllocator {
                 );
             }
         }
-        let table = self.fallbacks.get_mut();
+        let mut table = self.fallbacks.lock();
         if !table.live.is_empty() {
             log::warn!("SmallObjectAllocator dropped with {} fallback block(s) still in use (freed)", table.live.len());
         }
@@ -603,10 +749,12 @@ impl fmt::Debug for SmallObjectAllocator {
 // SAFETY: `Shell` contract:
 // 1. `try_alloc` returns a slot (aligned to the class alignment, which routing made
 //    `>= layout.align()`, and at least `layout.size()` bytes, from the region's pointer) or a
-//    `System` block for the layout; either is handed to nobody else until freed.
+//    `System` block for the layout. A slot's bit was set by the one writer of its word (the
+//    lane's owner, or the lock holder for an unowned lane: `Lanes` invariant 2), so it is
+//    handed to nobody else until freed; a system block is the system's to give.
 // 2. Blocks stay valid until `try_free` or the allocator's drop (which needs it unborrowed).
 // 3. `try_free` checks range, class, slot start and bit (or the fallback table) before
-//    touching memory, and then writes only through the region's pointer.
+//    touching memory, and then writes only the debug fill, through the region's pointer.
 unsafe impl Shell for SmallObjectAllocator {
     #[inline]
     fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
@@ -727,6 +875,116 @@ mod tests {
             small.free(big);
             assert!(matches!(small.try_free(big), Err(Error::ForeignPointer { .. })));
         }
+    }
+
+    #[test]
+    fn slot_index_divides_by_the_class_size() {
+        for (i, size) in SMALL_OBJECT_CLASSES.into_iter().enumerate() {
+            let last = ((1usize << 32) - 1) * size; // the start of the last possible slot
+            for rel in [0, 1, size - 1, size, 5 * size + 3, 1000 * size - 1, last - 1, last, last + size - 1] {
+                assert_eq!(slot_index(i, rel), rel / size, "class {i}, {rel} bytes in");
+            }
+        }
+    }
+
+    /// The owner's alloc and free in its own lane take no lock: only the first allocation
+    /// (which takes the lane) and the refill after the word fills up do.
+    #[test]
+    fn owner_fast_paths_take_no_lock() {
+        let small = config([200, 0, 0, 0, 0, 0, 0]);
+        let lanes = &small.shared.lanes[0];
+        let first = small.alloc(Layout::new::<u64>());
+        let taken = lanes.locks_taken();
+        assert_eq!(taken, 1, "the lane was taken under the lock");
+        for _ in 0..100 {
+            let p = small.alloc(Layout::new::<u64>());
+            // SAFETY: ours, freed once.
+            unsafe { small.free(p) };
+        }
+        assert_eq!(lanes.locks_taken(), taken, "alloc and free in an owned lane");
+        // SAFETY: ours, freed once.
+        unsafe { small.free(first) };
+        assert_eq!(small.stats().live, 0);
+    }
+
+    /// Blocks freed on another thread go back to the owner's lane; a double free is caught
+    /// whichever thread makes either free.
+    #[test]
+    fn frees_on_another_thread() {
+        let small = config([64, 0, 0, 0, 0, 0, 0]);
+        let blocks: Vec<_> = (0..64).map(|_| small.alloc(Layout::new::<u64>())).collect();
+        let addrs: Vec<usize> = blocks.iter().map(|p| p.as_ptr() as usize).collect();
+        let here = |addr: usize| NonNull::new(addr as *mut u8).unwrap();
+        // SAFETY: the owner frees block 0; the rest are bad frees, caught.
+        unsafe { small.free(blocks[0]) };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: blocks 1..32 are ours, handed over and freed once; the rest are the
+                // double frees under test.
+                unsafe {
+                    assert_eq!(small.try_free(here(addrs[0])), Err(Error::DoubleFree { addr: addrs[0] }));
+                    for &addr in &addrs[1..32] {
+                        small.free(here(addr));
+                    }
+                    assert_eq!(small.try_free(here(addrs[1])), Err(Error::DoubleFree { addr: addrs[1] }));
+                }
+            });
+        });
+        assert_eq!(small.stats().live, 32);
+        // SAFETY: freed on the other thread (queued for this owner): a double free.
+        assert_eq!(unsafe { small.try_free(blocks[2]) }, Err(Error::DoubleFree { addr: addrs[2] }));
+        // The 32 freed slots are the owner's again.
+        let again: Vec<_> = (0..32).map(|_| small.alloc(Layout::new::<u64>())).collect();
+        assert_eq!(small.stats().fallbacks, 0);
+        let mut sorted: Vec<_> = again.iter().map(|p| p.as_ptr() as usize).collect();
+        sorted.sort_unstable();
+        assert_eq!(sorted, addrs[..32]);
+        // SAFETY: ours, freed once.
+        unsafe {
+            for p in again.into_iter().chain(blocks.into_iter().skip(32)) {
+                small.free(p);
+            }
+        }
+        assert_eq!(small.stats().live, 0);
+        assert_eq!(small.stats().failures, 0, "every double free was caught at its call");
+    }
+
+    /// A thread that exits gives its lanes back, with the slots it still holds: another
+    /// thread then allocates the free ones and frees the held ones (no owner: under the lock),
+    /// and a second free of those is still caught.
+    #[test]
+    fn exiting_thread_gives_its_lanes_back() {
+        let small = config([128, 0, 0, 0, 0, 0, 0]);
+        let kept = std::thread::scope(|s| {
+            s.spawn(|| {
+                let blocks: Vec<_> = (0..128).map(|_| small.alloc(Layout::new::<u64>())).collect();
+                let kept: Vec<usize> = blocks[..10].iter().map(|p| p.as_ptr() as usize).collect();
+                for p in &blocks[10..] {
+                    // SAFETY: ours, freed once.
+                    unsafe { small.free(*p) };
+                }
+                kept
+            })
+            .join()
+            .unwrap()
+        });
+        // The scoped thread's locals are gone once the scope returns.
+        let blocks: Vec<_> = (0..118).map(|_| small.alloc(Layout::new::<u64>())).collect();
+        assert_eq!(small.stats().fallbacks, 0, "the lanes came back");
+        for addr in kept {
+            let p = NonNull::new(addr as *mut u8).unwrap();
+            // SAFETY: handed over from the exited thread, freed once; the second is caught.
+            unsafe {
+                small.free(p);
+                assert_eq!(small.try_free(p), Err(Error::DoubleFree { addr }));
+            }
+        }
+        // SAFETY: ours, freed once.
+        unsafe { blocks.into_iter().for_each(|p| small.free(p)) };
+        let st = small.stats();
+        assert_eq!((st.live, st.allocations), (0, 246));
+        // Each thread's peak was 128: the sum is an upper bound, capped at the class's slots.
+        assert_eq!(small.histogram().peak_live[0], 128);
     }
 
     #[test]

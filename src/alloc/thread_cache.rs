@@ -1,13 +1,17 @@
-//! Per-thread state of the size-class pools: a token per thread (what a [`Page`] records as
-//! its owner) and, per (pool, thread), the pages the thread owns in each class.
+//! Per-thread state of the allocators with a per-thread fast path ([`SizeClassPool`] and
+//! [`SmallObjectAllocator`]): a token per thread (what a [`Page`] records as its owner) and,
+//! per (allocator, thread), a cache entry holding what the thread owns in that allocator.
 //!
-//! A pool is a value, so the cache is keyed by the pool's id in a thread-local list, with a
-//! one-entry check for the pool used last. The cache holds page *indices* and a `Weak` to
-//! the pool's page table, never a pointer into the pool: a pool dropped (or forgotten, or
-//! moved to another thread) while caches still name it leaves only stale numbers behind,
-//! and ids never repeat, so a stale entry is never used for another pool. When a thread
-//! exits, its caches give their pages back ([`Page::release`]) if the pool is still alive;
-//! other threads then take them over.
+//! An allocator is a value, so the caches are keyed by the allocator's id in a thread-local
+//! list, with a one-entry check for the allocator used last. An entry holds indices and a
+//! `Weak` to the allocator's shared state, never a pointer into the allocator: an allocator
+//! dropped (or forgotten, or moved to another thread) while caches still name it leaves only
+//! stale numbers behind, and ids never repeat, so a stale entry is never used for another
+//! allocator. When a thread exits, its entries drop, and each gives back what the thread
+//! owned if the allocator is still alive; other threads then take it over.
+//!
+//! [`SizeClassPool`]: super::SizeClassPool
+//! [`SmallObjectAllocator`]: super::SmallObjectAllocator
 
 use std::cell::{Cell, UnsafeCell};
 use std::fmt;
@@ -16,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::page::Page;
+use super::small_object::SmallCache;
 
 /// "No page" in a class cache.
 pub(crate) const NO_PAGE: u32 = u32::MAX;
@@ -27,18 +32,28 @@ pub(crate) const NO_TOKEN: u64 = u64::MAX;
 /// Thread tokens, from 1 (0 is `page::UNOWNED`); they never repeat.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
-/// Pool ids, from 1 (0 marks an empty one-entry cache); they never repeat.
-static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+/// Allocator ids, from 1 (0 marks an empty one-entry cache); they never repeat, and one
+/// sequence serves every allocator kind.
+static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A fresh pool id.
+/// A fresh allocator id.
 ///
 /// # Panics
 ///
-/// Panics when every id has been used (2^64 − 2 pools), rather than repeat one.
-pub(crate) fn next_pool_id() -> u64 {
-    NEXT_POOL_ID
+/// Panics when every id has been used (2^64 − 2 allocators), rather than repeat one.
+pub(crate) fn next_allocator_id() -> u64 {
+    NEXT_ALLOCATOR_ID
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1).filter(|&n| n != u64::MAX))
-        .unwrap_or_else(|_| panic!("size-class pool ids exhausted"))
+        .unwrap_or_else(|_| panic!("allocator ids exhausted"))
+}
+
+/// What a thread keeps for one allocator. Dropping an entry gives back what the thread owns
+/// in the allocator (if it is still alive).
+pub(crate) trait CacheEntry {
+    /// The allocator's id.
+    fn id(&self) -> u64;
+    /// Whether the allocator still exists (entries of dropped allocators are removed).
+    fn is_alive(&self) -> bool;
 }
 
 /// The pages one thread owns in one size class of one pool.
@@ -50,12 +65,33 @@ pub(crate) struct ClassCache {
     pub(crate) owned: Vec<u32>,
 }
 
-/// One thread's cache for one pool.
+/// One thread's cache for one size-class pool.
 pub(crate) struct PoolCache {
     pool: u64,
     /// The pool's page table, to give the pages back when the thread exits.
     pages: Weak<[Page]>,
     pub(crate) classes: Box<[ClassCache]>,
+}
+
+impl PoolCache {
+    /// An empty cache for pool `pool` with `classes` classes.
+    pub(crate) fn new(pool: u64, pages: &Arc<[Page]>, classes: usize) -> PoolCache {
+        PoolCache {
+            pool,
+            pages: Arc::downgrade(pages),
+            classes: (0..classes).map(|_| ClassCache { active: NO_PAGE, owned: Vec::new() }).collect(),
+        }
+    }
+}
+
+impl CacheEntry for PoolCache {
+    fn id(&self) -> u64 {
+        self.pool
+    }
+
+    fn is_alive(&self) -> bool {
+        self.pages.strong_count() > 0
+    }
 }
 
 impl Drop for PoolCache {
@@ -78,45 +114,50 @@ impl fmt::Debug for PoolCache {
     }
 }
 
-/// A thread's caches, one per pool it has used.
+/// A thread's caches of one kind, one per allocator it has used.
 ///
 /// Invariants:
 /// 1. `entries` holds pointers from `Box::into_raw`, owned by this list and freed (with
 ///    `Box::from_raw`) only when removed from it or when the list drops.
-/// 2. `last` is null or one of `entries`, the one for pool `last_pool`.
-/// 3. While `busy` is set, exactly one `&mut PoolCache` derived from `entries` is live (the
-///    one handed to [`with_cache`]'s closure); nothing else touches `entries` meanwhile.
-struct Caches {
+/// 2. `last` is null or one of `entries`, the one for allocator `last_pool`.
+/// 3. While `busy` is set, exactly one `&mut E` derived from `entries` is live (the one
+///    handed to [`with_cache`]'s closure); nothing else touches `entries` meanwhile.
+/// 4. `fast_pool` is `last_pool` while `busy` is clear and 0 (no allocator's id) while it is
+///    set, so the fast path needs one compare for both conditions.
+pub(crate) struct Caches<E> {
     busy: Cell<bool>,
+    fast_pool: Cell<u64>,
     last_pool: Cell<u64>,
-    last: Cell<*mut PoolCache>,
-    entries: UnsafeCell<Vec<NonNull<PoolCache>>>,
+    last: Cell<*mut E>,
+    entries: UnsafeCell<Vec<NonNull<E>>>,
 }
 
-impl Caches {
-    const fn new() -> Caches {
+impl<E: CacheEntry> Caches<E> {
+    const fn new() -> Caches<E> {
         Caches {
             busy: Cell::new(false),
+            fast_pool: Cell::new(0),
             last_pool: Cell::new(0),
             last: Cell::new(std::ptr::null_mut()),
             entries: UnsafeCell::new(Vec::new()),
         }
     }
 
-    /// The cache for `pool`, created if missing; drops the caches of pools that are gone.
+    /// The cache for `pool`, created by `make` if missing; drops the caches of allocators
+    /// that are gone.
     ///
     /// # Safety
     ///
     /// `busy` is set by the caller (invariant 3), so nothing else uses `entries`.
     #[cold]
     #[inline(never)]
-    unsafe fn find_or_insert(&self, pool: u64, pages: &Arc<[Page]>, classes: usize) -> *mut PoolCache {
+    unsafe fn find_or_insert(&self, pool: u64, make: impl FnOnce() -> E) -> *mut E {
         // SAFETY: the caller holds `busy`, so this is the only access to the list.
         let entries = unsafe { &mut *self.entries.get() };
         entries.retain(|&entry| {
             // SAFETY: invariant 1: a live, uniquely owned box; no `&mut` to it is live.
             let cache = unsafe { entry.as_ref() };
-            let alive = cache.pages.strong_count() > 0;
+            let alive = cache.is_alive();
             if !alive {
                 // SAFETY: invariant 1: removed from the list here, freed once.
                 drop(unsafe { Box::from_raw(entry.as_ptr()) });
@@ -124,14 +165,9 @@ impl Caches {
             alive
         });
         // SAFETY: invariant 1, as above.
-        let found = entries.iter().copied().find(|entry| unsafe { entry.as_ref() }.pool == pool);
+        let found = entries.iter().copied().find(|entry| unsafe { entry.as_ref() }.id() == pool);
         let entry = found.unwrap_or_else(|| {
-            let cache = Box::new(PoolCache {
-                pool,
-                pages: Arc::downgrade(pages),
-                classes: (0..classes).map(|_| ClassCache { active: NO_PAGE, owned: Vec::new() }).collect(),
-            });
-            let entry = NonNull::from(Box::leak(cache));
+            let entry = NonNull::from(Box::leak(Box::new(make())));
             entries.push(entry);
             entry
         });
@@ -141,7 +177,7 @@ impl Caches {
     }
 }
 
-impl Drop for Caches {
+impl<E> Drop for Caches<E> {
     fn drop(&mut self) {
         for entry in self.entries.get_mut().drain(..) {
             // SAFETY: invariant 1: each entry is freed once, here.
@@ -150,25 +186,38 @@ impl Drop for Caches {
     }
 }
 
-/// Clears `busy` when the closure returns or unwinds.
-struct Unbusy<'a>(&'a Cell<bool>);
+/// Clears `busy` (and opens the fast path again, invariant 4) when the closure returns or
+/// unwinds.
+struct Unbusy<'a, E>(&'a Caches<E>);
 
-impl Drop for Unbusy<'_> {
+impl<E> Drop for Unbusy<'_, E> {
     fn drop(&mut self) {
-        self.0.set(false);
+        self.0.busy.set(false);
+        self.0.fast_pool.set(self.0.last_pool.get());
     }
 }
+
+/// The key of a thread-local (loom's under `--cfg loom`).
+#[cfg(not(loom))]
+pub(crate) type LocalKey<T> = std::thread::LocalKey<T>;
+/// The key of a thread-local (loom's under `--cfg loom`).
+#[cfg(loom)]
+pub(crate) type LocalKey<T> = loom::thread::LocalKey<T>;
 
 #[cfg(not(loom))]
 std::thread_local! {
     static TOKEN: Cell<u64> = const { Cell::new(0) };
-    static CACHES: Caches = const { Caches::new() };
+    /// This thread's size-class pool caches.
+    pub(crate) static POOL_CACHES: Caches<PoolCache> = const { Caches::new() };
+    /// This thread's small-object allocator caches.
+    pub(crate) static SMALL_CACHES: Caches<SmallCache> = const { Caches::new() };
 }
 
 #[cfg(loom)]
 loom::thread_local! {
     static TOKEN: Cell<u64> = Cell::new(0);
-    static CACHES: Caches = Caches::new();
+    pub(crate) static POOL_CACHES: Caches<PoolCache> = Caches::new();
+    pub(crate) static SMALL_CACHES: Caches<SmallCache> = Caches::new();
 }
 
 /// This thread's token (assigned on first use), or [`NO_TOKEN`] once its thread-locals are
@@ -189,18 +238,24 @@ pub(crate) fn token() -> u64 {
         .unwrap_or(NO_TOKEN)
 }
 
-/// The fast path: runs `f` on this thread's cache for `pool` if it is the pool used last
-/// and no other call is inside a cache; `None` otherwise (take [`with_cache`] then).
+/// The fast path: runs `f` on this thread's cache (in `caches`) for allocator `pool` if it
+/// is the allocator used last and no other call is inside a cache of that kind; `None`
+/// otherwise (take [`with_cache`] then).
 ///
 /// # Safety
 ///
 /// `f` must not call anything that could reach this module again (no allocation through
 /// the global allocator, no logging, no user code): it runs without setting `busy`.
 #[inline(always)]
-pub(crate) unsafe fn with_last_cache<R>(pool: u64, f: impl FnOnce(&mut PoolCache) -> Option<R>) -> Option<R> {
-    CACHES
+pub(crate) unsafe fn with_last_cache<E: CacheEntry + 'static, R>(
+    caches: &'static LocalKey<Caches<E>>,
+    pool: u64,
+    f: impl FnOnce(&mut E) -> Option<R>,
+) -> Option<R> {
+    caches
         .try_with(|caches| {
-            if caches.busy.get() || caches.last_pool.get() != pool {
+            // Invariant 4: equal only when `busy` is clear and `pool` was used last.
+            if caches.fast_pool.get() != pool {
                 return None;
             }
             // SAFETY: invariants 1–3: `last` is the live entry for `pool`; `busy` is clear, so
@@ -212,28 +267,29 @@ pub(crate) unsafe fn with_last_cache<R>(pool: u64, f: impl FnOnce(&mut PoolCache
         .flatten()
 }
 
-/// Runs `f` on this thread's cache for pool `pool`, or returns `None` when there is none to
-/// use: the thread's locals are being destroyed, or this is a nested call (the pool used as
-/// the global allocator while the cache list itself allocates). The caller then takes the
-/// uncached path.
+/// Runs `f` on this thread's cache (in `caches`) for allocator `pool`, made by `make` if
+/// missing, or returns `None` when there is none to use: the thread's locals are being
+/// destroyed, or this is a nested call (the allocator used as the global allocator while the
+/// cache list itself allocates). The caller then takes the uncached path.
 #[inline]
-pub(crate) fn with_cache<R>(
+pub(crate) fn with_cache<E: CacheEntry + 'static, R>(
+    caches: &'static LocalKey<Caches<E>>,
     pool: u64,
-    pages: &Arc<[Page]>,
-    classes: usize,
-    f: impl FnOnce(&mut PoolCache) -> R,
+    make: impl FnOnce() -> E,
+    f: impl FnOnce(&mut E) -> R,
 ) -> Option<R> {
-    CACHES
+    caches
         .try_with(|caches| {
             if caches.busy.replace(true) {
                 return None;
             }
-            let _unbusy = Unbusy(&caches.busy);
+            caches.fast_pool.set(0);
+            let _unbusy = Unbusy(caches);
             let cache = if caches.last_pool.get() == pool {
                 caches.last.get()
             } else {
                 // SAFETY: `busy` is set (just above).
-                unsafe { caches.find_or_insert(pool, pages, classes) }
+                unsafe { caches.find_or_insert(pool, make) }
             };
             // SAFETY: invariants 1–3: `cache` is a live entry, and `busy` makes this the only
             // reference to it until the closure returns.

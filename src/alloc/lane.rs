@@ -1,0 +1,577 @@
+//! [`Lanes`]: one small-object class's slots, tracked by one bit each, split into *lanes* of
+//! consecutive bitmap words that threads own while they allocate from them.
+//!
+//! The owner of a lane allocates and frees in it with plain (relaxed load + store) updates of
+//! the bitmap words: no lock and no atomic read-modify-write. Every other change goes through
+//! the class's lock: a thread freeing a slot in a lane it does not own queues the slot when
+//! another thread owns the lane (the owner applies the queued frees later) or clears the bit
+//! itself when nobody does, and lanes change hands under the lock.
+//!
+//! Unlike a [`Page`](super::page::Page), a lane has no metadata of its own: the one bit per
+//! slot is all the state kept per slot. Who owns a lane is known to the owner (its thread
+//! cache, [`LaneCache`]) and to the lock holder (the `owned` mask); other threads never need
+//! to know *who* owns it, only *whether* someone does, and they ask under the lock.
+
+use std::collections::HashSet;
+
+#[cfg(loom)]
+use loom::sync::atomic::AtomicU8;
+#[cfg(not(loom))]
+use std::sync::atomic::AtomicU8;
+
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+/// "No word" for a thread's active word.
+const NO_WORD: u32 = u32::MAX;
+
+/// One bit per slot in `ceil(slots / 8)` bytes: the whole 64-slot words, then the bytes of
+/// the last, partial word.
+///
+/// Invariants:
+/// 1. Bit `i` (word `i / 64`, bit `i % 64`) is set exactly when slot `i` is not free: handed
+///    out, or freed by a thread that does not own its lane and queued for the owner.
+/// 2. The bits past the last slot in the last byte are always set, and a word's missing
+///    bytes read as set, so no scan finds them free.
+/// 3. Each word has one writer at a time (see [`Lanes`]); others only read single bits.
+struct Bitmap {
+    words: Box<[AtomicU64]>,
+    tail: Box<[AtomicU8]>,
+}
+
+impl Bitmap {
+    fn new(slots: usize) -> Bitmap {
+        let rest = slots % 64;
+        let tail = (0..rest.div_ceil(8))
+            .map(|b| {
+                let valid = (rest - b * 8).min(8) as u32;
+                AtomicU8::new(u8::MAX.checked_shl(valid).unwrap_or(0))
+            })
+            .collect();
+        Bitmap { words: (0..slots / 64).map(|_| AtomicU64::new(0)).collect(), tail }
+    }
+
+    /// Words, counting the partial one.
+    fn len(&self) -> usize {
+        self.words.len() + usize::from(!self.tail.is_empty())
+    }
+
+    fn bytes(&self) -> usize {
+        self.words.len() * 8 + self.tail.len()
+    }
+
+    /// Word `w` (a relaxed load; exact for the word's writer). Words past the end read as
+    /// full.
+    #[inline(always)]
+    fn load(&self, w: usize) -> u64 {
+        match self.words.get(w) {
+            Some(word) => word.load(Ordering::Relaxed),
+            None if w == self.words.len() => self.load_tail(),
+            None => u64::MAX,
+        }
+    }
+
+    fn load_tail(&self) -> u64 {
+        self.tail.iter().enumerate().fold(u64::MAX, |word, (i, byte)| {
+            word & !(0xFF << (8 * i)) | u64::from(byte.load(Ordering::Relaxed)) << (8 * i)
+        })
+    }
+
+    /// Stores word `w` (its one writer only, invariant 3).
+    #[inline(always)]
+    fn store(&self, w: usize, value: u64) {
+        match self.words.get(w) {
+            Some(word) => word.store(value, Ordering::Relaxed),
+            None => {
+                for (i, byte) in self.tail.iter().enumerate() {
+                    byte.store((value >> (8 * i)) as u8, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Whether slot `slot`'s bit is set (any thread; one atomic load).
+    fn is_set(&self, slot: usize) -> bool {
+        match self.words.get(slot / 64) {
+            Some(word) => word.load(Ordering::Relaxed) >> (slot % 64) & 1 != 0,
+            None => self.tail[slot % 64 / 8].load(Ordering::Relaxed) >> (slot % 8) & 1 != 0,
+        }
+    }
+}
+
+/// One class's slots: the bitmap, split into at most 64 lanes of `1 << lane_shift` words.
+///
+/// Invariants:
+/// 1. A lane is *owned* while its bit in `owned` is set; `owned` changes only under `shared`,
+///    so the lock holder knows exactly which lanes are owned. The owning thread records the
+///    lane in its [`LaneCache::mine`]; no other thread's cache has it.
+/// 2. The words of an owned lane are written only by its owner (relaxed load + store, no
+///    lock); the words of an unowned lane only under `shared`. A lane changes hands under
+///    `shared`, whose release and acquire order the last writer's stores before the next's.
+/// 3. `shared.queued` holds the slots freed by threads that do not own the slot's lane, while
+///    another thread owns it; their bits are still set, their debug fill already written.
+///    `pending` has the bit of every lane with a queued slot, and changes only under `shared`.
+///    An owner applies its lanes' queued frees (under the lock) before any free of its own in
+///    such a lane, so a double free whose first free was queued is seen at the second call.
+/// 4. `held` of a thread's [`LaneCounts`] is the number of set bits (slots not free) in the
+///    lanes it owns, and `shared.loose` the number in unowned lanes.
+pub(crate) struct Lanes {
+    bits: Bitmap,
+    slots: usize,
+    lane_shift: u32,
+    lanes: u32,
+    owned: AtomicU64,
+    pending: AtomicU64,
+    shared: Mutex<Shared>,
+    /// How many times the lock was taken, so tests can check the fast paths take none.
+    #[cfg(test)]
+    locks: std::sync::atomic::AtomicU64,
+}
+
+/// The part of a class behind its lock.
+#[derive(Default)]
+struct Shared {
+    /// Slots freed into lanes other threads own, for their owners to apply.
+    queued: HashSet<u32>,
+    /// Where the next search for an unowned lane starts.
+    cursor: u32,
+    /// Slots not free in unowned lanes, and the most there have been.
+    loose: u64,
+    loose_peak: u64,
+    /// Slots handed out under the lock, plus those counted by threads that have exited.
+    allocations: u64,
+    /// The peaks of threads that have exited.
+    peaks: u64,
+}
+
+/// One thread's counts in one class: written only by that thread (relaxed load + store),
+/// read by anyone.
+#[derive(Debug, Default)]
+pub(crate) struct LaneCounts {
+    allocations: AtomicU64,
+    /// `peak << 32 | held`: `held` is the number of slots not free in the thread's lanes
+    /// (invariant 4 of [`Lanes`]), `peak` the most it has been.
+    held: AtomicU64,
+}
+
+impl LaneCounts {
+    #[inline(always)]
+    fn take(&self) {
+        self.allocations.store(self.allocations.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.add_held(1);
+    }
+
+    #[inline(always)]
+    fn add_held(&self, n: u64) {
+        let held = self.held.load(Ordering::Relaxed) + n;
+        let peak = (held >> 32).max(held & 0xFFFF_FFFF);
+        self.held.store(peak << 32 | held & 0xFFFF_FFFF, Ordering::Relaxed);
+    }
+
+    #[inline(always)]
+    fn sub_held(&self, n: u64) {
+        self.held.store(self.held.load(Ordering::Relaxed) - n, Ordering::Relaxed);
+    }
+
+    /// Allocations, slots held now, and the most held at once.
+    fn read(&self) -> (u64, u64, u64) {
+        let held = self.held.load(Ordering::Relaxed);
+        (self.allocations.load(Ordering::Relaxed), held & 0xFFFF_FFFF, held >> 32)
+    }
+}
+
+/// What one thread keeps for one class in its thread cache.
+#[derive(Debug)]
+pub(crate) struct LaneCache {
+    /// Bit `l` set while this thread owns lane `l`.
+    mine: u64,
+    /// The word allocations come from first (in a lane of `mine`), or [`NO_WORD`].
+    active: u32,
+    /// The bit of the active word's lane (0 with no active word).
+    active_lane: u64,
+}
+
+impl Default for LaneCache {
+    fn default() -> Self {
+        LaneCache { mine: 0, active: NO_WORD, active_lane: 0 }
+    }
+}
+
+impl Lanes {
+    /// A class of `slots` free slots, every lane unowned.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `slots` is `2^32` or more.
+    pub(crate) fn new(slots: usize) -> Lanes {
+        assert!(slots < 1 << 32, "a small-object class holds fewer than 2^32 slots");
+        let bits = Bitmap::new(slots);
+        let words = bits.len();
+        let mut lane_shift = 0;
+        while words.div_ceil(1 << lane_shift) > 64 {
+            lane_shift += 1;
+        }
+        Lanes {
+            lanes: words.div_ceil(1 << lane_shift) as u32,
+            bits,
+            slots,
+            lane_shift,
+            owned: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+            shared: Mutex::new(Shared::default()),
+            #[cfg(test)]
+            locks: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Takes the class's lock.
+    fn lock(&self) -> impl std::ops::DerefMut<Target = Shared> + '_ {
+        #[cfg(test)]
+        self.locks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shared.lock()
+    }
+
+    /// How many times the lock has been taken.
+    #[cfg(test)]
+    pub(crate) fn locks_taken(&self) -> u64 {
+        self.locks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes of the bitmap: exactly `ceil(slots / 8)`.
+    pub(crate) fn bitmap_bytes(&self) -> usize {
+        self.bits.bytes()
+    }
+
+    #[inline(always)]
+    fn lane_bit(&self, w: usize) -> u64 {
+        1 << (w >> self.lane_shift)
+    }
+
+    /// The bits of word `w` that stand for slots.
+    fn valid(&self, w: usize) -> u64 {
+        let end = self.slots - w * 64;
+        if end >= 64 {
+            u64::MAX
+        } else {
+            (1 << end) - 1
+        }
+    }
+
+    /// The words of lane `l`.
+    fn lane_words(&self, l: u32) -> std::ops::Range<usize> {
+        let first = (l as usize) << self.lane_shift;
+        first..(first + (1 << self.lane_shift)).min(self.bits.len())
+    }
+
+    /// The owner's fast path: takes the lowest free slot of the active word, unless its
+    /// lane has queued frees (they are applied first, by [`refill`](Self::refill): a queued
+    /// free of a slot that is free already is a raced double free, and must be seen before
+    /// the slot is handed out again).
+    #[inline(always)]
+    pub(crate) fn take_active(&self, cache: &LaneCache, counts: &LaneCounts) -> Option<usize> {
+        if self.pending.load(Ordering::Relaxed) & cache.active_lane != 0 {
+            return None;
+        }
+        let w = cache.active as usize;
+        // Invariant 2: `w` is in a lane this thread owns, so this thread is its one writer;
+        // `NO_WORD` is past the end and reads as full.
+        let word = self.bits.load(w);
+        if word == u64::MAX {
+            return None;
+        }
+        let bit = (!word).trailing_zeros();
+        self.bits.store(w, word | 1 << bit);
+        counts.take();
+        Some(w * 64 + bit as usize)
+    }
+
+    /// The owner's fast path of a free: `None` if the slot's lane is not this thread's or
+    /// has queued frees (take [`free_shared`](Self::free_shared) then); `Err` if the slot is
+    /// free already. `fill` runs after the check, before the slot becomes free.
+    #[inline(always)]
+    pub(crate) fn free_owned(
+        &self,
+        cache: &LaneCache,
+        counts: &LaneCounts,
+        slot: usize,
+        fill: impl FnOnce(),
+    ) -> Option<Result<(), ()>> {
+        let lane = self.lane_bit(slot / 64);
+        // A queued free that happened before this call set `pending` before it (invariant 3),
+        // so a relaxed load sees it.
+        if cache.mine & lane == 0 || self.pending.load(Ordering::Relaxed) & lane != 0 {
+            return None;
+        }
+        let freed = self.clear(slot, fill);
+        if freed.is_ok() {
+            counts.sub_held(1);
+        }
+        Some(freed)
+    }
+
+    /// Clears slot `slot`'s bit (its word's writer only), or `Err` if it is clear.
+    #[inline(always)]
+    fn clear(&self, slot: usize, fill: impl FnOnce()) -> Result<(), ()> {
+        let (w, bit) = (slot / 64, 1u64 << (slot % 64));
+        let word = self.bits.load(w);
+        if word & bit == 0 {
+            return Err(());
+        }
+        fill();
+        self.bits.store(w, word & !bit);
+        Ok(())
+    }
+
+    /// Finds this thread a free slot and takes it: in its own lanes (after applying their
+    /// queued frees), else in an unowned lane it takes over. Also returns the slots found
+    /// freed twice while applying queued frees (see [`apply_queued`](Self::apply_queued)).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refill(&self, cache: &mut LaneCache, counts: &LaneCounts) -> (Option<usize>, Vec<usize>) {
+        let mut raced = Vec::new();
+        if self.pending.load(Ordering::Relaxed) & cache.mine != 0 {
+            let mut shared = self.lock();
+            raced = self.apply_queued(&mut shared, cache.mine, counts);
+        }
+        if cache.mine != 0 {
+            let words = self.bits.len();
+            let start = if cache.active == NO_WORD { 0 } else { cache.active as usize + 1 };
+            for n in 0..words {
+                let w = (start + n) % words;
+                if cache.mine & self.lane_bit(w) != 0 && self.bits.load(w) != u64::MAX {
+                    cache.active = w as u32;
+                    cache.active_lane = self.lane_bit(w);
+                    return (self.take_active(cache, counts), raced);
+                }
+            }
+        }
+        let mut shared = self.lock();
+        let owned = self.owned.load(Ordering::Relaxed);
+        for n in 0..self.lanes {
+            let l = (shared.cursor + n) % self.lanes;
+            if owned & 1 << l != 0 {
+                continue;
+            }
+            let Some(w) = self.lane_words(l).find(|&w| self.bits.load(w) != u64::MAX) else { continue };
+            // Invariants 1, 2 and 4: the lane becomes this thread's, with its slots not free.
+            self.owned.store(owned | 1 << l, Ordering::Relaxed);
+            let held: u64 =
+                self.lane_words(l).map(|w| u64::from((self.bits.load(w) & self.valid(w)).count_ones())).sum();
+            shared.loose -= held;
+            shared.cursor = l + 1;
+            drop(shared);
+            counts.add_held(held);
+            cache.mine |= 1 << l;
+            cache.active = w as u32;
+            cache.active_lane = 1 << l;
+            return (self.take_active(cache, counts), raced);
+        }
+        *cache = LaneCache { mine: cache.mine, ..LaneCache::default() };
+        (None, raced)
+    }
+
+    /// Applies the queued frees of the lanes in `mine` (their owner, holding the lock) and
+    /// returns the slots among them already free: a double free whose two frees raced (the
+    /// owner's own free passed its check before the other thread's was queued). Those are
+    /// dropped, so each slot is free once.
+    fn apply_queued(&self, shared: &mut Shared, mine: u64, counts: &LaneCounts) -> Vec<usize> {
+        let mut raced = Vec::new();
+        let mut applied = 0;
+        shared.queued.retain(|&slot| {
+            let slot = slot as usize;
+            if mine & self.lane_bit(slot / 64) == 0 {
+                return true;
+            }
+            // The fill was written when the slot was queued.
+            match self.clear(slot, || {}) {
+                Ok(()) => applied += 1,
+                Err(()) => raced.push(slot),
+            }
+            false
+        });
+        counts.sub_held(applied);
+        self.pending.store(self.pending.load(Ordering::Relaxed) & !mine, Ordering::Relaxed);
+        raced
+    }
+
+    /// A free the owner's fast path did not take: the owner's own, in a lane with queued
+    /// frees (`cache` is this thread's, when it has one), or another thread's. `fill` runs
+    /// after the checks, before the slot becomes free (or is queued). `Err` if the slot is
+    /// free already or queued already. Also returns the slots found freed twice while
+    /// applying queued frees.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn free_shared(
+        &self,
+        cache: Option<(&mut LaneCache, &LaneCounts)>,
+        slot: usize,
+        fill: impl FnOnce(),
+    ) -> (Result<(), ()>, Vec<usize>) {
+        let lane = self.lane_bit(slot / 64);
+        let mut shared = self.lock();
+        if let Some((cache, counts)) = cache.filter(|(cache, _)| cache.mine & lane != 0) {
+            let raced = self.apply_queued(&mut shared, cache.mine, counts);
+            let freed = self.clear(slot, fill);
+            if freed.is_ok() {
+                counts.sub_held(1);
+            }
+            return (freed, raced);
+        }
+        if self.owned.load(Ordering::Relaxed) & lane != 0 {
+            // Another thread owns the lane: queue the slot for it. The bit is read without
+            // the owner's ordering; a free of this slot that happened before this call
+            // cleared it before, so a clear bit is a double free (and a set one that is
+            // really free can only come from two frees racing: see `apply_queued`).
+            if !self.bits.is_set(slot) || shared.queued.contains(&(slot as u32)) {
+                return (Err(()), Vec::new());
+            }
+            fill();
+            shared.queued.insert(slot as u32);
+            self.pending.store(self.pending.load(Ordering::Relaxed) | lane, Ordering::Relaxed);
+            return (Ok(()), Vec::new());
+        }
+        // Nobody owns the lane: the lock holder is its words' writer (invariant 2).
+        let freed = self.clear(slot, fill);
+        if freed.is_ok() {
+            shared.loose -= 1;
+        }
+        (freed, Vec::new())
+    }
+
+    /// Takes a free slot from an unowned lane under the lock, for a thread without a cache.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn take_unowned(&self) -> Option<usize> {
+        let mut shared = self.lock();
+        let owned = self.owned.load(Ordering::Relaxed);
+        for l in (0..self.lanes).filter(|l| owned & 1 << l == 0) {
+            for w in self.lane_words(l) {
+                let word = self.bits.load(w);
+                if word != u64::MAX {
+                    let bit = (!word).trailing_zeros();
+                    self.bits.store(w, word | 1 << bit);
+                    shared.loose += 1;
+                    shared.loose_peak = shared.loose_peak.max(shared.loose);
+                    shared.allocations += 1;
+                    return Some(w * 64 + bit as usize);
+                }
+            }
+        }
+        None
+    }
+
+    /// Gives back every lane of `cache` (a thread leaving), after applying their queued
+    /// frees, and moves its counts into the class's. Returns the slots found freed twice.
+    pub(crate) fn release(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Vec<usize> {
+        let mut shared = self.lock();
+        let raced = self.apply_queued(&mut shared, cache.mine, counts);
+        let (allocations, held, peak) = counts.read();
+        self.owned.store(self.owned.load(Ordering::Relaxed) & !cache.mine, Ordering::Relaxed);
+        shared.loose += held;
+        shared.loose_peak = shared.loose_peak.max(shared.loose);
+        shared.allocations += allocations;
+        shared.peaks += peak;
+        counts.allocations.store(0, Ordering::Relaxed);
+        counts.held.store(0, Ordering::Relaxed);
+        *cache = LaneCache::default();
+        raced
+    }
+
+    /// Slots not free now, without the queued ones (a snapshot; exact when no other thread
+    /// is allocating or freeing in the class). The bits are read under the lock, so a thread
+    /// applying queued frees as it exits is seen before or after, never halfway.
+    pub(crate) fn live(&self) -> usize {
+        let shared = self.lock();
+        let set: usize = (0..self.bits.len()).map(|w| (self.bits.load(w) & self.valid(w)).count_ones() as usize).sum();
+        set - shared.queued.len()
+    }
+
+    /// Allocations and the most slots in use at once (an upper bound: the sum of each
+    /// thread's peak, and of the unowned lanes'), given the counts of the threads using the
+    /// class now.
+    pub(crate) fn totals<'a>(&self, threads: impl Iterator<Item = &'a LaneCounts>) -> (u64, usize) {
+        let shared = self.lock();
+        let (mut allocations, mut peak) = (shared.allocations, shared.peaks + shared.loose_peak);
+        for counts in threads {
+            let (a, _, p) = counts.read();
+            allocations += a;
+            peak += p;
+        }
+        (allocations, (peak as usize).min(self.slots))
+    }
+}
+
+impl std::fmt::Debug for Lanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lanes")
+            .field("slots", &self.slots)
+            .field("lanes", &self.lanes)
+            .field("owned", &format_args!("{:#x}", self.owned.load(Ordering::Relaxed)))
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_is_one_bit_per_slot() {
+        for (slots, bytes) in [(0, 0), (1, 1), (8, 1), (9, 2), (64, 8), (1000, 125), (4096, 512)] {
+            let lanes = Lanes::new(slots);
+            assert_eq!(lanes.bitmap_bytes(), bytes, "{slots} slots");
+            assert_eq!(lanes.live(), 0);
+        }
+        let bits = Bitmap::new(70);
+        assert_eq!(bits.load(1), !0b11_1111, "bits past the last slot read as set");
+        bits.store(1, !0b11_1110);
+        assert!(bits.is_set(64) && !bits.is_set(65) && bits.is_set(70));
+    }
+
+    #[test]
+    fn lanes_cover_the_words() {
+        let lanes = Lanes::new(37_440); // 585 words: lanes of 16 words
+        assert_eq!((lanes.lane_shift, lanes.lanes), (4, 37));
+        assert_eq!(lanes.lane_words(36), 576..585);
+        let lanes = Lanes::new(4096);
+        assert_eq!((lanes.lane_shift, lanes.lanes), (0, 64));
+    }
+
+    #[test]
+    fn owner_queue_and_unowned_frees() {
+        let lanes = Lanes::new(130); // 3 words, one lane each
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        assert_eq!(lanes.take_active(&mine, &counts), None, "no lane yet");
+        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(0));
+        assert_eq!(lanes.take_active(&mine, &counts), Some(1));
+        assert_eq!(lanes.free_owned(&mine, &counts, 0, || {}), Some(Ok(())));
+        assert_eq!(lanes.free_owned(&mine, &counts, 0, || {}), Some(Err(())), "double free");
+        // Another thread frees slot 1: queued, since this thread owns the lane.
+        assert_eq!(lanes.free_shared(None, 1, || {}), (Ok(()), vec![]));
+        assert_eq!(lanes.free_shared(None, 1, || {}), (Err(()), vec![]), "queued twice");
+        assert_eq!(lanes.free_owned(&mine, &counts, 1, || {}), None, "queued frees go first");
+        assert_eq!(lanes.free_shared(Some((&mut mine, &counts)), 1, || {}), (Err(()), vec![]));
+        assert_eq!(lanes.live(), 0);
+        assert_eq!(counts.read(), (2, 0, 2));
+        // A thread without a cache allocates from an unowned lane and frees there.
+        let slot = lanes.take_unowned().unwrap();
+        assert_eq!(slot, 64);
+        assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
+        assert_eq!(lanes.free_shared(None, slot, || {}), (Err(()), vec![]));
+        lanes.release(&mut mine, &counts);
+        assert_eq!(lanes.totals([&counts].into_iter()), (3, 3));
+    }
+
+    #[test]
+    fn racing_double_free_shows_when_applied() {
+        let lanes = Lanes::new(64);
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        let slot = lanes.refill(&mut mine, &counts).0.unwrap();
+        // The other thread's free is queued after the owner's passed its check (the race).
+        assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
+        assert_eq!(lanes.clear(slot, || {}), Ok(()));
+        counts.sub_held(1);
+        assert_eq!(lanes.take_active(&mine, &counts), None, "queued frees are applied first");
+        let (again, raced) = lanes.refill(&mut mine, &counts);
+        assert_eq!((again, raced), (Some(slot), vec![slot]), "found, dropped, and the slot is free once");
+    }
+}
