@@ -2,6 +2,7 @@
 //! several at once.
 
 use std::panic::Location;
+use std::ptr::NonNull;
 
 use crate::sync::Ordering;
 use crate::{Error, Result};
@@ -78,21 +79,40 @@ impl ObjectManager {
     /// The weak handle must belong to this manager (`weak.manager_id() == self.id`).
     #[inline]
     unsafe fn live_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&Slot<T>> {
+        // SAFETY: the caller's contract; a published slot lives as long as its store.
+        unsafe { self.live_slot_ptr(weak) }.map(|slot| unsafe { slot.as_ref() })
+    }
+
+    /// [`live_slot`](Self::live_slot) as a pointer that may become a
+    /// [`Handle`] (it carries the segment's provenance).
+    ///
+    /// # Safety
+    ///
+    /// As for `live_slot`.
+    #[inline]
+    unsafe fn live_slot_ptr<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<NonNull<Slot<T>>> {
         let (store_index, local) = unpack_location(weak.location());
         let store = self.registry().store_at::<T>(store_index)?;
         // SAFETY: `local < 2^24` (unpacked) and `base_bits` is the store's.
         // The weak handle belongs to this manager (caller), so
         // (`WeakHandle` invariant) it names a slot of this store in a segment
         // published before the weak handle was made, and so before this call.
-        let slot = unsafe { store.published_slot(local, store.base_bits()) };
-        slot.header.is_live(weak.key().generation()).then_some(slot)
+        let slot = unsafe { store.published_slot_ptr(local, store.base_bits()) };
+        // SAFETY: the slot is initialised and lives as long as the store.
+        unsafe { slot.as_ref() }.header.is_live(weak.key().generation()).then_some(slot)
     }
 
     #[inline]
     fn weak_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<&Slot<T>> {
+        // SAFETY: a published slot lives as long as its store.
+        self.weak_slot_ptr(weak).map(|slot| unsafe { slot.as_ref() })
+    }
+
+    #[inline]
+    fn weak_slot_ptr<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<NonNull<Slot<T>>> {
         self.check_manager(weak.manager_id())?;
         // SAFETY: the manager id was checked just above.
-        unsafe { self.live_slot(weak) }.ok_or_else(|| Error::StaleHandle {
+        unsafe { self.live_slot_ptr(weak) }.ok_or_else(|| Error::StaleHandle {
             type_name: T::TYPE_NAME,
             index: weak.key().index(),
             generation: weak.key().generation(),
@@ -181,14 +201,13 @@ impl ObjectManager {
     /// [`Error::RefCountOverflow`] past 2^30 references.
     #[track_caller]
     pub fn try_upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<Handle<T>> {
-        let slot = self.weak_slot(weak)?;
+        let slot = self.weak_slot_ptr(weak)?;
         let key = weak.key();
-        match slot.header.try_add_ref(key.generation()) {
+        // SAFETY: a published slot lives as long as its store.
+        match unsafe { slot.as_ref() }.header.try_add_ref(key.generation()) {
             Ok(()) => {
                 // SAFETY: we just counted a reference to this occupied slot.
-                Ok(unsafe {
-                    Handle::from_counted(std::ptr::NonNull::from(slot), HandleOrigin::Upgraded, Location::caller())
-                })
+                Ok(unsafe { Handle::from_counted(slot, HandleOrigin::Upgraded, Location::caller()) })
             }
             Err(AddRefError::Stale) => {
                 Err(Error::StaleHandle { type_name: T::TYPE_NAME, index: key.index(), generation: key.generation() })

@@ -135,12 +135,10 @@ impl ObjectManager {
                 }
                 #[cfg(feature = "handle-sites")]
                 store.shared().handle_sites.lock().remove_raw(raw.index());
-                let slot = store.slot(local).expect("resolved");
+                let slot = store.slot_ptr(local).expect("resolved");
                 // SAFETY: the raw handle held a counted reference (checked in
                 // the raw table), which moves to the new handle.
-                Ok(unsafe {
-                    Handle::from_counted(std::ptr::NonNull::from(slot), HandleOrigin::FromRaw, Location::caller())
-                })
+                Ok(unsafe { Handle::from_counted(slot, HandleOrigin::FromRaw, Location::caller()) })
             }
             _ => Err(Error::DoubleRelease { type_name: T::TYPE_NAME, index: raw.index() }),
         }

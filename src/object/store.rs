@@ -191,6 +191,16 @@ impl<T: MMObject> Store<T> {
     /// The slot `local`, if its segment exists.
     #[inline]
     pub(crate) fn slot(&self, local: u32) -> Option<&Slot<T>> {
+        // SAFETY: a published segment's slots are initialised and live as long as the store.
+        self.slot_ptr(local).map(|slot| unsafe { slot.as_ref() })
+    }
+
+    /// A pointer to the slot `local`, if its segment exists. It carries the
+    /// whole segment's provenance (it is made from the segment's base, not
+    /// from a reference to the slot), so a [`Handle`](super::Handle) made
+    /// from it may read its chunk header.
+    #[inline]
+    pub(crate) fn slot_ptr(&self, local: u32) -> Option<NonNull<Slot<T>>> {
         if local >= MAX_INDEX {
             return None;
         }
@@ -198,12 +208,13 @@ impl<T: MMObject> Store<T> {
         let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
         // SAFETY: a published segment holds `segment_len(segment)` initialised
         // slots and `offset` is below that by construction of `locate`.
-        Some(unsafe { Chunks::slot(base, offset).as_ref() })
+        Some(unsafe { Chunks::slot(base, offset) })
     }
 
-    /// The slot `local` and its creation site, if its segment exists.
+    /// The slot `local` (as [`slot_ptr`](Self::slot_ptr) gives it) and its
+    /// creation site, if its segment exists.
     #[inline]
-    fn slot_and_site(&self, local: u32) -> Option<(&Slot<T>, &SiteCell)> {
+    fn slot_and_site(&self, local: u32) -> Option<(NonNull<Slot<T>>, &SiteCell)> {
         if local >= MAX_INDEX {
             return None;
         }
@@ -214,7 +225,7 @@ impl<T: MMObject> Store<T> {
         // SAFETY: a published segment came from `allocate_segment` with
         // `segment_len(segment)` slots and as many sites (at `sites`), and
         // `offset` is below that by construction of `locate`.
-        unsafe { Some((Chunks::slot(base, offset).as_ref(), &*sites.add(offset as usize))) }
+        unsafe { Some((Chunks::slot(base, offset), &*sites.add(offset as usize))) }
     }
 
     /// The creation site of the occupied slot `local`.
@@ -240,6 +251,19 @@ impl<T: MMObject> Store<T> {
     /// handle was made after the segment was published).
     #[inline]
     pub(crate) unsafe fn published_slot(&self, local: u32, base_bits: u32) -> &Slot<T> {
+        // SAFETY: the caller's contract is `published_slot_ptr`'s; the slot is
+        // initialised and lives as long as the store.
+        unsafe { self.published_slot_ptr(local, base_bits).as_ref() }
+    }
+
+    /// [`published_slot`](Self::published_slot) as a pointer with the whole
+    /// segment's provenance (see [`slot_ptr`](Self::slot_ptr)).
+    ///
+    /// # Safety
+    ///
+    /// As for `published_slot`.
+    #[inline]
+    pub(crate) unsafe fn published_slot_ptr(&self, local: u32, base_bits: u32) -> NonNull<Slot<T>> {
         debug_assert!(local < MAX_INDEX && base_bits == self.config.base_bits);
         let (segment, offset) = locate(local, base_bits);
         // SAFETY: `local < 2^24` and `base_bits <= 20`, so `segment <= 24 < MAX_SEGMENTS`.
@@ -247,7 +271,7 @@ impl<T: MMObject> Store<T> {
         debug_assert!(!base.is_null(), "the caller guarantees the segment is published");
         // SAFETY: the segment is published (caller), so `base` is non-null and
         // holds `segment_len(segment)` slots, more than `offset` (`locate`).
-        unsafe { Chunks::slot(NonNull::new_unchecked(base), offset).as_ref() }
+        unsafe { Chunks::slot(NonNull::new_unchecked(base), offset) }
     }
 
     /// The link to the tracker, if the manager has one.
@@ -305,7 +329,9 @@ impl<T: MMObject> Store<T> {
         if let Some((tracking, bytes)) = charged {
             tracking.placed(local, bytes);
         }
-        let (slot, site_cell) = self.slot_and_site(local).expect("an allocated slot's segment is published");
+        let (slot_ptr, site_cell) = self.slot_and_site(local).expect("an allocated slot's segment is published");
+        // SAFETY: a published segment's slots are initialised and live as long as the store.
+        let slot = unsafe { slot_ptr.as_ref() };
         // SAFETY: the slot was popped from the free list or freshly bumped, so
         // this thread owns it (and its site) exclusively until it publishes
         // the generation below.
@@ -318,7 +344,7 @@ impl<T: MMObject> Store<T> {
         debug_assert!(generation & 1 == 1, "a vacant slot's generation is even");
         // Release: readers that see the odd generation see the value and count.
         slot.header.generation.store(generation, Ordering::Release);
-        Ok(NonNull::from(slot))
+        Ok(slot_ptr)
     }
 
     /// Pops the free list, decrementing its length in the same CAS.
