@@ -37,6 +37,16 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     loom::model::Builder::new().check(f);
 }
 
+/// Runs `f` under every interleaving with at most `preemptions` forced
+/// switches per execution: for the small-object models, whose thread caches
+/// and class locks make the full space too large to finish (bugs of this
+/// kind need few preemptions; the first lane bug took one).
+fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(preemptions);
+    builder.check(f);
+}
+
 /// Two threads each drop a clone while a third clones and drops: exactly one
 /// thread pushes the slot onto the dead list, and it is collected once.
 #[test]
@@ -414,6 +424,9 @@ mod size_class_pool {
 // ---- SmallObjectAllocator: frees on other threads ----------------------------------------
 
 mod small_object {
+    /// The preemption bound of these models (see `model_bounded`).
+    const PREEMPTIONS: usize = 2;
+
     use std::alloc::Layout;
     use std::ptr::NonNull;
     use std::sync::Arc;
@@ -441,7 +454,7 @@ mod small_object {
     /// never a slot still in use, and after the join the slot is certainly back.
     #[test]
     fn remote_free_is_applied_by_the_owner() {
-        super::model(|| {
+        super::model_bounded(PREEMPTIONS, || {
             let small = small(2);
             let a = small.alloc(one_word());
             let b = small.alloc(one_word());
@@ -480,7 +493,7 @@ mod small_object {
     /// free succeeds and the other is a `DoubleFree` error.
     #[test]
     fn racing_remote_double_free_is_reported_once() {
-        super::model(|| {
+        super::model_bounded(PREEMPTIONS, || {
             let small = small(1);
             let addr = small.alloc(one_word()).as_ptr() as usize;
             let spawn = || {
@@ -506,7 +519,7 @@ mod small_object {
     /// applies the queued free: then it counts a failure and keeps the slot free once.
     #[test]
     fn owner_and_remote_double_free() {
-        super::model(|| {
+        super::model_bounded(PREEMPTIONS, || {
             let small = small(1);
             let a = small.alloc(one_word());
             let (addr, remote) = (a.as_ptr() as usize, Arc::clone(&small));
@@ -537,7 +550,7 @@ mod small_object {
     /// the main thread can allocate its slot.
     #[test]
     fn exiting_thread_gives_its_lane_back() {
-        super::model(|| {
+        super::model_bounded(PREEMPTIONS, || {
             let small = small(1);
             let remote = Arc::clone(&small);
             thread::spawn(move || {
