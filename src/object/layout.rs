@@ -155,10 +155,34 @@ impl<T> Chunks<T> {
     /// `base` is a segment from [`allocate_segment`] whose length is above `offset`.
     #[inline]
     pub(crate) unsafe fn slot(base: NonNull<u8>, offset: u32) -> NonNull<Slot<T>> {
-        let (chunk, index) = (offset / Self::SLOTS, offset % Self::SLOTS);
-        let bytes = chunk as usize * Self::BYTES + Self::PREFIX + index as usize * Self::SLOT;
+        // Slot `offset` sits `offset` slots past the first, plus one gap (the
+        // unused tail of a chunk and the next one's prefix) per chunk before
+        // it: two multiplies and a shift, no division (the weak-read path).
+        let chunk = Self::chunk_of(offset);
+        let bytes = Self::PREFIX + offset as usize * Self::SLOT + chunk * Self::GAP;
         // SAFETY: inside the segment's allocation (caller), by its layout.
         unsafe { base.add(bytes).cast() }
+    }
+
+    /// The bytes between the last slot of a full chunk and the next chunk's first.
+    const GAP: usize = Self::BYTES - Self::SLOTS as usize * Self::SLOT;
+
+    /// The shift of [`chunk_of`](Self::chunk_of): 24 bits for the offset,
+    /// plus the bits of `SLOTS`.
+    const SHIFT: u32 = 24 + (32 - Self::SLOTS.leading_zeros());
+
+    /// `2^SHIFT / SLOTS`, rounded up: see [`chunk_of`](Self::chunk_of).
+    const RECIPROCAL: u64 = (1u64 << Self::SHIFT).div_ceil(Self::SLOTS as u64);
+
+    /// `offset / SLOTS` for any segment offset (below 2^24), as a multiply
+    /// and a shift. Exact: with `e = RECIPROCAL * SLOTS - 2^SHIFT < SLOTS`,
+    /// the product overshoots `offset / SLOTS` by
+    /// `offset * e / (SLOTS * 2^SHIFT) < 2^24 / 2^SHIFT = 2^-bits(SLOTS) < 1 / SLOTS`,
+    /// never enough to reach the next integer. The product stays below 2^49.
+    #[inline]
+    fn chunk_of(offset: u32) -> usize {
+        debug_assert!(offset < 1 << 24);
+        ((u64::from(offset) * Self::RECIPROCAL) >> Self::SHIFT) as usize
     }
 
     /// The run of slots from `offset` to the end of its chunk (or to `end`,
@@ -170,7 +194,7 @@ impl<T> Chunks<T> {
     #[inline]
     pub(crate) unsafe fn run(base: NonNull<u8>, offset: u32, end: u32) -> (NonNull<Slot<T>>, u32) {
         debug_assert!(offset < end);
-        let chunk_end = (offset / Self::SLOTS + 1) * Self::SLOTS;
+        let chunk_end = (Self::chunk_of(offset) as u32 + 1) * Self::SLOTS;
         // SAFETY: the caller's contract.
         (unsafe { Self::slot(base, offset) }, chunk_end.min(end) - offset)
     }
@@ -341,6 +365,20 @@ mod tests {
         assert_eq!(sites, (4 << 20) + 2048 + 72);
         assert_eq!(layout.size(), sites + 8 * (Chunks::<[u64; 8]>::SLOTS as usize + 1));
         assert_eq!(layout.align(), 4 << 20);
+    }
+
+    #[test]
+    fn chunk_of_divides_exactly() {
+        fn check<T>() {
+            let slots = Chunks::<T>::SLOTS;
+            for offset in (0..1u32 << 24).step_by(997).chain([slots - 1, slots, 2 * slots - 1, (1 << 24) - 1]) {
+                assert_eq!(Chunks::<T>::chunk_of(offset), (offset / slots) as usize, "offset {offset}");
+            }
+        }
+        check::<u8>();
+        check::<[u64; 8]>();
+        check::<[u8; 100]>();
+        check::<[u8; 5_000_000]>();
     }
 
     #[test]
