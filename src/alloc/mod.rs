@@ -46,7 +46,7 @@
 //! | [`FrameAllocator`] | scratch data for one frame | bump / `reset` once per frame | padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleBufferedAllocator`] | results produced in frame *i*, read in frame *i + 1* | bump / `swap` per frame; [`FrameRef`] reads check the frame | padding only | `Send` (values behind a `FrameRef` must be `Send`) | `OutOfMemory` |
 //! | [`AlignedAlloc`] | alignment over a raw allocator that has none | raw alloc + header write; ledger lookup on free | `2 + align − 1` bytes + a ledger entry | `Sync` if the raw allocator is | the raw allocator's failure, as `OutOfMemory` |
-//! | [`SegmentAlloc`] | few large blocks at any alignment: object-store segments (its default) | a system allocation + a ledger entry under a lock | a ledger entry | `Sync` | `OutOfMemory` past its limit or when the system refuses |
+//! | [`SegmentAlloc`] | few large blocks at any alignment: object-store segments (its default) | a system allocation (or a kept freed block of the same layout) + a ledger entry under a lock | a ledger entry | `Sync` | `OutOfMemory` past its limit or when the system refuses |
 //! | [`Pool<T>`] | many values of one type with stable addresses | free-list pop / push | 1 bit (+ padding to 4 bytes) | `Send` when `T` is | `OutOfMemory` |
 //!
 //! **When an allocator is full.** The "when full" column is what the `try_` calls
@@ -103,7 +103,7 @@
 //! | [`SizeClassPool`] | — | yes | yes | untyped bytes. A page's masks are atomics: stored only by the page's one owner thread (relaxed load + store), or set by one `fetch_or` from other threads and taken by the owner with a swap. Thread caches hold pool ids (never reused) and page indices, never pointers into a pool, so dropping, forgetting or moving a pool leaves them harmless. |
 //! | [`SmallObjectAllocator`] | — | yes | yes | untyped bytes. A lane's bitmap words are atomics, stored only by the thread that owns the lane (relaxed load + store) or, while nobody owns it, under the class's lock; a free from any other thread is queued under that lock for the owner. Thread caches hold allocator ids (never reused) and lane masks, and a `Weak` to the bitmaps, never pointers into the region. |
 //! | [`AlignedAlloc<A>`] | covariant in `A` | when `A: Send` | when `A: Sync` | it owns `A` like a plain field and never writes an `A` through `&self`. |
-//! | [`SegmentAlloc`] | — | yes | yes | untyped bytes from `System`; its ledger sits behind a lock and holds addresses only. |
+//! | [`SegmentAlloc`] | — | yes | yes | untyped bytes from `System`; its ledger sits behind a lock and holds addresses, and the freed blocks it keeps for reuse (which nobody else holds). |
 //!
 //! **Trait implementations.** [`RawAlloc`] is an `unsafe trait`: [`AlignedAlloc`] writes its
 //! header into, and hands out, whatever `RawAlloc::alloc` returns, and no check could tell

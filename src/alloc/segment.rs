@@ -16,6 +16,10 @@ use crate::{Error, Result};
 /// How many freed addresses are remembered to tell a double free from a foreign pointer.
 const FREED_MEMORY: usize = 256;
 
+/// Freed blocks kept for reuse, at most this many bytes and [`CACHE_BLOCKS`] blocks.
+const CACHE_BYTES: usize = 64 << 20;
+const CACHE_BLOCKS: usize = 32;
+
 /// Large blocks straight from the system allocator ([`std::alloc::System`], not the global
 /// allocator), at any power-of-two alignment, with a ledger that checks every free.
 ///
@@ -37,11 +41,19 @@ const FREED_MEMORY: usize = 256;
 ///   reported before any memory is touched.
 /// - **When full** (past its limit, or when the system refuses):
 ///   [`Error::OutOfMemory`], counted as a failure.
-/// - **Threads**: `Send + Sync`; it holds no pointers of its own, only addresses.
+/// - **Reuse**: a freed block is kept (up to 64 MiB and 32 blocks in all) and handed out
+///   again for the same layout, as `malloc` reuses its heap: a store that loads and
+///   unloads a level every few seconds does not map, fault in and unmap its segments each
+///   time. Kept blocks count against the limit, are not in [`stats`](Self::stats)'s
+///   `in_use`, and are given back to the system when the limit needs the room, by
+///   [`release_cached`](Self::release_cached), or when the allocator is dropped.
+/// - **Threads**: `Send + Sync`; its ledger holds addresses, and the kept blocks.
 ///
 /// Invariants: `ledger.live` maps the address of every block handed out and not yet freed
-/// to the layout it was allocated with from `System`; `ledger.in_use` is the sum of those
-/// layouts' sizes and never exceeds `limit`.
+/// to the layout it was allocated with from `System`; `ledger.cached` holds blocks
+/// allocated from `System` with their layouts, handed out to nobody; `ledger.in_use` is
+/// the sum of the live layouts' sizes, `ledger.cached_bytes` that of the cached ones, and
+/// their sum never exceeds `limit`.
 ///
 /// # Examples
 ///
@@ -68,6 +80,8 @@ pub struct SegmentAlloc {
 struct SegmentLedger {
     live: BTreeMap<usize, Layout>,
     freed: VecDeque<usize>,
+    cached: Vec<(FreeBlock, Layout)>,
+    cached_bytes: usize,
     in_use: usize,
     peak: usize,
     allocations: u64,
@@ -89,6 +103,8 @@ impl SegmentAlloc {
             ledger: Mutex::new(SegmentLedger {
                 live: BTreeMap::new(),
                 freed: VecDeque::new(),
+                cached: Vec::new(),
+                cached_bytes: 0,
                 in_use: 0,
                 peak: 0,
                 allocations: 0,
@@ -130,10 +146,24 @@ impl SegmentAlloc {
             ledger.failures += 1;
             return Err(refused);
         }
-        // SAFETY: the layout has a non-zero size (checked above).
-        let Some(block) = NonNull::new(unsafe { System.alloc(layout) }) else {
-            ledger.failures += 1;
-            return Err(refused);
+        let block = match ledger.cached.iter().rposition(|(_, cached)| *cached == layout) {
+            Some(at) => {
+                let (block, _) = ledger.cached.swap_remove(at);
+                ledger.cached_bytes -= layout.size();
+                block.0
+            }
+            None => {
+                // Room under the limit for the new block: give kept blocks back first.
+                while ledger.cached_bytes > available - layout.size() {
+                    ledger.release_oldest();
+                }
+                // SAFETY: the layout has a non-zero size (checked above).
+                let Some(block) = NonNull::new(unsafe { System.alloc(layout) }) else {
+                    ledger.failures += 1;
+                    return Err(refused);
+                };
+                block
+            }
         };
         let addr = block.as_ptr() as usize;
         ledger.live.insert(addr, layout);
@@ -188,10 +218,32 @@ impl SegmentAlloc {
             ledger.freed.pop_front();
         }
         ledger.freed.push_back(addr);
-        // SAFETY: the ledger says `ptr` came from `System.alloc(layout)` and is live; the
-        // caller gives up every use of it.
-        unsafe { System.dealloc(ptr.as_ptr(), layout) };
+        if layout.size() <= CACHE_BYTES {
+            // The caller gives up every use of `ptr`: it is ours to keep.
+            ledger.cached.push((FreeBlock(ptr), layout));
+            ledger.cached_bytes += layout.size();
+            while ledger.cached_bytes > CACHE_BYTES || ledger.cached.len() > CACHE_BLOCKS {
+                ledger.release_oldest();
+            }
+        } else {
+            // SAFETY: the ledger says `ptr` came from `System.alloc(layout)` and is live;
+            // the caller gives up every use of it.
+            unsafe { System.dealloc(ptr.as_ptr(), layout) };
+        }
         Ok(())
+    }
+
+    /// Bytes of freed blocks kept for reuse (see the type docs).
+    pub fn cached_bytes(&self) -> usize {
+        self.ledger.lock().cached_bytes
+    }
+
+    /// Gives every kept block back to the system.
+    pub fn release_cached(&self) {
+        let mut ledger = self.ledger.lock();
+        while !ledger.cached.is_empty() {
+            ledger.release_oldest();
+        }
     }
 
     /// Usage counters. `capacity` is the limit (`usize::MAX` when there is none).
@@ -210,10 +262,33 @@ impl SegmentAlloc {
 }
 
 impl SegmentLedger {
+    /// Gives the oldest kept block back to the system.
+    fn release_oldest(&mut self) {
+        let (block, layout) = self.cached.remove(0);
+        self.cached_bytes -= layout.size();
+        // SAFETY: a kept block came from `System.alloc(layout)` and nobody holds it (type
+        // invariant); it leaves the cache here.
+        unsafe { System.dealloc(block.0.as_ptr(), layout) };
+    }
+
     #[cold]
     fn bad_free(&self, addr: usize) -> Error {
         let below = self.live.range(..addr).next_back().map(|(&start, layout)| (start, layout.size()));
         shell::bad_free(addr, self.freed.contains(&addr), below)
+    }
+}
+
+/// A freed block kept for reuse.
+#[derive(Debug)]
+struct FreeBlock(NonNull<u8>);
+
+// SAFETY: a kept block is plain memory owned by the ledger (behind its lock) and used by
+// nobody until it is handed out again; no thread-bound state comes with it.
+unsafe impl Send for FreeBlock {}
+
+impl Drop for SegmentAlloc {
+    fn drop(&mut self) {
+        self.release_cached();
     }
 }
 
@@ -232,7 +307,8 @@ impl fmt::Debug for SegmentAlloc {
 // SAFETY: `Shell` contract:
 // 1. `try_alloc` returns a fresh block from `System` for (at least) `layout`, so it is valid,
 //    aligned and shared with nobody.
-// 2. A block is freed only by `try_free` (or never: the allocator does not free on drop).
+// 2. A block is freed only by `try_free` (or never: the allocator does not free live blocks
+//    on drop; it then gives back only the kept ones, which nobody holds).
 // 3. `try_free` looks the pointer up in the ledger before touching anything, and frees only
 //    a live block, with the layout it was allocated with.
 unsafe impl Shell for SegmentAlloc {
@@ -290,6 +366,30 @@ mod tests {
             assert!(matches!(segments.try_free(block), Err(Error::DoubleFree { .. })));
         }
         assert_eq!(segments.stats().live, 0);
+    }
+
+    #[test]
+    fn freed_blocks_are_reused_within_the_limit() {
+        let layout = Layout::from_size_align(1 << 16, 1 << 16).unwrap();
+        let segments = SegmentAlloc::with_limit(3 << 16);
+        let a = segments.alloc(layout);
+        // SAFETY: ours, unused from here on.
+        unsafe { segments.free(a) };
+        assert_eq!((segments.stats().in_use, segments.cached_bytes()), (0, 1 << 16));
+        let b = segments.alloc(layout);
+        assert_eq!(b, a, "the kept block comes back for the same layout");
+        assert_eq!(segments.cached_bytes(), 0);
+        // SAFETY: as above.
+        unsafe { segments.free(b) };
+        // SAFETY: as above: a kept block is not live, so a second free is refused.
+        assert!(matches!(unsafe { segments.try_free(b) }, Err(Error::DoubleFree { .. })));
+        // Another layout that needs the whole limit: the kept block goes back to the system.
+        let whole = segments.alloc(Layout::from_size_align(3 << 16, 8).unwrap());
+        assert_eq!((segments.stats().in_use, segments.cached_bytes()), (3 << 16, 0));
+        // SAFETY: as above.
+        unsafe { segments.free(whole) };
+        segments.release_cached();
+        assert_eq!(segments.cached_bytes(), 0);
     }
 
     #[test]
