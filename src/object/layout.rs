@@ -95,6 +95,9 @@ pub(crate) struct ChunkHeader {
 /// The chunk geometry of `T`'s slots: all compile-time constants, so
 /// dividing by the slot count is a multiply and masking a slot's address
 /// finds its chunk.
+///
+/// Never built: only its associated items are used. The marker names `T`
+/// without owning one, so it asks nothing of `T`.
 pub(crate) struct Chunks<T>(PhantomData<fn(T) -> T>);
 
 impl<T> Chunks<T> {

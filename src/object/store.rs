@@ -83,6 +83,8 @@ pub(crate) struct Store<T> {
     segments: [AtomicPtr<u8>; MAX_SEGMENTS],
     /// Each segment's creation sites.
     sites: [AtomicPtr<SiteCell>; MAX_SEGMENTS],
+    /// The segments hold `T`s behind untyped pointers: the store owns them,
+    /// and is invariant in `T` as its handles are.
     _type: std::marker::PhantomData<fn(T) -> T>,
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
