@@ -1027,3 +1027,45 @@ fn manager_dropped_during_unwinding_survives_panicking_drops() {
     // The manager is dropped while this panic unwinds; both Drop panics are caught.
     panic!("the game loop failed");
 }
+
+/// A type whose slots fill a 4 MiB chunk six at a time, so a few objects span
+/// several chunks (each with its own header): every handle still finds its
+/// store, manager, key and count from its slot's address alone.
+#[derive(MMObject)]
+struct Chunky {
+    id: u32,
+    #[mm(skip)]
+    bulk: [u8; 600_000],
+}
+
+#[test]
+fn handles_across_chunk_boundaries() {
+    // Values this large are moved through the stack a few times in debug builds.
+    let big_stack = std::thread::Builder::new().stack_size(64 << 20);
+    big_stack.spawn(handles_across_chunk_boundaries_body).unwrap().join().unwrap();
+}
+
+fn handles_across_chunk_boundaries_body() {
+    const N: u32 = 20;
+    let mut mm = quiet();
+    let other = quiet();
+    let handles: Vec<Handle<Chunky>> = (0..N).map(|id| mm.create(Chunky { id, bulk: [id as u8; 600_000] })).collect();
+    let keys: HashSet<ObjectKey> = handles.iter().map(Handle::key).collect();
+    assert_eq!(keys.len(), N as usize, "every object has its own key");
+    for (id, handle) in (0..N).zip(&handles) {
+        assert_eq!((mm[handle].id, mm[handle].bulk[599_999]), (id, id as u8));
+        assert_eq!(mm.upgrade(handle.downgrade()).as_ref(), Some(handle));
+        assert_eq!(mm.try_get_by_key::<Chunky>(handle.key()).map(|c| c.id), Ok(id));
+        assert!(matches!(other.try_get(handle), Err(Error::WrongManager { .. })));
+    }
+    let walked: Vec<(ObjectKey, u32)> = mm.iter::<Chunky>().map(|(weak, c)| (weak.key(), c.id)).collect();
+    let expected: Vec<(ObjectKey, u32)> = handles.iter().map(|h| (h.key(), mm[h].id)).collect();
+    assert_eq!(walked, expected, "iteration crosses chunks in key order");
+    let raw = handles[N as usize - 1].clone().into_raw();
+    assert_eq!(mm.handle_from_raw::<Chunky>(raw).map(|h| h.key()), Ok(handles[N as usize - 1].key()));
+    // The last drops, in every chunk, queue the right slots: all are collected.
+    drop(handles);
+    assert_eq!(mm.collect_garbage().objects, N as usize);
+    assert!(keys.iter().all(|&key| mm.try_get_by_key::<Chunky>(key).is_err()));
+    assert_eq!(mm.count::<Chunky>(), 0);
+}
