@@ -66,10 +66,10 @@ pub(crate) fn unpack_location(location: u32) -> (u32, u32) {
 /// header names the store, see `layout.rs`), with the provenance of the
 /// whole segment (it was computed from the segment's base, never taken from
 /// a reference to the slot, which would not reach the header), and the
-/// handle owns one counted reference to it. The slot's generation therefore stays what it was when
-/// the handle was made (until shutdown destroys the object in place and
-/// makes it one more), and the segment stays allocated while the handle
-/// lives (the manager leaks it if handles outlive the manager).
+/// handle owns one counted reference to it. The slot's generation therefore
+/// stays what it was when the handle was made (until shutdown destroys the
+/// object in place and makes it one more), and the segment stays allocated
+/// while the handle lives (the manager leaks it if handles outlive the manager).
 pub struct Handle<T> {
     slot: NonNull<Slot<T>>,
     /// This handle's entry in its store's table of live handles.
@@ -95,8 +95,9 @@ impl<T> Handle<T> {
     ///
     /// `slot` must be an occupied slot of a published segment, with the
     /// segment's provenance (from `Store::slot_ptr` or `published_slot_ptr`),
-    /// and the caller must transfer one counted reference to the new handle. `origin` and
-    /// `location` say where it was made (kept only with the `handle-sites` feature).
+    /// and the caller must transfer one counted reference to the new handle.
+    /// `origin` and `location` say where it was made (kept only with the
+    /// `handle-sites` feature).
     #[inline]
     #[allow(unused_variables)]
     pub(crate) unsafe fn from_counted(

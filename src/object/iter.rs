@@ -1,10 +1,11 @@
 //! Iterators over the live objects of one type: [`Iter`] and [`IterMut`].
 //!
-//! Both walk the store a run of contiguous slots at a time (a segment's
-//! chunk, see `layout.rs`), up to the slots used when they were made, so an object created during the iteration is never yielded
-//! (the store gives new objects fresh slots while an iterator is alive; see
-//! `store.rs`). Keys come from the run's first index plus the offset, so
-//! a step is a generation load, a count load and an add.
+//! Both walk the store a run of contiguous slots at a time (a segment's chunk,
+//! see `layout.rs`), up to the slots used when they were made, so an object
+//! created during the iteration is never yielded (the store gives new objects
+//! fresh slots while an iterator is alive; see `store.rs`). Keys come from the
+//! run's first index plus the offset, so a step is a generation load, a count
+//! load and an add.
 
 use std::iter::FusedIterator;
 use std::marker::PhantomData;

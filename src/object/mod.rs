@@ -9,9 +9,9 @@
 //! creation sites in an array of its own, for reports.
 //!
 //! - A [`Handle`] is one pointer, to its slot; the slot's address finds its
-//!   store (segments are cut into aligned chunks with a header each). Clone is one relaxed atomic add;
-//!   drop is one atomic sub, and the last drop pushes the slot onto its store's
-//!   lock-free dead list.
+//!   store (segments are cut into aligned chunks with a header each). Clone
+//!   is one relaxed atomic add; drop is one atomic sub, and the last drop
+//!   pushes the slot onto its store's lock-free dead list.
 //! - [`ObjectManager::collect_garbage`] swaps each dead list empty and destroys
 //!   what it held, looping until cascades settle: O(dead), never O(live).
 //! - A [`WeakHandle`] is a key plus a location; every use checks the

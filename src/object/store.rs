@@ -2,8 +2,8 @@
 //!
 //! Segment `k` holds `base << k` slots (laid out as `layout.rs` says) and is
 //! allocated once, when the store first needs it, and never moved or freed
-//! while the store lives. Handles can therefore point straight at their slot. Free slots form a list threaded
-//! through their header words; `create` pops it with one CAS (no lock), a
+//! while the store lives. Handles can therefore point straight at their slot.
+//! Free slots form a list threaded through their header words; `create` pops it with one CAS (no lock), a
 //! [`Loader`](super::Loader) pops it under the store's `free_lock`, and only
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
