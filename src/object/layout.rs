@@ -16,8 +16,9 @@
 //!
 //! - Chunks are large, so headers are few: 18 for a million 64-byte
 //!   objects. Measured on strong reads over a million objects against an
-//!   `Rc` deref: 1.1–1.8× with 256 KiB chunks, 1.1–1.8× with 1 MiB,
-//!   1.0–1.4× with 4 MiB, and 1.0× with no header load at all.
+//!   `Rc` deref (loaded machine, a few runs each): 1.4–1.6× with 64 KiB
+//!   chunks, 1.75–1.85× with 256 KiB, 1.1–1.8× with 1 MiB, 1.0–1.45× with
+//!   4 MiB, and 1.0–1.15× with no header load at all (an experiment).
 //! - A header does not sit at its chunk's first byte but on one of
 //!   [`COLORS`] cache lines of a 2 KiB prefix, chosen by the chunk's
 //!   address. Were every header at a multiple of 4 MiB, all of them would
