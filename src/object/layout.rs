@@ -375,7 +375,8 @@ mod tests {
     fn chunk_of_divides_exactly() {
         fn check<T>() {
             let slots = Chunks::<T>::SLOTS;
-            for offset in (0..1u32 << 24).step_by(997).chain([slots - 1, slots, 2 * slots - 1, (1 << 24) - 1]) {
+            let step = if cfg!(miri) { 99_991 } else { 997 };
+            for offset in (0..1u32 << 24).step_by(step).chain([slots - 1, slots, 2 * slots - 1, (1 << 24) - 1]) {
                 assert_eq!(Chunks::<T>::chunk_of(offset), (offset / slots) as usize, "offset {offset}");
             }
         }
