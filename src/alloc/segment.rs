@@ -282,8 +282,9 @@ impl SegmentLedger {
 #[derive(Debug)]
 struct FreeBlock(NonNull<u8>);
 
-// SAFETY: a kept block is plain memory owned by the ledger (behind its lock) and used by
-// nobody until it is handed out again; no thread-bound state comes with it.
+// SAFETY: a kept block is untyped bytes owned by the ledger (behind its lock) and used by
+// nobody until it is handed out again, like a `Box<[u8]>`: no value (so no `Rc`) lives in
+// it, and there is no type parameter, so no bound is needed.
 unsafe impl Send for FreeBlock {}
 
 impl Drop for SegmentAlloc {
