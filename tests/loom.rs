@@ -282,24 +282,42 @@ fn loader_races_shutdown() {
     });
 }
 
+// ---- Allocators: helpers of the models below -------------------------------------------
+
+fn one_word() -> std::alloc::Layout {
+    std::alloc::Layout::new::<u64>()
+}
+
+fn ptr(addr: usize) -> std::ptr::NonNull<u8> {
+    std::ptr::NonNull::new(addr as *mut u8).unwrap()
+}
+
+/// Two threads free the block at `addr` of `alloc` at once, through `free`: exactly one
+/// free succeeds, and the other is a `DoubleFree` error.
+fn race_two_frees<A: Send + Sync + 'static>(
+    alloc: &Arc<A>,
+    addr: usize,
+    free: fn(&A, usize) -> Result<(), mmobject::Error>,
+) {
+    let spawn = || {
+        let alloc = Arc::clone(alloc);
+        thread::spawn(move || free(&alloc, addr))
+    };
+    let (t1, t2) = (spawn(), spawn());
+    let results = [t1.join().unwrap(), t2.join().unwrap()];
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
+    assert!(results.contains(&Err(mmobject::Error::DoubleFree { addr })));
+}
+
 // ---- SizeClassPool: frees on other threads -----------------------------------------------
 
 mod size_class_pool {
-    use std::alloc::Layout;
-    use std::ptr::NonNull;
+    use super::{one_word, ptr};
     use std::sync::Arc;
 
     use loom::thread;
     use mmobject::alloc::SizeClassPool;
     use mmobject::Error;
-
-    fn one_word() -> Layout {
-        Layout::new::<u64>()
-    }
-
-    fn ptr(addr: usize) -> NonNull<u8> {
-        NonNull::new(addr as *mut u8).unwrap()
-    }
 
     /// The owner allocates both blocks of a page and sends one to another thread, which
     /// reads what the owner wrote and frees it (the remote path) while the owner asks for
@@ -348,15 +366,8 @@ mod size_class_pool {
         super::model(|| {
             let pool = Arc::new(SizeClassPool::new(&[(8, 1)]));
             let addr = pool.alloc(one_word()).as_ptr() as usize;
-            let spawn = || {
-                let pool = Arc::clone(&pool);
-                // SAFETY: the second free is the bug under test; both are checked.
-                thread::spawn(move || unsafe { pool.try_free(ptr(addr)) })
-            };
-            let (t1, t2) = (spawn(), spawn());
-            let results = [t1.join().unwrap(), t2.join().unwrap()];
-            assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
-            assert!(results.contains(&Err(Error::DoubleFree { addr })));
+            // SAFETY: the second free is the bug under test; both are checked.
+            super::race_two_frees(&pool, addr, |pool, addr| unsafe { pool.try_free(ptr(addr)) });
             let p = pool.alloc(one_word());
             assert_eq!(p.as_ptr() as usize, addr);
             assert!(pool.try_alloc(one_word()).is_err(), "the block is free once, not twice");
@@ -424,24 +435,14 @@ mod size_class_pool {
 // ---- SmallObjectAllocator: frees on other threads ----------------------------------------
 
 mod small_object {
+    use super::{one_word, ptr};
     /// The preemption bound of these models (see `model_bounded`).
     const PREEMPTIONS: usize = 2;
 
-    use std::alloc::Layout;
-    use std::ptr::NonNull;
     use std::sync::Arc;
 
     use loom::thread;
     use mmobject::alloc::{SmallObjectAllocator, SmallObjectConfig};
-    use mmobject::Error;
-
-    fn one_word() -> Layout {
-        Layout::new::<u64>()
-    }
-
-    fn ptr(addr: usize) -> NonNull<u8> {
-        NonNull::new(addr as *mut u8).unwrap()
-    }
 
     /// An allocator of `slots` 8-byte slots and no other class.
     fn small(slots: usize) -> Arc<SmallObjectAllocator> {
@@ -496,15 +497,8 @@ mod small_object {
         super::model_bounded(PREEMPTIONS, || {
             let small = small(1);
             let addr = small.alloc(one_word()).as_ptr() as usize;
-            let spawn = || {
-                let small = Arc::clone(&small);
-                // SAFETY: the second free is the bug under test; both are checked.
-                thread::spawn(move || unsafe { small.try_free(ptr(addr)) })
-            };
-            let (t1, t2) = (spawn(), spawn());
-            let results = [t1.join().unwrap(), t2.join().unwrap()];
-            assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
-            assert!(results.contains(&Err(Error::DoubleFree { addr })));
+            // SAFETY: the second free is the bug under test; both are checked.
+            super::race_two_frees(&small, addr, |small, addr| unsafe { small.try_free(ptr(addr)) });
             let p = small.alloc(one_word());
             assert_eq!(p.as_ptr() as usize, addr);
             assert_eq!(small.stats().fallbacks, 0);
