@@ -404,6 +404,15 @@ fn o2_clone_drop(c: &mut Criterion) {
             drop(black_box(clone));
         })
     });
+    // A type that may hold handles: its drops go through the candidate-root
+    // path (a compare-exchange; the object is queued once, on the first drop).
+    let node = mm.create(CycleNode { next: None, payload: payload(1) });
+    group.bench_function("mmobject_may_hold_handles", |b| {
+        cpu_iter(b, || {
+            let clone = black_box(&node).clone();
+            drop(black_box(clone));
+        })
+    });
     let arc = Arc::new(payload(1));
     group.bench_function("arc", |b| {
         cpu_iter(b, || {
@@ -412,7 +421,7 @@ fn o2_clone_drop(c: &mut Criterion) {
         })
     });
     group.finish();
-    drop(handle);
+    drop((handle, node));
 }
 
 // ---- O3 ---------------------------------------------------------------------
@@ -889,7 +898,18 @@ struct CycleNode {
 
 /// About 100k live objects: the F1 level (held from outside) with 98,995
 /// entities, and 495 garbage cycles of two nodes, interleaved with them.
+/// The cycles' 990 nodes are the only candidate roots.
 fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
+    cyclic_manager_with(false)
+}
+
+/// As [`cyclic_manager`], with every entity a candidate root too (each lost
+/// a handle and kept one): the collector's worst case, 100k candidates.
+fn cyclic_manager_all_candidates() -> (ObjectManager, mmobject::RawHandle) {
+    cyclic_manager_with(true)
+}
+
+fn cyclic_manager_with(all_candidates: bool) -> (ObjectManager, mmobject::RawHandle) {
     let mut mm = ObjectManager::builder().report_leaks(false).build();
     let meshes: Vec<_> = (0..4).map(|i| mm.create(LeakMesh { vertices: vec![[0.0; 3]; 16 << i] })).collect();
     let mut entities = Vec::with_capacity(LEAKED);
@@ -901,6 +921,9 @@ fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
             mm[&a].next = Some(b);
         }
     }
+    if all_candidates {
+        entities.iter().for_each(|entity| drop(entity.clone()));
+    }
     let raw = mm.create(LeakLevel { entities }).into_raw();
     drop(meshes);
     (mm, raw)
@@ -908,8 +931,10 @@ fn cyclic_manager() -> (ObjectManager, mmobject::RawHandle) {
 
 /// F2: freeing 495 two-node garbage cycles among 100k live objects:
 /// `collect_cycles` at once (the peer), and `CycleCollector` steps of 1 ms
-/// until a pass ends; plus one 1 ms step alone. Wall time; the manager is
-/// built outside the timing.
+/// until a pass ends; plus one 1 ms step alone. The cycles' nodes are the
+/// only candidate roots; the `all_candidates_` rows make every entity one
+/// too (the worst case: each step must stay near its 1 ms). Wall time; the
+/// manager is built outside the timing.
 fn f2_cycles(c: &mut Criterion) {
     let setup = cyclic_manager;
     let mut group = c.benchmark_group("F2_cycles_100k");
@@ -924,31 +949,35 @@ fn f2_cycles(c: &mut Criterion) {
             criterion::BatchSize::PerIteration,
         )
     });
-    group.bench_function("collector_pass_in_1ms_steps", |b| {
-        b.iter_batched(
-            setup,
-            |(mut mm, raw)| {
-                let mut collector = mmobject::CycleCollector::new();
-                let mut freed = 0;
-                while collector.passes() == 0 {
-                    freed += collector.step(&mut mm, Duration::from_millis(1)).collected.objects;
-                }
-                assert_eq!(freed, F2_CYCLE_NODES);
-                (mm, raw)
-            },
-            criterion::BatchSize::PerIteration,
-        )
-    });
-    group.bench_function("collector_one_1ms_step", |b| {
-        b.iter_batched(
-            setup,
-            |(mut mm, raw)| {
-                let step = mmobject::CycleCollector::new().step(&mut mm, Duration::from_millis(1));
-                (mm, raw, step)
-            },
-            criterion::BatchSize::PerIteration,
-        )
-    });
+    // The same two rows with the cycles' nodes as the only candidates, then
+    // with every entity a candidate too.
+    for (prefix, setup) in [("collector", setup as fn() -> _), ("all_candidates", cyclic_manager_all_candidates)] {
+        group.bench_function(format!("{prefix}_pass_in_1ms_steps"), |b| {
+            b.iter_batched(
+                setup,
+                |(mut mm, raw)| {
+                    let mut collector = mmobject::CycleCollector::new();
+                    let mut freed = 0;
+                    while collector.passes() == 0 {
+                        freed += collector.step(&mut mm, Duration::from_millis(1)).collected.objects;
+                    }
+                    assert_eq!(freed, F2_CYCLE_NODES);
+                    (mm, raw)
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
+        group.bench_function(format!("{prefix}_one_1ms_step"), |b| {
+            b.iter_batched(
+                setup,
+                |(mut mm, raw)| {
+                    let step = mmobject::CycleCollector::new().step(&mut mm, Duration::from_millis(1));
+                    (mm, raw, step)
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
+    }
     group.finish();
     let (mut mm, _raw) = setup();
     let mut collector = mmobject::CycleCollector::new();
@@ -958,6 +987,14 @@ fn f2_cycles(c: &mut Criterion) {
         steps += 1;
     }
     println!("F2: a pass in 1 ms steps took {steps} steps");
+    let (mut mm, _raw) = cyclic_manager_all_candidates();
+    let mut collector = mmobject::CycleCollector::new();
+    let (mut steps, mut taken) = (0, 0);
+    while collector.passes() == 0 {
+        taken += collector.step(&mut mm, Duration::from_millis(1)).candidates;
+        steps += 1;
+    }
+    println!("F2: with every entity a candidate, a pass took {steps} steps of 1 ms ({taken} candidates)");
 }
 
 /// O7: the per-frame passes over one type: read every object (`iter`), update

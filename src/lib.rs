@@ -46,7 +46,9 @@ pub use mmobject_macros::VisitHandles;
 /// Paths the derive's generated code uses. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::object::probe::{NoHeapSize, NoVisitHandles, Probe, ViaHeapSize, ViaVisitHandles};
+    pub use crate::object::probe::{
+        NoHeapSize, NoMayHoldHandles, NoVisitHandles, Probe, TypeProbe, ViaHeapSize, ViaMayHoldHandles, ViaVisitHandles,
+    };
     pub use crate::object::release_probe::{NoReleaseHandles, ProbeMut, ViaReleaseHandles};
     pub use crate::object::{MMObject, ObjectKey, ReleaseHandles, VisitHandles};
     pub use core::mem::size_of;

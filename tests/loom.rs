@@ -1,6 +1,7 @@
 //! Loom models of the lock-free parts: the dead-list push on the last drop,
 //! `upgrade` racing the last drop, concurrent `create` popping the free list,
-//! and loaders creating while the owner collects or shuts down. Under
+//! loaders creating while the owner collects or shuts down, and a candidate
+//! root's drop racing the cycle collector. Under
 //! `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every read and
 //! write of a value is checked too.
 //!
@@ -214,6 +215,46 @@ fn drop_races_budgeted_collect() {
         assert_eq!(mm.dead_count(), 2);
         assert_eq!(mm.collect_garbage().objects, 2);
         assert_eq!(drops.load(Ordering::SeqCst), 3);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+#[derive(MMObject)]
+struct Node {
+    link: Option<mmobject::Handle<Node>>,
+    token: DropToken,
+}
+
+/// A drop that leaves references behind races the cycle collector taking
+/// the same candidate: either the collector's read sees the drop, or the
+/// drop queues the object again. So the garbage cycle it makes is always
+/// found by the next step, and freed once.
+#[test]
+fn candidate_drop_races_the_cycle_collector() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        let a = mm.create(Node { link: None, token: DropToken(Arc::clone(&drops)) });
+        let b = mm.create(Node { link: Some(a.clone()), token: DropToken(Arc::clone(&drops)) });
+        mm[&a].link = Some(b.clone());
+        let outside = a.clone();
+        drop((a, b));
+        // Both are candidates, and both alive (`outside`): take them.
+        let mut collector = mmobject::CycleCollector::new();
+        while mm.cycle_candidates() > 0 {
+            assert_eq!(collector.step(&mut mm, std::time::Duration::ZERO).released, 0);
+        }
+        // `a` alone is a candidate again, held by `b` and `outside`.
+        drop(outside.clone());
+        let dropper = thread::spawn(move || drop(outside));
+        let mut freed = collector.step(&mut mm, std::time::Duration::ZERO).collected.objects;
+        dropper.join().unwrap();
+        while mm.cycle_candidates() > 0 {
+            freed += collector.step(&mut mm, std::time::Duration::ZERO).collected.objects;
+        }
+        assert_eq!(freed, 2);
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
+        assert!(mm.is_empty());
         assert!(mm.shutdown().is_empty());
     });
 }

@@ -24,6 +24,14 @@ fn node(mm: &ObjectManager, drops: &Drops) -> Handle<Node> {
     mm.create(Node { edges: Vec::new(), link: None, drops: drops.token() })
 }
 
+/// Two nodes linked to each other, and the handles to them.
+fn pair(mm: &mut ObjectManager, drops: &Drops) -> (Handle<Node>, Handle<Node>) {
+    let (a, b) = (node(mm, drops), node(mm, drops));
+    mm[&a].link = Some(b.clone());
+    mm[&b].link = Some(a.clone());
+    (a, b)
+}
+
 /// A ring of `n` nodes through `link`; returns the keys in ring order.
 fn ring(mm: &mut ObjectManager, drops: &Drops, n: usize) -> Vec<ObjectKey> {
     let nodes: Vec<_> = (0..n).map(|_| node(mm, drops)).collect();
@@ -87,10 +95,7 @@ fn cycle_of_ten_in_handle_order() {
 fn cycle_held_from_outside_is_not_collected() {
     let mut mm = quiet();
     let drops = Drops::default();
-    let a = node(&mm, &drops);
-    let b = node(&mm, &drops);
-    mm[&a].link = Some(b.clone());
-    mm[&b].link = Some(a.clone());
+    let (a, b) = pair(&mut mm, &drops);
     drop(b);
     assert!(mm.find_cycles().is_empty());
     assert_eq!(mm.collect_cycles().objects, 0);
@@ -871,47 +876,214 @@ fn debug_shows_a_short_generation_and_weak_handles_say_they_cannot_tell() {
 
 // ---- cycle collection under a budget -----------------------------------------------------
 
+/// A step budget no test reaches, even under Miri (whose clock runs with
+/// the instructions it interprets): single steps that must finish.
+const NO_LIMIT: Duration = Duration::from_secs(24 * 3600);
+
 #[test]
-fn the_budgeted_collector_finds_a_cycle_through_a_hash_map_over_several_steps() {
+fn the_budgeted_collector_reads_only_candidates_and_finds_a_cycle_through_a_hash_map() {
     let mut mm = quiet();
     let drops = Drops::default();
-    // 50 live nodes first, so the cycle comes up only after a few steps.
-    let live: Vec<_> = (0..50).map(|_| node(&mm, &drops)).collect();
+    // Live nodes nobody let go of are never candidates, however many.
+    let live: Vec<_> = (0..1_000).map(|_| node(&mm, &drops)).collect();
     let asset = mm.create(Asset { owner: None, peers: Default::default(), drops: drops.token() });
     let cache = mm.create(Cache { by_name: [("grass".to_string(), asset.clone())].into() });
     mm[&asset].owner = Some(cache.clone());
     let weak = (asset.downgrade(), cache.downgrade());
     drop((asset, cache));
+    assert_eq!(mm.cycle_candidates(), 2, "each lost its outside handle and kept one");
     let mut collector = CycleCollector::new();
-    let mut steps = 0;
-    let mut freed = 0;
-    while collector.passes() == 0 {
-        let step = collector.step(&mut mm, Duration::ZERO);
-        freed += step.collected.objects;
-        steps += 1;
-    }
-    assert!(steps > 50, "spread over {steps} steps");
-    assert_eq!(freed, 2);
+    let step = collector.step(&mut mm, NO_LIMIT);
+    assert!(step.pass_finished);
+    assert_eq!((step.candidates, step.released, step.collected.objects), (2, 2, 2), "{step:?}");
     assert!(!mm.is_alive(weak.0) && !mm.is_alive(weak.1));
     assert_eq!(drops.count(), 1);
     assert_eq!(mm.len(), live.len());
+    assert_eq!(mm.cycle_candidates(), 0);
+    // Nothing queued, nothing read.
+    let step = collector.step(&mut mm, NO_LIMIT);
+    assert_eq!((step.candidates, step.released), (0, 0));
+    assert_eq!(collector.passes(), 2);
+}
+
+#[test]
+fn a_candidate_found_alive_is_looked_at_again_after_its_next_drop() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let nodes: Vec<_> = (0..3).map(|_| node(&mm, &drops)).collect();
+    for i in 0..3 {
+        let next = nodes[(i + 1) % 3].clone();
+        mm[&nodes[i]].link = Some(next);
+    }
+    // The ring holds itself, and `outside` holds the first node.
+    let outside = nodes[0].clone();
+    drop(nodes);
+    assert_eq!(mm.cycle_candidates(), 3);
+    let mut collector = CycleCollector::new();
+    let step = collector.step(&mut mm, Duration::ZERO);
+    assert_eq!(step.released, 0, "held from outside");
+    while collector.step(&mut mm, Duration::ZERO).candidates > 0 {}
+    assert_eq!(mm.cycle_candidates(), 0);
+    drop(outside);
+    assert_eq!(mm.cycle_candidates(), 1);
+    let mut freed = 0;
+    loop {
+        let step = collector.step(&mut mm, Duration::ZERO);
+        freed += step.collected.objects;
+        if step.pass_finished {
+            break;
+        }
+    }
+    assert_eq!(freed, 3);
+    assert!(mm.is_empty());
+    assert_eq!(drops.count(), 3);
+}
+
+#[test]
+fn a_cycle_let_go_on_another_thread_is_found() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let (a, b) = pair(&mut mm, &drops);
+    std::thread::spawn(move || drop((a, b))).join().unwrap();
+    let step = CycleCollector::new().step(&mut mm, NO_LIMIT);
+    assert_eq!(step.collected.objects, 2);
+    assert!(mm.is_empty());
+}
+
+#[test]
+fn a_cycle_let_go_through_a_raw_handle_is_found() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let (a, b) = pair(&mut mm, &drops);
+    let raw = a.into_raw();
+    drop(b);
+    mm.step_cycles_until_idle();
+    assert_eq!(mm.len(), 2, "the raw handle holds the cycle");
+    mm.release_raw(raw).unwrap();
+    let step = CycleCollector::new().step(&mut mm, NO_LIMIT);
+    assert_eq!(step.collected.objects, 2);
+    assert!(mm.is_empty());
+}
+
+/// Steps a new collector until its queue is empty.
+trait StepUntilIdle {
+    fn step_cycles_until_idle(&mut self);
+}
+
+impl StepUntilIdle for ObjectManager {
+    fn step_cycles_until_idle(&mut self) {
+        let mut collector = CycleCollector::new();
+        while !collector.step(self, Duration::ZERO).pass_finished {}
+    }
+}
+
+#[test]
+fn objects_that_cannot_hold_handles_queue_no_candidates() {
+    #[derive(MMObject)]
+    struct Texture {
+        pixels: Vec<u8>,
+        name: String,
+        weak_owner: Option<mmobject::WeakHandle<Node>>,
+    }
+    #[derive(mmobject::VisitHandles)]
+    struct Slots {
+        by_name: std::collections::HashMap<String, Handle<Texture>>,
+    }
+    #[derive(MMObject)]
+    struct Atlas {
+        slots: Slots,
+    }
+    #[derive(MMObject)]
+    struct Tagged {
+        #[mm(skip)]
+        _hidden: Option<Handle<Texture>>,
+        id: u64,
+    }
+    assert!(!Texture::may_hold_handles());
+    assert!(!Tagged::may_hold_handles(), "skipped fields do not count");
+    assert!(Node::may_hold_handles() && Cache::may_hold_handles() && Asset::may_hold_handles());
+    assert!(Atlas::may_hold_handles(), "through a struct deriving VisitHandles");
+    const {
+        assert!(!<(u8, String, Vec<Box<str>>) as mmobject::VisitHandles>::MAY_HOLD_HANDLES);
+        assert!(
+            <std::collections::HashMap<String, Option<Handle<Texture>>> as mmobject::VisitHandles>::MAY_HOLD_HANDLES
+        );
+    }
+
+    let mm = quiet();
+    let texture = mm.create(Texture { pixels: vec![0; 4], name: "grass".into(), weak_owner: None });
+    let clones: Vec<_> = (0..10).map(|_| texture.clone()).collect();
+    drop(clones);
+    assert_eq!(mm.cycle_candidates(), 0);
+    let atlas = mm.create(Atlas { slots: Slots { by_name: [("grass".to_string(), texture.clone())].into() } });
+    drop(atlas.clone());
+    assert_eq!(mm.cycle_candidates(), 1);
+    assert_eq!(mm[&texture].name, "grass");
+    assert_eq!(mm[&texture].pixels.len() + usize::from(mm[&texture].weak_owner.is_some()), 4);
+}
+
+#[test]
+fn the_candidate_queue_stays_bounded_without_a_collector() {
+    let mut mm = quiet();
+    let drops = Drops::default();
+    // Every object loses a handle and keeps one, then dies: an entry each,
+    // never taken by a `CycleCollector`.
+    // Past the first compaction mark (1,024 entries); smaller under Miri.
+    let many = if cfg!(miri) { 1_100 } else { 3_000 };
+    let nodes: Vec<_> = (0..many).map(|_| node(&mm, &drops)).collect();
+    for n in &nodes {
+        drop(n.clone());
+    }
+    assert_eq!(mm.cycle_candidates(), many);
+    drop(nodes);
+    mm.collect_garbage();
+    assert_eq!(mm.cycle_candidates(), 0, "the dead are compacted away");
+    for _ in 0..if cfg!(miri) { 2 } else { 20 } {
+        let nodes: Vec<_> = (0..1_000).map(|_| node(&mm, &drops)).collect();
+        for n in &nodes {
+            drop(n.clone());
+        }
+        drop(nodes);
+        mm.collect_garbage();
+        assert!(mm.cycle_candidates() <= 2_000, "{} queued", mm.cycle_candidates());
+    }
+    // Live purple objects stay queued through compaction, once each.
+    let kept: Vec<_> = (0..many).map(|_| node(&mm, &drops)).collect();
+    for n in &kept {
+        drop(n.clone());
+        drop(n.clone());
+    }
+    mm.collect_garbage();
+    assert!(mm.cycle_candidates() >= many);
+    let step = CycleCollector::new().step(&mut mm, NO_LIMIT);
+    assert_eq!(step.released, 0);
+    assert_eq!(mm.cycle_candidates(), 0);
+    assert_eq!(mm.len(), kept.len());
 }
 
 #[test]
 fn the_budgeted_collector_leaves_groups_larger_than_its_limit() {
     let mut mm = quiet();
     let drops = Drops::default();
-    let keys = ring(&mut mm, &drops, 10);
+    ring(&mut mm, &drops, 10);
     let mut small = CycleCollector::with_max_group(4);
+    let mut cut_short = 0;
     while small.passes() == 0 {
-        assert_eq!(small.step(&mut mm, Duration::from_secs(1)).released, 0);
+        let step = small.step(&mut mm, Duration::from_secs(1));
+        assert_eq!(step.released, 0);
+        cut_short += step.cut_short;
     }
+    assert_eq!(cut_short, 10, "every node was a candidate, each group cut short");
     assert_eq!(mm.len(), 10, "a ring of 10 is beyond a group of 4");
     assert_eq!(mm.find_cycles().len(), 1);
+    assert_eq!(mm.collect_cycles().objects, 10, "left to `collect_cycles`");
+
+    let keys = ring(&mut mm, &drops, 10);
     let mut big = CycleCollector::with_max_group(10);
     let (mut released, mut freed) = (0, 0);
     while big.passes() == 0 {
         let step = big.step(&mut mm, Duration::from_secs(1));
+        assert_eq!(step.cut_short, 0);
         released += step.released;
         freed += step.collected.objects;
     }

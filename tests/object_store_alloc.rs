@@ -243,3 +243,34 @@ fn crate_allocators_serve_stores() {
     assert_eq!(LEVEL.stats().in_use, 0);
     assert_eq!(LEVEL.stats().live, 0);
 }
+
+// ---- candidate roots when the allocator refuses ------------------------------
+
+#[derive(MMObject)]
+struct Link {
+    next: Option<mmobject::Handle<Link>>,
+}
+
+#[test]
+fn a_refused_candidate_makes_the_cycle_collector_walk_the_store() {
+    let counting = Counting::default();
+    let mut mm = ObjectManager::builder().report_leaks(false).allocator(counting.clone()).build();
+    let a = mm.create(Link { next: None });
+    let b = mm.create(Link { next: Some(a.clone()) });
+    mm[&a].next = Some(b.clone());
+    let others: Vec<_> = (0..5).map(|_| mm.create(Link { next: None })).collect();
+    // Refuse every new block: the candidate queue cannot take its first entry.
+    counting.0.refuse_over.store(1, Ordering::Relaxed);
+    drop((a, b));
+    assert_eq!(mm.cycle_candidates(), 0, "no room to queue");
+    counting.0.refuse_over.store(0, Ordering::Relaxed);
+    let step = mmobject::CycleCollector::new().step(&mut mm, std::time::Duration::from_secs(24 * 3600));
+    assert_eq!(step.collected.objects, 2, "{step:?}");
+    // Every live object of the store, once: `a` (whose group releases `b`
+    // before the walk reaches it) and the five others.
+    assert_eq!(step.candidates, 6);
+    assert_eq!(mm.len(), others.len());
+    // Walked once: the next pass reads only what is queued.
+    let step = mmobject::CycleCollector::new().step(&mut mm, std::time::Duration::from_secs(24 * 3600));
+    assert_eq!(step.candidates, 0);
+}

@@ -24,13 +24,32 @@ fn forgotten_handle_is_a_reported_leak() {
     assert_eq!(report.iter().next().map(|e| e.ref_count), Some(1));
 }
 
-/// The count never wraps: past 2^30 references, clone panics and upgrade and
+/// The count never wraps: past 2^29 references, clone panics and upgrade and
 /// `add_ref_raw` fail, each leaving the count as it was.
 #[test]
 fn reference_count_stops_at_its_limit() {
-    let limit = 1u32 << 30;
     let mm = ObjectManager::builder().report_leaks(false).build();
-    let h = mm.create(Item { id: 1 });
+    count_stops_at_its_limit(&mm, mm.create(Item { id: 1 }));
+}
+
+/// The same for a type that may hold handles, whose count word also carries
+/// the candidate-root flag (set here by the drop of a clone).
+#[test]
+fn reference_count_stops_at_its_limit_with_the_candidate_flag_set() {
+    #[derive(MMObject)]
+    struct Linked {
+        next: Option<mmobject::Handle<Linked>>,
+    }
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let h = mm.create(Linked { next: None });
+    drop(h.clone());
+    assert_eq!(mm.cycle_candidates(), 1);
+    count_stops_at_its_limit(&mm, h);
+    assert_eq!(mm.cycle_candidates(), 1, "queued once");
+}
+
+fn count_stops_at_its_limit<T: MMObject>(mm: &ObjectManager, h: mmobject::Handle<T>) {
+    let limit = 1u32 << 29;
     h.leak_refs_for_tests(limit - 2);
     assert_eq!(h.ref_count(), limit - 1);
     let last = h.clone();

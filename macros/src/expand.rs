@@ -38,8 +38,60 @@ pub fn derive(input: &Input<'_>) -> TokenStream {
         }
         Data::Union(_) => (None, None, None),
     };
-    let methods = size.into_iter().chain(visit).chain(release).collect();
+    let may_hold = may_hold_fn(&visited_fields(input), &params);
+    let methods = size.into_iter().chain(visit).chain(release).chain(Some(may_hold)).collect();
     wrap(input.ident, &field_bounds(input), &name, &tag, methods)
+}
+
+/// Every field that is visited (not `#[mm(skip)]`), over all variants.
+fn visited_fields<'a>(input: &'a Input<'_>) -> Vec<&'a Field> {
+    let fields: Vec<&Field> = match &input.data {
+        Data::Struct(fields) => fields.iter().collect(),
+        Data::Enum(variants) => variants.iter().flat_map(|variant| &variant.fields).collect(),
+        Data::Union(_) => Vec::new(),
+    };
+    fields.into_iter().filter(|field| !field.is_skipped()).collect()
+}
+
+/// Whether a field's type may hold handles, as a `bool` expression:
+/// `true` with `visit_with` (the function may find any). Otherwise, with
+/// `probe_fields`, the type probe: a runtime call that reads
+/// `VisitHandles::MAY_HOLD_HANDLES`, or is false for a type without
+/// `VisitHandles` (visited as holding nothing; a type that names `Handle`
+/// and lacks it is already a compile error at its visit). Without it (a
+/// constant), the constant of a type that involves a type parameter (the
+/// impl bounds it by `VisitHandles`), and `true` for the others, which a
+/// constant cannot probe.
+fn field_may_hold(field: &Field, params: &[&Ident], probe_fields: bool) -> TokenStream {
+    let ty = &field.ty;
+    if field.visit_with().is_some() {
+        quote!(true)
+    } else if probe_fields {
+        quote!((&::mmobject::__private::TypeProbe::<#ty>::NEW).mm_may_hold_handles())
+    } else if field.mentions_type_param(params) {
+        quote!(<#ty as ::mmobject::__private::VisitHandles>::MAY_HOLD_HANDLES)
+    } else {
+        quote!(true)
+    }
+}
+
+/// `MMObject::may_hold_handles`: any visited field's type may hold handles.
+fn may_hold_fn(fields: &[&Field], params: &[&Ident]) -> TokenStream {
+    if fields.is_empty() {
+        return quote!(
+            fn may_hold_handles() -> bool {
+                false
+            }
+        );
+    }
+    let each = fields.iter().map(|field| field_may_hold(field, params, true));
+    quote! {
+        fn may_hold_handles() -> bool {
+            #[allow(unused_imports)]
+            use ::mmobject::__private::{NoMayHoldHandles as _, ViaMayHoldHandles as _};
+            false #(|| #each)*
+        }
+    }
 }
 
 /// The `impl VisitHandles` and `impl ReleaseHandles` of `#[derive(VisitHandles)]`.
@@ -58,7 +110,9 @@ pub fn derive_visit_handles(input: &Input<'_>) -> TokenStream {
     };
     let visit = visit.unwrap_or_else(|| visit_fn(TokenStream::new()));
     let release = release.unwrap_or_else(|| release_fn(TokenStream::new()));
-    wrap_visit_handles(input.ident, &field_bounds(input), visit, release)
+    let each = visited_fields(input).into_iter().map(|field| field_may_hold(field, &params, false)).collect::<Vec<_>>();
+    let may_hold = quote!(const MAY_HOLD_HANDLES: bool = false #(|| #each)*;);
+    wrap_visit_handles(input.ident, &field_bounds(input), quote!(#may_hold #visit), release)
 }
 
 /// The stub of `#[derive(VisitHandles)]`, emitted next to its errors.
@@ -466,10 +520,12 @@ mod tests {
         assert!(out.contains("fn size"), "{out}");
         assert!(!out.contains("mm_heap_size"), "{out}");
         assert!(!out.contains("visit_handles"), "{out}");
+        assert!(out.contains("fn may_hold_handles () -> bool { false }"), "{out}");
         let out = expand(parse_quote!(
             enum Never {}
         ));
-        assert!(!out.contains("fn "), "{out}");
+        assert_eq!(out.matches("fn ").count(), 1, "{out}");
+        assert!(out.contains("fn may_hold_handles () -> bool { false }"), "{out}");
     }
 
     #[test]

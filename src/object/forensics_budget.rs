@@ -1,15 +1,20 @@
 //! Cycle collection under a time budget: [`CycleCollector`].
 //!
 //! [`ObjectManager::collect_cycles`] reads the whole handle graph at once:
-//! O(live + edges), milliseconds at 100k objects. A `CycleCollector` does the
-//! same work a little each frame. Each [`step`](CycleCollector::step) takes
-//! the next live objects in slot order as candidate roots and, from each,
-//! reads the objects it reaches (at most [`max_group`](CycleCollector::with_max_group)
-//! of them) and runs trial deletion on that group (Bacon and Rajan, 2001):
-//! a member whose count is larger than the references it gets from inside
-//! the group is held from elsewhere, and so is everything it reaches; what
-//! is left is referenced only by itself, and is released as
-//! [`collect_cycles`](ObjectManager::collect_cycles) releases its cycles.
+//! O(live + edges), milliseconds at 100k objects. A `CycleCollector` works
+//! from *candidate roots* instead (Bacon and Rajan, 2001): the objects whose
+//! count fell and stayed above zero since the collector last looked at them,
+//! which handle drops queue as they happen (see `candidates.rs`). A garbage
+//! cycle is always made by such a drop (its last outside handle goes; the
+//! references from inside remain), so the live objects nobody let go of are
+//! never read. Each [`step`](CycleCollector::step) takes candidates until its
+//! budget is spent and, from each, reads the objects it reaches (at most
+//! [`max_group`](CycleCollector::with_max_group) of them) and runs trial
+//! deletion on that group: a member whose count is larger than the
+//! references it gets from inside the group is held from elsewhere, and so
+//! is everything it reaches; what is left is referenced only by itself, and
+//! is released as [`collect_cycles`](ObjectManager::collect_cycles) releases
+//! its cycles.
 //!
 //! # Why it is sound across frames
 //!
@@ -23,22 +28,31 @@
 //! garbage at that moment, as with `collect_cycles`, and with the same trust
 //! in `visit_handles`.
 //!
+//! # Why it is complete
+//!
+//! A candidate's flag is cleared (one compare-exchange on its count word)
+//! before its group is read, and a drop that leaves references behind sets
+//! the flag in the same atomic step as its decrement. So a drop either
+//! happened before the clear, and the read sees it, or it sets the flag
+//! again and queues the object anew. A garbage cycle whose members' groups
+//! fit in `max_group` is therefore found by a later step, whichever thread
+//! made it garbage. A group cut short at `max_group` is counted in
+//! [`CycleStep::cut_short`]: garbage that large is left to `collect_cycles`.
+//!
 //! # Bounds
 //!
 //! A step reads at most `max_group` objects per candidate and looks at the
 //! clock after each candidate, so it overruns its budget by at most one
 //! group; each object in a group has all its handles read, so an object
-//! holding 100k handles costs about a millisecond on its own.
-//! A pass over all live objects ends after about `live / (objects per step)`
-//! steps; [`passes`](CycleCollector::passes) counts them. A cycle is found if
-//! everything it reaches fits in `max_group` objects when one of its members
-//! comes up as a candidate; larger garbage is left to `collect_cycles`.
+//! holding 100k handles costs about a millisecond on its own. A pass ends
+//! when the candidates queued so far are all taken; its cost is proportional
+//! to the candidates and their groups, never to the other live objects.
 //!
-//! Candidates are every live object in turn, not only those whose count
-//! fell (Bacon and Rajan's "purple" buffer): recording those would put a
-//! store on every handle drop, and handle drops stay free of it.
+//! If a store's allocator refused room for a candidate, the flag was left
+//! clear, and the collector walks every live object of that store once
+//! instead (as candidates), so nothing is missed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::slot::SlotState;
@@ -62,21 +76,19 @@ use super::{CollectStats, ObjectKey, ObjectManager};
 /// drop((a, b)); // a garbage cycle
 ///
 /// let mut collector = CycleCollector::new();
-/// let mut freed = 0;
-/// while collector.passes() == 0 {
-///     // once a frame:
-///     freed += collector.step(&mut mm, Duration::from_millis(1)).collected.objects;
-/// }
-/// assert_eq!(freed, 2);
+/// // Once a frame:
+/// let step = collector.step(&mut mm, Duration::from_millis(1));
+/// assert_eq!(step.candidates, 2, "each lost a handle and kept one");
+/// assert_eq!(step.collected.objects, 2);
 /// assert!(mm.is_empty());
 /// ```
 #[derive(Debug, Clone)]
 pub struct CycleCollector {
-    /// The next candidate: a store index and a local slot index.
+    /// The store whose candidates are taken next.
     store: u32,
-    local: u32,
-    /// Objects already read in this pass (as candidates or group members).
-    seen: HashSet<ObjectKey>,
+    /// While walking every live slot of `store` (its buffer lost entries):
+    /// the next local slot index.
+    scan: Option<u32>,
     passes: u64,
     max_group: usize,
 }
@@ -84,14 +96,19 @@ pub struct CycleCollector {
 /// What one [`CycleCollector::step`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CycleStep {
-    /// Slots looked at as candidates.
+    /// Candidate roots taken (including those that had died or had been
+    /// taken already, which cost no read).
     pub candidates: usize,
+    /// Groups that reached the collector's `max_group` before all they
+    /// reach was read: any garbage among them is left to
+    /// [`collect_cycles`](ObjectManager::collect_cycles).
+    pub cut_short: usize,
     /// Objects whose handles were released (members of garbage groups).
     pub released: usize,
     /// What the step's collections destroyed: dead objects first, then the
     /// released groups and what only they held.
     pub collected: CollectStats,
-    /// True if the step reached the end of the live objects (a pass ended).
+    /// True if the step took the last candidate queued (a pass ended).
     pub pass_finished: bool,
 }
 
@@ -114,19 +131,19 @@ impl CycleCollector {
     /// (at least 1): the largest garbage it can find, and the most a step can
     /// overrun its budget by.
     pub fn with_max_group(max_group: usize) -> Self {
-        CycleCollector { store: 0, local: 0, seen: HashSet::new(), passes: 0, max_group: max_group.max(1) }
+        CycleCollector { store: 0, scan: None, passes: 0, max_group: max_group.max(1) }
     }
 
-    /// Passes completed over all live objects.
+    /// Passes completed: times a step took the last queued candidate.
     pub fn passes(&self) -> u64 {
         self.passes
     }
 
     /// Works for about `budget`: collects dead objects, then takes candidates
-    /// until the budget is spent or the pass ends, releases the garbage
+    /// until the budget is spent or none is left, releases the garbage
     /// groups found, and collects again.
     ///
-    /// It always looks at one candidate at least, so steps make progress
+    /// It always takes one candidate at least, so steps make progress
     /// even with a zero budget.
     ///
     /// # Panics
@@ -139,15 +156,13 @@ impl CycleCollector {
         loop {
             let Some(candidate) = self.next_candidate(mm, &mut out.candidates) else {
                 self.passes += 1;
-                self.seen.clear();
                 out.pass_finished = true;
                 break;
             };
-            if self.seen.insert(candidate) {
-                let garbage = self.garbage_from(mm, candidate);
-                out.released += garbage.len();
-                release(mm, &garbage);
-            }
+            let (garbage, cut_short) = self.garbage_from(mm, candidate);
+            out.cut_short += usize::from(cut_short);
+            out.released += garbage.len();
+            release(mm, &garbage);
             if start.elapsed() >= budget {
                 break;
             }
@@ -161,37 +176,64 @@ impl CycleCollector {
         out
     }
 
-    /// The next live object at or after the cursor, or `None` at the end of
-    /// a pass (the cursor then goes back to the start). Counts slots looked at.
-    fn next_candidate(&mut self, mm: &mut ObjectManager, looked: &mut usize) -> Option<ObjectKey> {
+    /// The next candidate root, its flag taken, or `None` once every store's
+    /// queue is empty (the cursor then goes back to the first store).
+    /// Counts the candidates taken.
+    fn next_candidate(&mut self, mm: &mut ObjectManager, taken: &mut usize) -> Option<ObjectKey> {
         let stores = mm.all_stores().count() as u32;
         while self.store < stores {
             let store = mm.registry().store_by_index(self.store).expect("below the store count");
-            while let Some(header) = store.header(self.local) {
-                let local = self.local;
-                self.local += 1;
-                *looked += 1;
+            let key_of = |local: u32, header: &super::slot::SlotHeader| {
+                let generation = header.generation.load(std::sync::atomic::Ordering::Relaxed);
+                ObjectKey::new(store.shared().global_index(local), generation)
+            };
+            if let Some(local) = self.scan {
+                let Some(header) = store.header(local) else {
+                    self.scan = None;
+                    self.store += 1;
+                    continue;
+                };
+                self.scan = Some(local + 1);
                 if let SlotState::Live(_) = header.state() {
-                    let generation = header.generation.load(std::sync::atomic::Ordering::Relaxed);
-                    return Some(ObjectKey::new(store.shared().global_index(local), generation));
+                    *taken += 1;
+                    header.take_purple();
+                    return Some(key_of(local, header));
                 }
+                continue;
             }
-            self.store += 1;
-            self.local = 0;
+            let popped = {
+                let mut candidates = store.shared().candidates.lock();
+                match candidates.pop() {
+                    Some(local) => Ok(local),
+                    None => Err(candidates.take_lost()),
+                }
+            };
+            match popped {
+                Ok(local) => {
+                    *taken += 1;
+                    let header = store.header(local).expect("candidates are published slots");
+                    if header.take_purple() {
+                        return Some(key_of(local, header));
+                    }
+                }
+                Err(true) => self.scan = Some(0),
+                Err(false) => self.store += 1,
+            }
         }
         self.store = 0;
-        self.local = 0;
         None
     }
 
     /// Reads the group `candidate` reaches (at most `max_group` objects) and
-    /// returns its members referenced only from within the group's garbage.
-    fn garbage_from(&mut self, mm: &mut ObjectManager, candidate: ObjectKey) -> Vec<ObjectKey> {
+    /// returns its members referenced only from within the group's garbage,
+    /// and whether the group was cut short at `max_group`.
+    fn garbage_from(&mut self, mm: &mut ObjectManager, candidate: ObjectKey) -> (Vec<ObjectKey>, bool) {
         let mut keys = vec![candidate];
         let mut counts = Vec::new();
         let mut index: HashMap<ObjectKey, u32> = HashMap::from([(candidate, 0)]);
         let mut edges: Vec<(u32, u32)> = Vec::new();
         let mut at = 0;
+        let mut cut_short = false;
         while at < keys.len() {
             let key = keys[at];
             let (count, held) = read_object(mm, key).unwrap_or((0, Vec::new()));
@@ -204,13 +246,18 @@ impl CycleCollector {
                         keys.push(target);
                         keys.len() as u32 - 1
                     }
-                    None => continue, // outside the group: it does not matter
+                    None => {
+                        // Outside the group: it does not matter, unless the
+                        // group is full and this is live (then its garbage,
+                        // if any, is larger than the group).
+                        cut_short = cut_short || (keys.len() >= self.max_group && is_live(mm, target));
+                        continue;
+                    }
                 };
                 edges.push((at as u32, to));
             }
             at += 1;
         }
-        self.seen.extend(keys.iter().copied());
         // Trial deletion: take away the references from inside the group.
         let mut inside = vec![0u32; keys.len()];
         for &(_, to) in &edges {
@@ -234,7 +281,22 @@ impl CycleCollector {
                 }
             }
         }
-        keys.iter().zip(alive).filter(|(_, alive)| !alive).map(|(&key, _)| key).collect()
+        let garbage = keys.iter().zip(alive).filter(|(_, alive)| !alive).map(|(&key, _)| key).collect();
+        (garbage, cut_short)
+    }
+}
+
+impl ObjectManager {
+    /// Entries queued for the [`CycleCollector`]: objects whose count fell
+    /// and stayed above zero since a collector last looked at them. Entries
+    /// of objects that died since are counted too, until
+    /// [`collect_garbage`](Self::collect_garbage) compacts the queue (at
+    /// twice its last compacted length, at least 1,024 per type).
+    ///
+    /// Only types whose objects may hold handles queue candidates (see
+    /// [`MMObject::may_hold_handles`](crate::MMObject::may_hold_handles)).
+    pub fn cycle_candidates(&self) -> usize {
+        self.all_stores().map(|store| store.shared().candidates.lock().len()).sum()
     }
 }
 

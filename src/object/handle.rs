@@ -14,7 +14,7 @@ use super::handle_sites::HandleSite;
 use super::index_space::INDEX_BITS;
 use super::layout::Chunks;
 use super::shared::{reserve_raw_ref, StoreShared};
-use super::slot::{Slot, MAX_REFS};
+use super::slot::{Slot, COUNT_MASK, MAX_REFS, PURPLE};
 use super::{MMObject, ObjectKey, VisitHandles};
 
 /// Packs a store index and a local slot index into one `u32`.
@@ -186,13 +186,17 @@ impl<T> Handle<T> {
     ///
     /// # Panics
     ///
-    /// Panics if the count would pass the limit (2^30).
+    /// Panics if the count would pass the limit (2^29).
     #[doc(hidden)]
     pub fn leak_refs_for_tests(&self, n: u32) {
         let word = &self.slot().header.word;
         let mut count = word.load(AtomicOrdering::Relaxed);
         loop {
-            let raised = count.checked_add(n).filter(|&c| c <= MAX_REFS).expect("the count stays within its limit");
+            let raised = (count & COUNT_MASK)
+                .checked_add(n)
+                .filter(|&c| c <= MAX_REFS)
+                .expect("the count stays within its limit")
+                | count & PURPLE;
             match word.compare_exchange_weak(count, raised, AtomicOrdering::Relaxed, AtomicOrdering::Relaxed) {
                 Ok(_) => return,
                 Err(actual) => count = actual,
@@ -261,7 +265,7 @@ impl<T> Clone for Handle<T> {
     #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
         let old = self.slot().header.word.fetch_add(1, AtomicOrdering::Relaxed);
-        if old >= MAX_REFS {
+        if old & COUNT_MASK >= MAX_REFS {
             refcount_overflow(&self.slot().header.word);
         }
         #[allow(unused_mut)]
@@ -285,10 +289,27 @@ impl<T> Drop for Handle<T> {
         #[cfg(feature = "handle-sites")]
         self.unregister_site();
         let word = &self.slot().header.word;
+        if self.chunk().cyclable {
+            return self.drop_cyclable();
+        }
         if word.fetch_sub(1, AtomicOrdering::Release) != 1 {
             return;
         }
         self.shared().release_last(self.local(), word);
+    }
+}
+
+impl<T> Handle<T> {
+    /// `drop` for a type whose objects may hold handles: a drop that leaves
+    /// references behind makes the object a candidate root for the
+    /// [`CycleCollector`](crate::CycleCollector) (see `candidates.rs`).
+    #[inline]
+    fn drop_cyclable(&mut self) {
+        let header = &self.slot().header;
+        let old = header.release_marking(Some(&|| self.shared().note_candidate(self.local())));
+        if old & COUNT_MASK == 1 {
+            self.shared().release_last(self.local(), &header.word);
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use crate::sync::Ordering;
 
 use super::handle::pack_location;
 use super::layout::{segment_first, segment_len, Chunks, MAX_SEGMENTS};
-use super::slot::{Slot, LINK_FLAG};
+use super::slot::{is_count, Slot};
 use super::store::Store;
 use super::{MMObject, ObjectKey, WeakHandle};
 
@@ -99,7 +99,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 let slot = unsafe { &*self.base.as_ptr().add(offset as usize) };
                 // Live: an odd generation, then a count (see `SlotHeader::is_live`).
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 0 || slot.header.word.load(Ordering::Acquire).wrapping_sub(1) >= LINK_FLAG - 1 {
+                if generation & 1 == 0 || !is_count(slot.header.word.load(Ordering::Acquire)) {
                     continue;
                 }
                 self.yielded += 1;
@@ -127,7 +127,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 // published segment `base` points to.
                 let slot = unsafe { &*base.as_ptr().add(offset as usize) };
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 1 && slot.header.word.load(Ordering::Acquire).wrapping_sub(1) < LINK_FLAG - 1 {
+                if generation & 1 == 1 && is_count(slot.header.word.load(Ordering::Acquire)) {
                     let key = ObjectKey::new(first_index + offset, generation);
                     let location = pack_location(self.store_index, first_local + offset);
                     yielded += 1;

@@ -85,12 +85,14 @@ pub(crate) fn segment_first(segment: usize, base_bits: u32) -> u32 {
 /// Written once, before the chunk's segment is published, and never again:
 /// `shared` is the store's shared part (which outlives every handle),
 /// `first_local` the local index of the chunk's first slot, and `manager_id`
-/// the store's manager (a copy of `shared.manager_id`, one load closer).
+/// the store's manager (a copy of `shared.manager_id`, one load closer),
+/// and `cyclable` a copy of `shared.cyclable` (read by every handle drop).
 #[repr(C)]
 pub(crate) struct ChunkHeader {
     pub(crate) shared: NonNull<StoreShared>,
     pub(crate) first_local: u32,
     pub(crate) manager_id: u32,
+    pub(crate) cyclable: bool,
 }
 
 /// The chunk geometry of `T`'s slots: all compile-time constants, so
@@ -286,6 +288,8 @@ pub(crate) fn allocate_segment<T: MMObject>(
             shared: owner.shared,
             first_local: owner.first_local + chunk * Chunks::<T>::SLOTS,
             manager_id: owner.manager_id,
+            // SAFETY: the store's shared part is valid while it makes segments.
+            cyclable: unsafe { owner.shared.as_ref() }.cyclable,
         };
         // SAFETY: every chunk of the layout starts with a prefix of `COLORS`
         // lines, so the header's line lies inside the allocation; lines are

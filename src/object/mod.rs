@@ -19,6 +19,7 @@
 
 mod access;
 mod builder;
+mod candidates;
 mod collect;
 mod forensics;
 mod forensics_budget;

@@ -86,7 +86,10 @@ impl ObjectManager {
         let Some(count) = raw_refs.get_mut(&local).filter(|c| **c > 0) else {
             return Err(Error::DoubleRelease { type_name: store.type_name(), index: raw.index() });
         };
-        match header.try_release(raw.generation()) {
+        let shared = store.shared();
+        let note = || shared.note_candidate(local);
+        let note_candidate = shared.cyclable.then_some(&note as &dyn Fn() -> bool);
+        match header.try_release(raw.generation(), note_candidate) {
             Ok(last) => {
                 *count -= 1;
                 if *count == 0 {

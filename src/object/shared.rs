@@ -9,8 +9,9 @@
 use hashbrown::{DefaultHashBuilder, HashMap};
 use parking_lot::Mutex;
 
-use crate::sync::{fence, AtomicU32, Ordering};
+use crate::sync::{self, fence, AtomicU32, Ordering};
 
+use super::candidates::Candidates;
 use super::layout::{locate, MAX_SEGMENTS};
 use super::slot::{LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
@@ -50,6 +51,12 @@ pub(crate) struct StoreShared {
     pub(crate) base_bits: u32,
     /// The store's object type, for messages.
     pub(crate) type_name: &'static str,
+    /// True if the type's objects may hold handles: a drop that leaves
+    /// references behind then queues a candidate root (also in every chunk
+    /// header, one load closer to a handle).
+    pub(crate) cyclable: bool,
+    /// Candidate roots for cycle collection (see `candidates.rs`).
+    pub(crate) candidates: sync::Mutex<Candidates>,
     /// The manager-wide index of each segment's first slot.
     segment_start: [AtomicU32; MAX_SEGMENTS],
     /// Outstanding raw references, by local slot index. Raw calls check it, so
@@ -66,6 +73,7 @@ impl StoreShared {
         store_index: u32,
         base_bits: u32,
         type_name: &'static str,
+        cyclable: bool,
         alloc: StoreAlloc,
     ) -> Self {
         StoreShared {
@@ -75,6 +83,8 @@ impl StoreShared {
             store_index,
             base_bits,
             type_name,
+            cyclable,
+            candidates: sync::Mutex::new(Candidates::new(alloc.clone())),
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
             raw_refs: Mutex::new(HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc)),
             #[cfg(feature = "handle-sites")]
@@ -109,6 +119,15 @@ impl StoreShared {
     pub(crate) fn release_last(&self, local: u32, word: &AtomicU32) {
         fence(Ordering::Acquire);
         self.push_dead(local, word);
+    }
+
+    /// Queues the slot `local` as a candidate root. Returns false if there
+    /// was no room (see [`Candidates::push`]).
+    ///
+    /// The caller holds a reference to the slot, so the store outlives the call.
+    #[cold]
+    pub(crate) fn note_candidate(&self, local: u32) -> bool {
+        self.candidates.lock().push(local)
     }
 
     /// Pushes an already linked chain `first ..= last` back onto the dead stack.

@@ -14,8 +14,25 @@ use crate::sync::{self, AtomicU32, Ordering};
 pub(crate) const LINK_FLAG: u32 = 1 << 31;
 /// The end of a dead list or free list.
 pub(crate) const NIL: u32 = LINK_FLAG - 1;
-/// Clones past this count panic: far above any real use, far below the link flag.
-pub(crate) const MAX_REFS: u32 = 1 << 30;
+/// Set in a count word while the object is a *candidate root* for cycle
+/// collection: its count fell and stayed above zero since the cycle
+/// collector last looked at it, and its store's candidate buffer names it
+/// (see `candidates.rs`). Only stores of types that may hold handles set it.
+pub(crate) const PURPLE: u32 = 1 << 30;
+/// The count bits of a count word.
+pub(crate) const COUNT_MASK: u32 = PURPLE - 1;
+/// Clones past this count panic: far above any real use, and far enough
+/// below [`PURPLE`] that the racing clones that pass it before one of them
+/// undoes its add (one per thread) never carry into the flag.
+pub(crate) const MAX_REFS: u32 = 1 << 29;
+
+/// True if `word` is a live count (in `1..=COUNT_MASK`, with or without
+/// [`PURPLE`]): neither 0 nor a link. Masking the flag and one wrapping
+/// subtract and compare tell them apart (a link keeps its [`LINK_FLAG`]).
+#[inline]
+pub(crate) fn is_count(word: u32) -> bool {
+    (word & !PURPLE).wrapping_sub(1) < LINK_FLAG - 1
+}
 /// Generations stay below this, so keys work with `slotmap::SecondaryMap`
 /// (which takes versions at or above 2^31 for older than an empty slot). A
 /// slot whose next occupied generation would reach it is *retired*: it keeps
@@ -33,7 +50,8 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   (`&ObjectManager`), occupied → vacant only in collection or shutdown
 ///   (`&mut ObjectManager`).
 /// - `word`, while the slot is occupied and referenced, is the strong count
-///   (no [`LINK_FLAG`]). It is 0 only while the last releaser pushes the slot
+///   (no [`LINK_FLAG`]), with [`PURPLE`] set while the object is a candidate
+///   root. Its count bits are 0 only while the last releaser pushes the slot
 ///   onto its store's dead list. Once the slot is on the dead list, or vacant on
 ///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
 ///   the next slot in that list (or [`NIL`]).
@@ -143,20 +161,17 @@ impl SlotHeader {
             return SlotState::Vacant;
         }
         match self.word.load(Ordering::Acquire) {
-            w if w & LINK_FLAG != 0 || w == 0 => SlotState::Dead,
-            count => SlotState::Live(count),
+            w if is_count(w) => SlotState::Live(w & COUNT_MASK),
+            _ => SlotState::Dead,
         }
     }
 
     /// True if the slot is occupied by the object with this generation and it is referenced.
     ///
-    /// A live word is a count in `1..LINK_FLAG` (in fact at most [`MAX_REFS`]);
-    /// 0 and every link have the flag set or are 0, so one wrapping subtract
-    /// and one compare tell them apart.
+    /// See [`is_count`] for the word's test.
     #[inline]
     pub(crate) fn is_live(&self, generation: u32) -> bool {
-        self.generation.load(Ordering::Acquire) == generation
-            && self.word.load(Ordering::Acquire).wrapping_sub(1) < LINK_FLAG - 1
+        self.generation.load(Ordering::Acquire) == generation && is_count(self.word.load(Ordering::Acquire))
     }
 
     /// Adds a reference if the object with `generation` is live: the count only
@@ -165,45 +180,103 @@ impl SlotHeader {
         if self.generation.load(Ordering::Acquire) != generation {
             return Err(AddRefError::Stale);
         }
-        let mut count = self.word.load(Ordering::Relaxed);
+        let mut word = self.word.load(Ordering::Relaxed);
         loop {
-            if count & LINK_FLAG != 0 || count == 0 {
+            if !is_count(word) {
                 return Err(AddRefError::Stale);
             }
-            if count >= MAX_REFS {
+            if word & COUNT_MASK >= MAX_REFS {
                 return Err(AddRefError::Overflow);
             }
-            match self.word.compare_exchange_weak(count, count + 1, Ordering::Acquire, Ordering::Relaxed) {
+            match self.word.compare_exchange_weak(word, word + 1, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
-                Err(actual) => count = actual,
+                Err(actual) => word = actual,
             }
         }
     }
 
-    /// Drops a reference taken through a raw handle, refusing to go below zero.
-    /// Returns true if this was the last reference (the caller must push the
-    /// slot onto the dead list).
-    pub(crate) fn try_release(&self, generation: u32) -> Result<bool, ReleaseError> {
+    /// Drops a reference taken through a raw handle, refusing to go below
+    /// zero, and marks a candidate root as [`release_marking`](Self::release_marking)
+    /// does. Returns true if this was the last reference (the caller must
+    /// push the slot onto the dead list).
+    pub(crate) fn try_release(
+        &self,
+        generation: u32,
+        note_candidate: Option<&dyn Fn() -> bool>,
+    ) -> Result<bool, ReleaseError> {
         if self.generation.load(Ordering::Acquire) != generation {
             return Err(ReleaseError::Stale);
         }
-        let mut count = self.word.load(Ordering::Relaxed);
+        if !is_count(self.word.load(Ordering::Relaxed)) {
+            return Err(ReleaseError::NoReferences);
+        }
+        Ok(self.release_marking(note_candidate) & COUNT_MASK == 1)
+    }
+
+    /// Drops one reference the caller holds, and returns the word before.
+    /// `Release`, as in `Arc`'s drop: the last releaser's `Acquire` fence
+    /// (`StoreShared::release_last`) pairs with it.
+    ///
+    /// With `note_candidate` (stores whose objects may hold handles), a drop
+    /// that leaves the count above zero makes the object a candidate root:
+    /// unless [`PURPLE`] is already set, `note_candidate` queues the slot in
+    /// its store's candidate buffer, and the decrement sets `PURPLE` in the
+    /// same compare-exchange. Both happen while the caller still holds its
+    /// reference (afterwards the store may be gone), so the queue comes
+    /// first: an entry whose slot has no `PURPLE` is skipped when read. The
+    /// flag and the decrement are one atomic step, so a collector that
+    /// clears the flag either sees this decrement, or clears the flag after
+    /// it and reads a count that includes it. `note_candidate` returns false
+    /// if it could not queue the slot (no memory): the flag is then left clear.
+    #[inline]
+    pub(crate) fn release_marking(&self, note_candidate: Option<&dyn Fn() -> bool>) -> u32 {
+        let Some(note) = note_candidate else {
+            return self.word.fetch_sub(1, Ordering::Release);
+        };
+        let mut word = self.word.load(Ordering::Relaxed);
+        let mut queued = false;
         loop {
-            if count & LINK_FLAG != 0 || count == 0 {
-                return Err(ReleaseError::NoReferences);
+            debug_assert!(is_count(word), "the caller holds a reference");
+            let mut next = word - 1;
+            if word & PURPLE == 0 && word & COUNT_MASK > 1 {
+                queued = queued || note();
+                if queued {
+                    next |= PURPLE;
+                }
             }
-            match self.word.compare_exchange_weak(count, count - 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Ok(count == 1),
-                Err(actual) => count = actual,
+            match self.word.compare_exchange_weak(word, next, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return word,
+                Err(actual) => word = actual,
             }
         }
+    }
+
+    /// Clears [`PURPLE`] if the slot holds a live count with it set. Returns
+    /// true if it did (the caller then looks at the object as a candidate).
+    pub(crate) fn take_purple(&self) -> bool {
+        let mut word = self.word.load(Ordering::Acquire);
+        // A compare-exchange, never a `fetch_and`: the word may turn into a
+        // dead-list link meanwhile, whose bits must not change.
+        while is_count(word) && word & PURPLE != 0 {
+            match self.word.compare_exchange_weak(word, word & !PURPLE, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
+        }
+        false
+    }
+
+    /// True if the slot holds a live count with [`PURPLE`] set.
+    pub(crate) fn is_purple(&self) -> bool {
+        let word = self.word.load(Ordering::Relaxed);
+        is_count(word) && word & PURPLE != 0
     }
 
     /// The strong count, or 0 for a dead or vacant slot.
     pub(crate) fn ref_count(&self) -> u32 {
         match self.word.load(Ordering::Relaxed) {
-            w if w & LINK_FLAG != 0 => 0,
-            w => w,
+            w if is_count(w) => w & COUNT_MASK,
+            _ => 0,
         }
     }
 }
@@ -239,9 +312,9 @@ mod tests {
         assert_eq!(h.try_add_ref(3), Ok(()));
         assert_eq!(h.ref_count(), 2);
         assert_eq!(h.try_add_ref(5), Err(AddRefError::Stale));
-        assert_eq!(h.try_release(3), Ok(false));
-        assert_eq!(h.try_release(3), Ok(true));
-        assert_eq!(h.try_release(3), Err(ReleaseError::NoReferences));
+        assert_eq!(h.try_release(3, None), Ok(false));
+        assert_eq!(h.try_release(3, None), Ok(true));
+        assert_eq!(h.try_release(3, None), Err(ReleaseError::NoReferences));
         assert_eq!(h.try_add_ref(3), Err(AddRefError::Stale));
         h.word.store(LINK_FLAG | 7, Ordering::Relaxed);
         assert_eq!(h.state(), SlotState::Dead);
@@ -252,12 +325,51 @@ mod tests {
     fn is_live_is_one_range_check() {
         let h = SlotHeader::vacant(2);
         h.generation.store(3, Ordering::Relaxed);
-        for (word, live) in [(0, false), (1, true), (MAX_REFS, true), (LINK_FLAG - 1, true), (LINK_FLAG, false)] {
+        let cases = [
+            (0, false),
+            (1, true),
+            (MAX_REFS, true),
+            (PURPLE, false),
+            (PURPLE | 1, true),
+            (LINK_FLAG - 1, true),
+            (LINK_FLAG, false),
+            (LINK_FLAG | NIL, false),
+        ];
+        for (word, live) in cases {
             h.word.store(word, Ordering::Relaxed);
             assert_eq!(h.is_live(3), live, "word {word:#x}");
             assert!(!h.is_live(5), "another generation is never live");
         }
         h.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
         assert!(!h.is_live(3));
+    }
+
+    #[test]
+    fn a_drop_that_leaves_references_marks_the_object_once() {
+        let h = SlotHeader::vacant(2);
+        h.generation.store(3, Ordering::Relaxed);
+        h.word.store(3, Ordering::Relaxed);
+        let queued = std::cell::Cell::new(0);
+        let note = || {
+            queued.set(queued.get() + 1);
+            true
+        };
+        assert_eq!(h.release_marking(Some(&note)), 3);
+        assert_eq!((h.ref_count(), h.is_purple(), queued.get()), (2, true, 1));
+        assert_eq!(h.try_release(3, Some(&note)), Ok(false));
+        assert_eq!((h.ref_count(), h.is_purple(), queued.get()), (1, true, 1), "queued once");
+        assert!(h.take_purple());
+        assert!(!h.take_purple(), "taken once");
+        // The last reference never marks: the object dies instead.
+        assert_eq!(h.try_release(3, Some(&note)), Ok(true));
+        assert_eq!((h.ref_count(), h.is_purple(), queued.get()), (0, false, 1));
+        // A full candidate buffer leaves the flag clear.
+        h.word.store(2, Ordering::Relaxed);
+        assert_eq!(h.release_marking(Some(&|| false)), 2);
+        assert_eq!((h.ref_count(), h.is_purple()), (1, false));
+        // A link is never taken for a purple count.
+        h.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
+        assert!(!h.take_purple());
+        assert_eq!(h.word.load(Ordering::Relaxed), LINK_FLAG | NIL);
     }
 }

@@ -28,7 +28,7 @@ use super::layout::{
 };
 use super::report::TypeReport;
 use super::shared::StoreShared;
-use super::slot::{SiteCell, Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::slot::{is_count, SiteCell, Slot, SlotHeader, SlotState, COUNT_MASK, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
 use super::{CollectStats, Destroyed, LeakEntry, MMObject, ObjectKey};
@@ -148,8 +148,14 @@ impl<T: MMObject> Store<T> {
     ///
     /// [`Error::StoreOutOfMemory`] if `alloc` refuses the store's shared part.
     pub(crate) fn new(config: StoreConfig, index_space: Arc<IndexSpace>, alloc: StoreAlloc) -> Result<Self, Error> {
-        let shared =
-            StoreShared::new(config.manager_id, config.store_index, config.base_bits, T::TYPE_NAME, alloc.clone());
+        let shared = StoreShared::new(
+            config.manager_id,
+            config.store_index,
+            config.base_bits,
+            T::TYPE_NAME,
+            T::may_hold_handles(),
+            alloc.clone(),
+        );
         let layout = Layout::new::<StoreShared>();
         let memory = alloc.allocate(layout).map_err(|_| Error::StoreOutOfMemory {
             type_name: T::TYPE_NAME,
@@ -981,7 +987,8 @@ impl<T: MMObject> ErasedStore for Store<T> {
         // is mid-drop either, since none took the count to zero.
         for (&local, &raw) in self.shared().raw_refs.lock().iter() {
             if let Some(slot) = self.slot(local) {
-                if slot.header.word.load(Ordering::Acquire) == raw {
+                let word = slot.header.word.load(Ordering::Acquire);
+                if is_count(word) && word & COUNT_MASK == raw {
                     accounted[local as usize] = true;
                 }
             }

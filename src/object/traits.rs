@@ -55,6 +55,25 @@ pub trait MMObject: Send + Sync + 'static {
         self.visit_handles(&mut |key| visitor("", key));
     }
 
+    /// False if no object of this type can ever hold a strong handle (the
+    /// derive answers from the fields' types; the default is `true`).
+    ///
+    /// Read once, when the type's store is made. Only for types that may
+    /// hold handles does a handle drop that leaves references behind queue
+    /// the object as a candidate root for the
+    /// [`CycleCollector`](crate::CycleCollector), which costs such a drop
+    /// one compare-exchange instead of a `fetch_sub`, and the first such
+    /// drop since the collector last looked at the object a lock. A wrong
+    /// `false` only hides cycles through this type from the `CycleCollector`
+    /// ([`collect_cycles`](crate::ObjectManager::collect_cycles) still
+    /// finds them).
+    fn may_hold_handles() -> bool
+    where
+        Self: Sized,
+    {
+        true
+    }
+
     /// Drops the strong handles the object holds that can be removed
     /// (`Option<Handle<T>>` set to `None`, `Vec`s of handles cleared).
     ///
@@ -140,6 +159,14 @@ pub trait HeapSize {
     note = "write `#[mm(skip)]` on the field if it holds no handles, `#[mm(visit_with = path)]` to visit it with a function, or implement `VisitHandles` for the type (`#[derive(VisitHandles)]`)"
 )]
 pub trait VisitHandles {
+    /// False if no value of this type can ever hold a strong handle: `false`
+    /// for the leaf types (numbers, `String`, `WeakHandle`, …), the item
+    /// types' answer for containers, and `true` by default. The derive of
+    /// [`MMObject`] reads it to answer [`MMObject::may_hold_handles`]. (The
+    /// derive of `VisitHandles` cannot see through a field of a non-generic
+    /// type that does not name `Handle`, and answers `true` for it.)
+    const MAY_HOLD_HANDLES: bool = true;
+
     /// Calls `visitor` with the key of every strong handle in `self`.
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey));
 }
@@ -228,6 +255,7 @@ impl<K: HeapSize, V: HeapSize, S> HeapSize for std::collections::HashMap<K, V, S
 macro_rules! no_handles {
     ($($t:ty),* $(,)?) => {$(
         impl VisitHandles for $t {
+            const MAY_HOLD_HANDLES: bool = false;
             #[inline]
             fn visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
         }
@@ -276,11 +304,13 @@ no_handles!(
 );
 
 impl<T: ?Sized> VisitHandles for std::marker::PhantomData<T> {
+    const MAY_HOLD_HANDLES: bool = false;
     #[inline]
     fn visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
 }
 
 impl<T> VisitHandles for super::WeakHandle<T> {
+    const MAY_HOLD_HANDLES: bool = false;
     /// Visits nothing: a weak handle keeps nothing alive, so it is not an
     /// edge of the handle graph.
     #[inline]
@@ -300,6 +330,7 @@ impl<T> HeapSize for super::WeakHandle<T> {
 }
 
 impl<T: VisitHandles> VisitHandles for Option<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         if let Some(v) = self {
             v.visit_handles(visitor);
@@ -308,6 +339,7 @@ impl<T: VisitHandles> VisitHandles for Option<T> {
 }
 
 impl<T: VisitHandles, E: VisitHandles> VisitHandles for Result<T, E> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES || E::MAY_HOLD_HANDLES;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         match self {
             Ok(v) => v.visit_handles(visitor),
@@ -317,12 +349,14 @@ impl<T: VisitHandles, E: VisitHandles> VisitHandles for Result<T, E> {
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for Box<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         (**self).visit_handles(visitor);
     }
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::Arc<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     /// Visits the shared value: see the trait docs on sharing.
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         (**self).visit_handles(visitor);
@@ -330,6 +364,7 @@ impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::Arc<T> {
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for std::rc::Rc<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     /// Visits the shared value: see the trait docs on sharing.
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         (**self).visit_handles(visitor);
@@ -337,6 +372,7 @@ impl<T: VisitHandles + ?Sized> VisitHandles for std::rc::Rc<T> {
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for std::cell::RefCell<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     /// Visits the value unless it is mutably borrowed right now (then nothing).
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         if let Ok(value) = self.try_borrow() {
@@ -346,6 +382,7 @@ impl<T: VisitHandles + ?Sized> VisitHandles for std::cell::RefCell<T> {
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::Mutex<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     /// Visits the value unless the mutex is locked right now (then nothing:
     /// never waits, so it cannot deadlock). A poisoned mutex is visited.
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
@@ -358,6 +395,7 @@ impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::Mutex<T> {
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::RwLock<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     /// Visits the value unless it is write-locked right now (then nothing:
     /// never waits). A poisoned lock is visited.
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
@@ -370,6 +408,7 @@ impl<T: VisitHandles + ?Sized> VisitHandles for std::sync::RwLock<T> {
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for parking_lot::Mutex<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     /// Visits the value unless the mutex is locked right now (then nothing:
     /// never waits, so it cannot deadlock).
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
@@ -380,6 +419,7 @@ impl<T: VisitHandles + ?Sized> VisitHandles for parking_lot::Mutex<T> {
 }
 
 impl<T: VisitHandles + ?Sized> VisitHandles for parking_lot::RwLock<T> {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     /// Visits the value unless it is write-locked right now (then nothing:
     /// never waits).
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
@@ -393,6 +433,7 @@ impl<T: VisitHandles + ?Sized> VisitHandles for parking_lot::RwLock<T> {
 macro_rules! visit_items {
     ($($container:ident)::+ <$t:ident $(, $extra:ident)?>) => {
         impl<$t: VisitHandles $(, $extra)?> VisitHandles for $($container)::+<$t $(, $extra)?> {
+            const MAY_HOLD_HANDLES: bool = $t::MAY_HOLD_HANDLES;
             fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
                 self.iter().for_each(|v| v.visit_handles(visitor));
             }
@@ -408,6 +449,7 @@ visit_items!(std::collections::BTreeSet<T>);
 visit_items!(std::collections::HashSet<T, S>);
 
 impl<K: VisitHandles, V: VisitHandles> VisitHandles for std::collections::BTreeMap<K, V> {
+    const MAY_HOLD_HANDLES: bool = K::MAY_HOLD_HANDLES || V::MAY_HOLD_HANDLES;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         for (k, v) in self {
             k.visit_handles(visitor);
@@ -417,6 +459,7 @@ impl<K: VisitHandles, V: VisitHandles> VisitHandles for std::collections::BTreeM
 }
 
 impl<K: VisitHandles, V: VisitHandles, S> VisitHandles for std::collections::HashMap<K, V, S> {
+    const MAY_HOLD_HANDLES: bool = K::MAY_HOLD_HANDLES || V::MAY_HOLD_HANDLES;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         for (k, v) in self {
             k.visit_handles(visitor);
@@ -426,12 +469,14 @@ impl<K: VisitHandles, V: VisitHandles, S> VisitHandles for std::collections::Has
 }
 
 impl<T: VisitHandles> VisitHandles for [T] {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         self.iter().for_each(|v| v.visit_handles(visitor));
     }
 }
 
 impl<T: VisitHandles, const N: usize> VisitHandles for [T; N] {
+    const MAY_HOLD_HANDLES: bool = T::MAY_HOLD_HANDLES;
     fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
         self.iter().for_each(|v| v.visit_handles(visitor));
     }
@@ -447,6 +492,7 @@ macro_rules! tuples {
             }
         }
         impl<$($name: VisitHandles),+> VisitHandles for ($($name,)+) {
+            const MAY_HOLD_HANDLES: bool = false $(|| $name::MAY_HOLD_HANDLES)+;
             #[allow(non_snake_case)]
             fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
                 let ($($name,)+) = self;
@@ -522,5 +568,34 @@ pub mod probe {
     impl<T: ?Sized> NoVisitHandles for &Probe<'_, T> {
         #[inline]
         fn mm_visit_handles(&self, _visitor: &mut dyn FnMut(ObjectKey)) {}
+    }
+
+    /// A probe on a type rather than a value, for `may_hold_handles`.
+    #[allow(missing_debug_implementations)]
+    pub struct TypeProbe<T: ?Sized>(std::marker::PhantomData<fn() -> *const T>);
+
+    impl<T: ?Sized> TypeProbe<T> {
+        pub const NEW: Self = TypeProbe(std::marker::PhantomData);
+    }
+
+    pub trait ViaMayHoldHandles {
+        fn mm_may_hold_handles(&self) -> bool;
+    }
+    impl<T: VisitHandles + ?Sized> ViaMayHoldHandles for TypeProbe<T> {
+        #[inline]
+        fn mm_may_hold_handles(&self) -> bool {
+            T::MAY_HOLD_HANDLES
+        }
+    }
+
+    /// A type without `VisitHandles` is visited as holding nothing, so it holds no handle the forensics see.
+    pub trait NoMayHoldHandles {
+        fn mm_may_hold_handles(&self) -> bool;
+    }
+    impl<T: ?Sized> NoMayHoldHandles for &TypeProbe<T> {
+        #[inline]
+        fn mm_may_hold_handles(&self) -> bool {
+            false
+        }
     }
 }
