@@ -332,8 +332,9 @@
 //!
 //! ## Cost
 //!
-//! Nothing is tracked between calls, so `Handle` clone and drop pay nothing
-//! for any of this. Each call instead builds the graph from scratch: one
+//! The whole-graph calls (`holders`, `retention_path`, `find_cycles`,
+//! `collect_cycles`, the leak report) read nothing that drops record: each
+//! call builds the graph from scratch: one
 //! `visit_handles` call per live object, then a few linear passes (a
 //! breadth-first search from the roots and Tarjan's strongly connected
 //! components over what it did not reach). That is O(live + edges) time and
@@ -390,7 +391,8 @@
 //!   live object of that store once, as candidates.
 //!
 //! Cost, measured: a clone + drop of a type that may hold handles takes
-//! 6.0–6.6 ns against 5.2–6.1 ns for one that cannot (`O2_clone_drop`); a
+//! 6.8–7.4 ns against 5.3–5.6 ns for one that cannot (`O2_clone_drop`),
+//! whose drop gained 8 instructions (the chunk header's byte, no atomic); a
 //! 1 ms step frees the 990 nodes of 495 garbage cycles among 100,000 live
 //! objects in 0.46 ms, against 9.5 ms for `collect_cycles` (`F2_cycles_100k`).
 //!

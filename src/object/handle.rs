@@ -303,7 +303,8 @@ impl<T> Handle<T> {
     /// `drop` for a type whose objects may hold handles: a drop that leaves
     /// references behind makes the object a candidate root for the
     /// [`CycleCollector`](crate::CycleCollector) (see `candidates.rs`).
-    #[inline]
+    /// Out of line, so that the common drop stays small enough to inline.
+    #[inline(never)]
     fn drop_cyclable(&mut self) {
         let header = &self.slot().header;
         let old = header.release_marking(Some(&|| self.shared().note_candidate(self.local())));
