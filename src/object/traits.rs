@@ -571,6 +571,9 @@ pub mod probe {
     }
 
     /// A probe on a type rather than a value, for `may_hold_handles`.
+    /// The marker names `T` without owning one (`fn() -> *const T`), so the
+    /// probe is `Send + Sync` and asks nothing of `T`; it is never built
+    /// except as the constant `NEW`, and holds no data.
     #[allow(missing_debug_implementations)]
     pub struct TypeProbe<T: ?Sized>(std::marker::PhantomData<fn() -> *const T>);
 
