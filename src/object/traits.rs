@@ -571,14 +571,16 @@ pub mod probe {
     }
 
     /// A probe on a type rather than a value, for `may_hold_handles`.
-    /// The marker names `T` without owning one (`fn() -> *const T`), so the
-    /// probe is `Send + Sync` and asks nothing of `T`; it is never built
-    /// except as the constant `NEW`, and holds no data.
     #[allow(missing_debug_implementations)]
-    pub struct TypeProbe<T: ?Sized>(std::marker::PhantomData<fn() -> *const T>);
+    pub struct TypeProbe<T: ?Sized> {
+        /// `fn() -> *const T`: names `T` without owning one, so the probe is
+        /// `Send + Sync` whatever `T` is. Covariant in `T`, which is harmless:
+        /// it holds no data and only reads a constant of `T`.
+        _type: std::marker::PhantomData<fn() -> *const T>,
+    }
 
     impl<T: ?Sized> TypeProbe<T> {
-        pub const NEW: Self = TypeProbe(std::marker::PhantomData);
+        pub const NEW: Self = TypeProbe { _type: std::marker::PhantomData };
     }
 
     pub trait ViaMayHoldHandles {
