@@ -382,8 +382,9 @@
 //!   `candidate_drop_races_the_cycle_collector` checks this race; it fails
 //!   if a drop that sees the flag set decrements without the
 //!   compare-exchange.
-//! - **Bounded.** Nothing else clears the flag, so `collect_garbage` compacts
-//!   a buffer (keeping the purple slots, once each) when it has doubled since
+//! - **Bounded.** Nothing else clears the flag, and only deaths make entries
+//!   stale, so a collection that finds dead objects in a store compacts its
+//!   buffer (keeping the purple slots, once each) when it has doubled since
 //!   its last compaction, at 1,024 entries at least: amortised O(1) per
 //!   entry, and at most twice the purple objects.
 //! - **Lost entries.** If the store's allocator refuses room, the flag stays

@@ -957,7 +957,7 @@ fn a_cycle_let_go_through_a_raw_handle_is_found() {
     let (a, b) = pair(&mut mm, &drops);
     let raw = a.into_raw();
     drop(b);
-    mm.step_cycles_until_idle();
+    step_until_idle(&mut mm);
     assert_eq!(mm.len(), 2, "the raw handle holds the cycle");
     mm.release_raw(raw).unwrap();
     let step = CycleCollector::new().step(&mut mm, NO_LIMIT);
@@ -966,15 +966,9 @@ fn a_cycle_let_go_through_a_raw_handle_is_found() {
 }
 
 /// Steps a new collector until its queue is empty.
-trait StepUntilIdle {
-    fn step_cycles_until_idle(&mut self);
-}
-
-impl StepUntilIdle for ObjectManager {
-    fn step_cycles_until_idle(&mut self) {
-        let mut collector = CycleCollector::new();
-        while !collector.step(self, Duration::ZERO).pass_finished {}
-    }
+fn step_until_idle(mm: &mut ObjectManager) {
+    let mut collector = CycleCollector::new();
+    while !collector.step(mm, Duration::ZERO).pass_finished {}
 }
 
 #[test]

@@ -147,15 +147,10 @@ fn field_bounds(input: &Input<'_>) -> Generics {
     if params.is_empty() {
         return generics;
     }
-    let fields: Vec<&Field> = match &input.data {
-        Data::Struct(fields) => fields.iter().collect(),
-        Data::Enum(variants) => variants.iter().flat_map(|variant| &variant.fields).collect(),
-        Data::Union(_) => Vec::new(),
-    };
     let mut seen: Vec<String> = Vec::new();
-    let bounds: Vec<syn::WherePredicate> = fields
+    let bounds: Vec<syn::WherePredicate> = visited_fields(input)
         .into_iter()
-        .filter(|field| !field.is_skipped() && field.visit_with().is_none())
+        .filter(|field| field.visit_with().is_none())
         .filter(|field| field.mentions_type_param(&params))
         .filter(|field| {
             let key = field.ty.to_token_stream().to_string();

@@ -15,9 +15,10 @@
 //! earlier entry, or an object that died since) is skipped.
 //!
 //! Nothing else clears the flag, so a store whose cycles are never collected
-//! would queue one entry per object that ever lost a reference. So
-//! `collect_garbage` *compacts* a buffer once it doubles past its last
-//! compacted length: it keeps the purple slots, once each. The buffer stays
+//! would queue one entry per object that ever lost a reference. Entries go
+//! stale only when objects die, so a collection that finds dead objects in a
+//! store *compacts* its buffer once it doubles past its last compacted
+//! length: it keeps the purple slots, once each. The buffer stays
 //! within twice the store's purple objects (and at least
 //! [`Candidates::MIN_COMPACT`]), at an amortised constant cost per entry.
 
@@ -78,7 +79,8 @@ impl Candidates {
 
 /// Compacts `store`'s candidate buffer if it has grown past its mark.
 ///
-/// The caller holds `&mut ObjectManager`: no collector runs meanwhile.
+/// Called by the store's collection (under `&mut ObjectManager`: no
+/// collector runs meanwhile), before it destroys the dead.
 pub(crate) fn compact(store: &dyn ErasedStore) {
     let mut candidates = store.shared().candidates.lock();
     if candidates.queue.len() < candidates.compact_at {

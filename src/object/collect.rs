@@ -76,10 +76,6 @@ impl ObjectManager {
         let mut stats = CollectStats::default();
         let mut budget = max_objects;
         let registry = std::sync::Arc::clone(self.registry());
-        for store in registry.all_stores() {
-            // Amortised O(1) per queued candidate (see `candidates.rs`).
-            super::candidates::compact(store);
-        }
         loop {
             let mut freed = 0;
             for store in registry.all_stores() {

@@ -536,6 +536,10 @@ impl<T: MMObject> Store<T> {
         if head == NIL {
             return 0;
         }
+        // Only deaths leave stale candidate entries, so only a store with
+        // dead objects compacts its buffer: amortised O(1) per entry (see
+        // `candidates.rs`), and nothing for a store with nothing to collect.
+        super::candidates::compact(self);
         let mut hook = self.on_destroy.lock();
         let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: FreedChain::default() };
         while requeue.rest != NIL && *budget > 0 {
