@@ -424,10 +424,62 @@ fn o2_clone_drop(c: &mut Criterion) {
     drop((handle, node));
 }
 
+/// `iters` calls of `routine` on a thread of their own, timed in that
+/// thread's CPU time (O2b).
+fn cpu_iter_on_worker<O>(b: &mut Bencher, routine: impl Fn() -> O + Sync) {
+    b.iter_custom(|iters| {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let start = cpu_clock();
+                    for _ in 0..iters {
+                        black_box(routine());
+                    }
+                    cpu_clock() - start
+                })
+                .join()
+                .expect("the worker does not panic")
+        })
+    });
+}
+
+/// O2b: one handle clone plus its drop on a worker thread, while the manager
+/// (which collects) lives on the bench's main thread. The peer is `Arc` on
+/// the same kind of worker. Today a clone or drop does the same work on
+/// every thread; the row is here for the owner-thread counting of issue 13,
+/// under which this would be the slow side.
+fn o2b_clone_drop_other_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O2b_clone_drop_other_thread");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    let mm = ObjectManager::new();
+    let handle = mm.create(Obj(payload(1)));
+    group.bench_function("mmobject", |b| {
+        cpu_iter_on_worker(b, || {
+            let clone = black_box(&handle).clone();
+            drop(black_box(clone));
+        })
+    });
+    let arc = Arc::new(payload(1));
+    group.bench_function("arc", |b| {
+        cpu_iter_on_worker(b, || {
+            let clone = black_box(&arc).clone();
+            drop(black_box(clone));
+        })
+    });
+    group.finish();
+    drop(handle);
+}
+
 // ---- O3 ---------------------------------------------------------------------
 
 /// O3: one pass over 1M objects in a precomputed random order, summing one
-/// field read through a strong handle (`mm[&handles[i]]`).
+/// field read through a strong handle (`mm[&handles[i]]`). The
+/// `mmobject_view` row reads through `mm.view::<Obj>()`, taken once per
+/// pass: the view keeps the manager id in a register, where `mm[..]` in a
+/// closure reloads it on every read (LLVM cannot hoist a load through a
+/// captured reference), and in a loop that misses the cache every load
+/// counts.
 ///
 /// Why the peers are fair: the `Rc` peer makes the same two dependent loads
 /// (the reference from a shuffled-order `Vec`, then the object), so it is the
@@ -452,6 +504,16 @@ fn o3_strong_read(c: &mut Criterion) {
                 let mut sum = 0u64;
                 for &i in &order {
                     sum = sum.wrapping_add(mm[&handles[i as usize]].0[3]);
+                }
+                black_box(sum)
+            })
+        });
+        group.bench_function("mmobject_view", |b| {
+            cpu_iter(b, || {
+                let view = mm.view::<Obj>();
+                let mut sum = 0u64;
+                for &i in &order {
+                    sum = sum.wrapping_add(view.get(&handles[i as usize]).0[3]);
                 }
                 black_box(sum)
             })
@@ -1070,6 +1132,7 @@ mod harness {
         o1b_load,
         o1c_unload,
         o2_clone_drop,
+        o2b_clone_drop_other_thread,
         o3_strong_read,
         o4_weak_read,
         o5_collect,

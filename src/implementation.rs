@@ -39,10 +39,13 @@
 //!
 //! # Reading through handles
 //!
-//! A [`Handle`](crate::Handle) is one pointer, to its slot, so
-//! `Option<Handle<T>>` is 8 bytes too (16 with the `handle-sites` feature,
-//! which adds the handle's entry in its site table). Everything else comes
-//! from the slot's address:
+//! A [`Handle`](crate::Handle) is one word, so `Option<Handle<T>>` is 8
+//! bytes too (16 with the `handle-sites` feature, which adds the handle's
+//! entry in its site table). On 64-bit targets the word is the slot's
+//! address shifted left by 16 bits, with the manager id (18 bits) and the
+//! store's `cyclable` flag below it; elsewhere it is the address alone, and
+//! those two come from the chunk header. Everything else comes from the
+//! slot's address:
 //!
 //! - the chunk header, by masking: the store's shared part (dead list,
 //!   segment starts) and the manager id;
@@ -53,20 +56,38 @@
 //!   place and makes it one more (even); `(g - 1) | 1` gives the object's
 //!   generation in both cases.
 //!
-//! A strong read, `mm[&h]`, is the manager-id check (the chunk header's
-//! line, cached: few chunks) and the value load. Clone and drop touch only
-//! the slot's count; the last drop reads the chunk header for the dead list.
+//! A strong read, `mm[&h]`, is the manager-id check (a mask and a compare of
+//! the handle's own bits) and the value load: one load after the handle's,
+//! as for an `Rc` deref. Clone and drop touch only the slot's count (a drop tests the
+//! `cyclable` bit first); the last drop reads the chunk header for the dead
+//! list.
 //!
-//! A [`WeakHandle`](crate::WeakHandle) packs the store index and local index
-//! (its *location*) next to its key and manager id, and is only ever made
-//! from a real slot. So once its manager id matches, its slot lies in a
-//! published segment of the manager's store for `T`: a weak read needs no
-//! bounds or null checks. Slot `local` is one `leading_zeros` (the segment),
-//! one table load (its base), and the chunk arithmetic: a multiply for the
-//! division by the constant chunk slot count, and two multiply-adds. The read then checks
-//! the generation and that the count word is in `1..LINK_FLAG` (one compare).
-//! [`ObjectManager::view`](crate::ObjectManager::view) hoists the store
-//! lookup (store table, `TypeId` compare) out of a loop as well.
+//! Why the id rides in the handle: a loop of reads that miss the cache is
+//! bound by how many loads the core keeps in flight, and a second load per
+//! read, even one that hits the cache (the chunk header's line), took the
+//! read from 1.0× to 2.0× an `Rc` deref; see `BENCHMARKS.md`, O3.
+//!
+//! A [`WeakHandle`](crate::WeakHandle) is 16 bytes: its slot's address (48
+//! bits), its key (a 24-bit index and a 32-bit generation) and its manager's
+//! id, packed as `WeakHandle`'s docs say. It is only ever made from
+//! a real slot, and manager ids are never reused, so once its manager id
+//! matches a live manager's, its slot lies in an allocated segment of that
+//! manager's store for `T`: a weak read masks the address out and follows it,
+//! with no store lookup, no index arithmetic and no bounds or null checks.
+//! The read then checks the generation and that the count word is in
+//! `1..LINK_FLAG` (one compare). The pointer is never followed before the id
+//! check: a weak handle outlives its manager, and then its slot is gone.
+//!
+//! Why a pointer and not an index: a loop of weak reads over many objects is
+//! bound by how many cache misses the core keeps in flight, and every
+//! instruction of the loop body takes room from them. Locating slot `local`
+//! in doubling segments cut into chunks took a dozen instructions (a
+//! `leading_zeros`, a table load, a multiply for the chunk, two
+//! multiply-adds), and the read ran at 2.4× `slotmap::get`; see
+//! `BENCHMARKS.md`, O4. The cost of both layouts is two limits: 2^18 - 1
+//! (262,143) managers per process, and segments below 2^48 (a store
+//! refuses one above, with
+//! [`Error::StoreOutOfMemory`](crate::Error::StoreOutOfMemory)).
 //!
 //! # Keys
 //!
@@ -219,7 +240,7 @@
 //! | type | variance in `T` | `Send`/`Sync` | why |
 //! |---|---|---|---|
 //! | [`Handle<T>`](crate::Handle) | invariant (`PhantomData<fn(T) -> T>`) | always both | `get_mut` writes a `T` into the slot, so a handle coerced to a supertype (`Callback<for<'a> fn(&'a str)>` to `Callback<fn(&'static str)>`) could store a value the slot's real type forbids. A handle touches only atomics (its count, the dead list); it never reads, writes or drops a `T` itself, and `T: MMObject` is `Send + Sync` anyway. |
-//! | [`WeakHandle<T>`](crate::WeakHandle) | invariant | always both | A coerced weak handle would name a slot of another type's store, and [`ObjectView::get_weak`](crate::ObjectView::get_weak) trusts its location without a bounds check. It holds only numbers. |
+//! | [`WeakHandle<T>`](crate::WeakHandle) | invariant | always both | A coerced weak handle would name a slot of another type's store, and every weak read follows its slot pointer once the manager id matched. It holds an address and numbers, and never follows the address on its own, so it is `Send + Sync` for every `T` (as before it held a pointer). |
 //! | [`ObjectView<'m, T>`](crate::ObjectView), [`Iter<'m, T>`](crate::object::Iter) | invariant (they borrow the `T` store, whose atomics make it invariant); covariant in `'m` | as `&ObjectManager` | Shared borrows of the manager. |
 //! | [`ObjectViewMut<'m, T>`](crate::ObjectViewMut), [`IterMut<'m, T>`](crate::IterMut) | invariant (`PhantomData<&'m mut T>`, as `&mut T` is) | as `&mut T` (both, since `T: Send + Sync`) | They hand out `&mut T`; one coerced to a supertype could write a value the slot's real type forbids. |
 //! | [`Views<'m>`](crate::Views) | (not generic) | `Send`, not `Sync` | Its borrow flags are `Cell`s: only one thread may hand out views from it. |
@@ -248,9 +269,9 @@
 //!
 //! | counter | bound | at the bound |
 //! |---|---|---|
-//! | strong count | 2^30 | `clone` panics after undoing its add; `upgrade`, `try_upgrade` and `add_ref_raw` refuse (`RefCountOverflow`), changing nothing |
+//! | strong count | 2^29 | `clone` panics after undoing its add; `upgrade`, `try_upgrade` and `add_ref_raw` refuse (`RefCountOverflow`), changing nothing |
 //! | slot generation | below 2^31 | the slot is *retired*: it keeps the even generation 2^31, which no key carries, and is never reused. A stale key can therefore never validate again, and keys stay below slotmap's `SecondaryMap` version limit |
-//! | manager id | `u32::MAX - 1` managers per process | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
+//! | manager id | 2^18 - 1 (262,143) managers per process (handles carry the id in 18 bits) | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
 //! | manager-wide index | 2^24 slots | `try_create` returns `CapacityExceeded` |
 //! | handle-site ids (`handle-sites`) | wrap at 2^32 | ids still in use are skipped |
 //!

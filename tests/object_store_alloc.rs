@@ -274,3 +274,68 @@ fn a_refused_candidate_makes_the_cycle_collector_walk_the_store() {
     let step = mmobject::CycleCollector::new().step(&mut mm, std::time::Duration::from_secs(24 * 3600));
     assert_eq!(step.candidates, 0);
 }
+
+/// Serves blocks from `System`, except that once told to, it answers each
+/// segment request (4 MiB alignment or more) with an address at 2^48: what an
+/// allocator on a machine with a 57-bit address space might return. Handles
+/// keep 48 bits of a slot's address, so the store must refuse such a segment
+/// before it touches it.
+#[cfg(target_pointer_width = "64")]
+#[derive(Clone, Default)]
+struct HighAddresses {
+    high: Arc<std::sync::atomic::AtomicBool>,
+    live_bytes: Arc<AtomicUsize>,
+}
+
+#[cfg(target_pointer_width = "64")]
+const HIGH: usize = 1 << 48;
+
+// SAFETY: every block below 2^48 comes from `System`. The blocks at 2^48 are
+// not memory at all, which breaks the trait's contract on purpose: the store
+// must give them back unread (Miri would report any access), and that is
+// what the test checks.
+#[cfg(target_pointer_width = "64")]
+unsafe impl Allocator for HighAddresses {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if self.high.load(Ordering::Relaxed) && layout.align() >= 4 << 20 {
+            let high = NonNull::new(std::ptr::without_provenance_mut::<u8>(HIGH)).ok_or(AllocError)?;
+            return Ok(NonNull::slice_from_raw_parts(high, layout.size()));
+        }
+        self.live_bytes.fetch_add(layout.size(), Ordering::Relaxed);
+        System.allocate(layout)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if ptr.as_ptr().addr() == HIGH {
+            return;
+        }
+        self.live_bytes.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded: every other block came from `System` with this layout.
+        unsafe { System.deallocate(ptr, layout) }
+    }
+}
+
+/// A segment placed above 2^48 is refused with an error, before anything is
+/// written to it, and the objects already made are untouched.
+#[cfg(target_pointer_width = "64")]
+#[test]
+fn a_segment_above_what_handles_address_is_refused() {
+    let alloc = HighAddresses::default();
+    let mm = ObjectManager::builder().segment_base(16).allocator(alloc.clone()).build();
+    let kept: Vec<_> = (0..16).map(|i| mm.create(entity(i as f32))).collect();
+    alloc.high.store(true, Ordering::Relaxed);
+    let refused = mm.try_create(entity(16.0)).unwrap_err();
+    assert!(matches!(refused.error, Error::StoreOutOfMemory { type_name: "Entity", .. }), "{:?}", refused.error);
+    assert!(refused.error.to_string().contains("above 2^48"), "{}", refused.error);
+    assert_eq!(refused.into_value(), entity(16.0));
+    alloc.high.store(false, Ordering::Relaxed);
+    let later = mm.create(entity(17.0));
+    assert_eq!(mm[&later], entity(17.0));
+    for (i, h) in kept.iter().enumerate() {
+        assert_eq!(mm[h], entity(i as f32));
+        assert_eq!(mm.get_weak(h.downgrade()), Some(&entity(i as f32)));
+    }
+    drop((kept, later));
+    drop(mm);
+    assert_eq!(alloc.live_bytes.load(Ordering::Relaxed), 0);
+}

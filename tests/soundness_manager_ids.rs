@@ -17,10 +17,18 @@ fn manager_ids_never_wrap() {
     let old = ObjectManager::new();
     let old_handle = old.create(Item { id: 1 });
 
-    mmobject::object::skip_manager_ids_for_tests(u32::MAX - 2);
+    // Handles carry the id in 18 bits: the last id is 2^18 - 1.
+    const LAST: u32 = (1 << 18) - 1;
+    mmobject::object::skip_manager_ids_for_tests(LAST - 1);
     let second_last = ObjectManager::new();
     let last = ObjectManager::new();
-    assert_eq!((second_last.id(), last.id()), (u32::MAX - 2, u32::MAX - 1));
+    assert_eq!((second_last.id(), last.id()), (LAST - 1, LAST));
+    // The last id fills every bit a handle keeps for it, and still tells the managers apart.
+    let last_handle = last.create(Item { id: 2 });
+    assert_eq!(last.try_get(&last_handle).map(|item| item.id), Ok(2));
+    assert_eq!(last.try_get_weak(last_handle.downgrade()).map(|item| item.id), Ok(2));
+    assert!(matches!(second_last.try_get(&last_handle), Err(mmobject::Error::WrongManager { .. })));
+    assert!(matches!(second_last.try_get_weak(last_handle.downgrade()), Err(mmobject::Error::WrongManager { .. })));
     for _ in 0..3 {
         let panic = std::panic::catch_unwind(ObjectManager::new).unwrap_err();
         let message = panic.downcast_ref::<String>().map(String::as_str).unwrap_or_default();

@@ -7,7 +7,6 @@ use std::ptr::NonNull;
 use crate::sync::Ordering;
 use crate::{Error, Result};
 
-use super::handle::unpack_location;
 use super::manager::fail;
 use super::slot::{AddRefError, Slot};
 use super::store::Store;
@@ -91,15 +90,12 @@ impl ObjectManager {
     /// As for `live_slot`.
     #[inline]
     unsafe fn live_slot_ptr<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<NonNull<Slot<T>>> {
-        let (store_index, local) = unpack_location(weak.location());
-        let store = self.registry().store_at::<T>(store_index)?;
-        // SAFETY: `local < 2^24` (unpacked) and `base_bits` is the store's.
-        // The weak handle belongs to this manager (caller), so
-        // (`WeakHandle` invariant) it names a slot of this store in a segment
-        // published before the weak handle was made, and so before this call.
-        let slot = unsafe { store.published_slot_ptr(local, store.base_bits()) };
+        // SAFETY: the weak handle belongs to this manager (caller), so
+        // (`WeakHandle` invariant) it names a slot of this manager's `T`
+        // store, in a segment that lives as long as the manager.
+        let slot = unsafe { weak.slot_ptr() };
         // SAFETY: the slot is initialised and lives as long as the store.
-        unsafe { slot.as_ref() }.header.is_live(weak.key().generation()).then_some(slot)
+        unsafe { slot.as_ref() }.header.is_live(weak.generation()).then_some(slot)
     }
 
     #[inline]
@@ -198,7 +194,7 @@ impl ObjectManager {
     ///
     /// [`Error::StaleHandle`] if the object is dead or destroyed,
     /// [`Error::WrongManager`] if the handle belongs to another manager,
-    /// [`Error::RefCountOverflow`] past 2^30 references.
+    /// [`Error::RefCountOverflow`] past 2^29 references.
     #[track_caller]
     pub fn try_upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<Handle<T>> {
         let slot = self.weak_slot_ptr(weak)?;

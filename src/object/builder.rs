@@ -8,6 +8,7 @@ use allocator_api2::alloc::Allocator;
 
 use crate::track::Tracker;
 
+use super::handle::MAX_MANAGER_ID;
 use super::index_space::MAX_INDEX;
 use super::registry::{Registry, RegistryConfig};
 use super::slot::GENERATION_LIMIT;
@@ -224,9 +225,10 @@ impl ObjectManagerBuilder {
     ///
     /// # Panics
     ///
-    /// Panics once a process has built `u32::MAX - 1` managers. Manager ids are
-    /// never reused, because a handle of a dropped manager must never pass
-    /// another manager's check.
+    /// Panics once a process has built 2^18 - 1 (262,143) managers. Manager
+    /// ids are never reused, because a handle of a dropped manager must never
+    /// pass another manager's check, and handles carry their manager's id in
+    /// 18 bits (so that a read checks it without a load).
     pub fn build(self) -> ObjectManager {
         let id = next_manager_id();
         let config = RegistryConfig {
@@ -247,13 +249,13 @@ impl ObjectManagerBuilder {
 
 /// Hands out the next manager id: each once per process, never wrapping.
 fn next_manager_id() -> u32 {
-    let next = NEXT_MANAGER_ID.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1));
+    let next = NEXT_MANAGER_ID
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| (id <= MAX_MANAGER_ID).then_some(id + 1));
     match next {
         Ok(id) => id,
         Err(_) => panic!(
-            "mmobject: object manager ids are used up: all {} have been handed out in this process, and ids \
-             are never reused (a handle of a dropped manager must never match a new one)",
-            u32::MAX - 1
+            "mmobject: object manager ids are used up: all {MAX_MANAGER_ID} have been handed out in this process, \
+             and ids are never reused (a handle of a dropped manager must never match a new one)"
         ),
     }
 }

@@ -17,21 +17,10 @@ use super::shared::{reserve_raw_ref, StoreShared};
 use super::slot::{Slot, COUNT_MASK, MAX_REFS, PURPLE};
 use super::{MMObject, ObjectKey, VisitHandles};
 
-/// Packs a store index and a local slot index into one `u32`.
-#[inline]
-pub(crate) fn pack_location(store_index: u32, local: u32) -> u32 {
-    debug_assert!(store_index < 256 && local < (1 << INDEX_BITS), "location out of range");
-    store_index << INDEX_BITS | local
-}
-
-#[inline]
-pub(crate) fn unpack_location(location: u32) -> (u32, u32) {
-    (location >> INDEX_BITS, location & ((1 << INDEX_BITS) - 1))
-}
-
 /// A strong, refcounted reference to an object in an [`ObjectManager`](crate::ObjectManager).
 ///
-/// A handle is one pointer, like `Rc` (so `Option<Handle<T>>` is 8 bytes too).
+/// A handle is one word, like `Rc` (so `Option<Handle<T>>` is 8 bytes too):
+/// its slot's address, with its manager's id beside it on 64-bit targets.
 /// Cloning adds a reference (one relaxed atomic add); dropping removes one.
 /// Dropping the last handle never runs `T::drop` on the spot: the object
 /// becomes *dead*, and the next
@@ -62,16 +51,29 @@ pub(crate) fn unpack_location(location: u32) -> (u32, u32) {
 ///
 /// # Invariants
 ///
-/// `slot` points to an occupied slot of a published segment (so its chunk
-/// header names the store, see `layout.rs`), with the provenance of the
-/// whole segment (it was computed from the segment's base, never taken from
-/// a reference to the slot, which would not reach the header), and the
-/// handle owns one counted reference to it. The slot's generation therefore
-/// stays what it was when the handle was made (until shutdown destroys the
-/// object in place and makes it one more), and the segment stays allocated
-/// while the handle lives (the manager leaks it if handles outlive the manager).
+/// `tagged` encodes (see below) a pointer to an occupied slot of a published
+/// segment (so its chunk header names the store, see `layout.rs`), with the
+/// provenance of the whole segment (it was computed from the segment's base,
+/// never taken from a reference to the slot, which would not reach the
+/// header), and the handle owns one counted reference to it. The slot's
+/// generation therefore stays what it was when the handle was made (until
+/// shutdown destroys the object in place and makes it one more), and the
+/// segment stays allocated while the handle lives (the manager leaks it if
+/// handles outlive the manager). The tag bits, where there are any, are
+/// copies of that chunk header's manager id and `cyclable` flag.
+///
+/// # Layout
+///
+/// On 64-bit targets `tagged` is the slot's address shifted left by 16 bits
+/// (segments lie below 2^48, and slots are 8-byte aligned, so bits 0..19
+/// are free), with the manager id in bits 0..18 and the store's `cyclable`
+/// flag in bit 18. A read checks the manager id and a drop tests the flag
+/// without loading the chunk header: in a loop of reads that miss the cache,
+/// each load per read costs about as much as the read's own miss (see
+/// `BENCHMARKS.md`, O3). Elsewhere `tagged` is the slot's address, and both
+/// come from the chunk header.
 pub struct Handle<T> {
-    slot: NonNull<Slot<T>>,
+    tagged: NonNull<u8>,
     /// This handle's entry in its store's table of live handles.
     #[cfg(feature = "handle-sites")]
     site: u32,
@@ -107,7 +109,8 @@ impl<T> Handle<T> {
     ) -> Self {
         #[allow(unused_mut)]
         let mut handle = Handle {
-            slot,
+            // SAFETY: the caller's contract (a published segment's slot).
+            tagged: unsafe { tag_slot(slot) },
             #[cfg(feature = "handle-sites")]
             site: 0,
             _type: PhantomData,
@@ -130,17 +133,40 @@ impl<T> Handle<T> {
         self.shared().handle_sites.lock().remove(self.site);
     }
 
+    /// The slot's pointer, with the segment's provenance.
+    #[inline]
+    pub(crate) fn slot_ptr(&self) -> NonNull<Slot<T>> {
+        #[cfg(target_pointer_width = "64")]
+        // Bits 16..19 hold tag bits, not the address's (zero) low bits:
+        // shift them out. The `<< 3` folds into the load's addressing.
+        let slot = self.tagged.as_ptr().map_addr(|tagged| tagged >> (TAG_BITS + 3) << 3);
+        #[cfg(not(target_pointer_width = "64"))]
+        let slot = self.tagged.as_ptr();
+        // SAFETY: the address bits are a slot's address, never zero.
+        unsafe { NonNull::new_unchecked(slot.cast()) }
+    }
+
     #[inline]
     pub(crate) fn slot(&self) -> &Slot<T> {
         // SAFETY: the slot's segment outlives every handle into it (type invariant).
-        unsafe { self.slot.as_ref() }
+        unsafe { self.slot_ptr().as_ref() }
     }
 
     /// The header of the slot's chunk: the store's shared part and manager id.
     #[inline]
     fn chunk(&self) -> &super::layout::ChunkHeader {
         // SAFETY: the slot lies in a published segment that outlives the handle (type invariant).
-        unsafe { Chunks::header(self.slot) }
+        unsafe { Chunks::header(self.slot_ptr()) }
+    }
+
+    /// True if the store's objects may hold handles (a drop then records
+    /// candidate roots, see `candidates.rs`).
+    #[inline]
+    fn cyclable(&self) -> bool {
+        #[cfg(target_pointer_width = "64")]
+        return self.tagged.as_ptr().addr() & CYCLABLE_TAG != 0;
+        #[cfg(not(target_pointer_width = "64"))]
+        return self.chunk().cyclable;
     }
 
     #[inline]
@@ -152,14 +178,17 @@ impl<T> Handle<T> {
     /// The id of the manager the handle belongs to.
     #[inline]
     pub(crate) fn manager_id(&self) -> u32 {
-        self.chunk().manager_id
+        #[cfg(target_pointer_width = "64")]
+        return (self.tagged.as_ptr().addr() & MAX_MANAGER_ID as usize) as u32;
+        #[cfg(not(target_pointer_width = "64"))]
+        return self.chunk().manager_id;
     }
 
     /// The slot's local index in its store.
     #[inline]
-    fn local(&self) -> u32 {
+    pub(crate) fn local(&self) -> u32 {
         // SAFETY: as in `chunk`.
-        unsafe { Chunks::local(self.slot) }
+        unsafe { Chunks::local(self.slot_ptr()) }
     }
 
     /// The object's generation. While the handle holds its reference the
@@ -206,18 +235,12 @@ impl<T> Handle<T> {
 
     /// A weak handle to the same object: `Copy`, uncounted, checked on use.
     pub fn downgrade(&self) -> WeakHandle<T> {
-        let shared = self.shared();
-        WeakHandle {
-            key: self.key(),
-            location: pack_location(shared.store_index, self.local()),
-            manager: shared.manager_id,
-            _type: PhantomData,
-        }
+        WeakHandle::new(self.slot_ptr(), self.key(), self.manager_id())
     }
 
     /// True if both handles name the same object.
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
-        a.slot == b.slot
+        a.tagged == b.tagged
     }
 
     /// Turns the handle into a raw `u64` for scripting or FFI, keeping its reference.
@@ -288,10 +311,10 @@ impl<T> Drop for Handle<T> {
     fn drop(&mut self) {
         #[cfg(feature = "handle-sites")]
         self.unregister_site();
-        let word = &self.slot().header.word;
-        if self.chunk().cyclable {
+        if self.cyclable() {
             return self.drop_cyclable();
         }
+        let word = &self.slot().header.word;
         if word.fetch_sub(1, AtomicOrdering::Release) != 1 {
             return;
         }
@@ -317,7 +340,7 @@ impl<T> Handle<T> {
 impl<T> PartialEq for Handle<T> {
     /// Same slot, same object: a slot's generation cannot change while a handle holds it.
     fn eq(&self, other: &Self) -> bool {
-        self.slot == other.slot
+        self.tagged == other.tagged
     }
 }
 
@@ -325,7 +348,7 @@ impl<T> Eq for Handle<T> {}
 
 impl<T> Hash for Handle<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.slot.hash(state);
+        self.tagged.hash(state);
     }
 }
 
@@ -385,37 +408,158 @@ impl<T> super::HeapSize for Handle<T> {
 ///
 /// # Invariants
 ///
-/// A weak handle is only made by this crate, from a slot it names: `location`
-/// packs the store index and local slot index of a slot of the `T` store of
-/// the manager whose id is `manager`, in a segment published before the weak
-/// handle was made, and `key` is that slot's manager-wide index and the
-/// object's generation. (Manager ids are never reused in a process.)
+/// A weak handle is only made by this crate, from a slot it names: `slot`
+/// (its address bits) points to a slot of the `T` store of the manager whose
+/// id is `manager`, with the whole segment's provenance (as a [`Handle`]'s
+/// pointer), in a segment published before the weak handle was made; and the
+/// key bits are that slot's manager-wide index and the object's generation.
+/// Manager ids are never reused in a process, so while a manager with that id
+/// lives, the slot's segment is allocated: a weak handle's pointer may be
+/// followed only after its manager id matched a live manager's.
+///
+/// # Layout
+///
+/// Sixteen bytes that hold the slot's address beside the key, so that a read
+/// through a weak handle follows a pointer instead of locating the slot from
+/// its index (a loop of such reads is bound by how many the core keeps in
+/// flight, and each instruction of index arithmetic costs some of them; see
+/// `BENCHMARKS.md`, O4):
+///
+/// - `slot`: the slot's address in bits 0..48 (a store refuses a segment
+///   placed above 2^48), and the key's index bits 0..16 in bits 48..64 (on
+///   64-bit targets);
+/// - `word`: the generation in bits 0..32, the index bits 16..24 in bits
+///   32..40, and the manager id (18 bits) in bits 40..64.
 pub struct WeakHandle<T> {
-    key: ObjectKey,
-    location: u32,
-    manager: u32,
+    slot: NonNull<u8>,
+    word: u64,
+    /// The key's index bits 0..16, where pointers have no spare bits.
+    #[cfg(not(target_pointer_width = "64"))]
+    index_low: u16,
     /// Invariant in `T`, for the same reason as [`Handle`]'s marker: a weak
     /// handle coerced to another type would name a slot of the wrong store,
-    /// and the view's fast path trusts its location.
+    /// and every read trusts its pointer once the manager id matched.
     _type: PhantomData<fn(T) -> T>,
+}
+
+// SAFETY: no bound on `T`, as before the pointer was packed in: a weak handle
+// is an address and a key. It never reads a slot on its own; every read goes
+// through a manager (`&ObjectManager`), which checks the id first and whose
+// own `Send`/`Sync` (its stores need `T: Send + Sync`) govern access to `T`.
+unsafe impl<T> Send for WeakHandle<T> {}
+// SAFETY: as for `Send`; `&WeakHandle` allows only copying and key reads.
+unsafe impl<T> Sync for WeakHandle<T> {}
+
+/// The address bits of a weak handle's `slot` (all of them on narrower targets).
+#[cfg(target_pointer_width = "64")]
+pub(crate) const ADDRESS_BITS: u32 = 48;
+#[cfg(target_pointer_width = "64")]
+const ADDRESS_MASK: usize = (1 << ADDRESS_BITS) - 1;
+
+/// The largest manager id: ids are 18 bits, so that a [`Handle`] carries
+/// its manager's id beside its slot's address (see its layout).
+pub(crate) const MAX_MANAGER_ID: u32 = (1 << 18) - 1;
+
+/// The bits of a [`Handle`]'s `tagged` below the slot's address.
+#[cfg(target_pointer_width = "64")]
+const TAG_BITS: u32 = 16;
+/// The store's `cyclable` flag in a [`Handle`]'s `tagged`.
+#[cfg(target_pointer_width = "64")]
+const CYCLABLE_TAG: usize = 1 << 18;
+
+/// A [`Handle`]'s `tagged` word for `slot` (see its layout).
+///
+/// # Safety
+///
+/// `slot` must be a slot of a published segment, with its provenance.
+#[inline]
+unsafe fn tag_slot<T>(slot: NonNull<Slot<T>>) -> NonNull<u8> {
+    #[cfg(target_pointer_width = "64")]
+    {
+        // SAFETY: the caller's contract: the chunk header is initialised.
+        let chunk = unsafe { Chunks::header(slot) };
+        debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 18 bits");
+        debug_assert!(slot.as_ptr().addr() >> ADDRESS_BITS == 0 && slot.as_ptr().addr() % 8 == 0);
+        let tag = chunk.manager_id as usize | if chunk.cyclable { CYCLABLE_TAG } else { 0 };
+        let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr << TAG_BITS | tag);
+        // SAFETY: a slot's address is not zero, so neither is this.
+        unsafe { NonNull::new_unchecked(tagged) }
+    }
+    #[cfg(not(target_pointer_width = "64"))]
+    slot.cast()
 }
 
 impl<T> WeakHandle<T> {
     /// The object's untyped key.
+    #[inline]
     pub fn key(&self) -> ObjectKey {
-        self.key
+        #[cfg(target_pointer_width = "64")]
+        let low = (self.slot.as_ptr().addr() >> ADDRESS_BITS) as u32;
+        #[cfg(not(target_pointer_width = "64"))]
+        let low = u32::from(self.index_low);
+        let high = (self.word >> 32) as u32 & 0xff;
+        ObjectKey::new(high << 16 | low, self.word as u32)
     }
 
-    pub(crate) fn location(&self) -> u32 {
-        self.location
+    /// The object's generation (the key's, read without unpacking the index).
+    #[inline]
+    pub(crate) fn generation(&self) -> u32 {
+        self.word as u32
     }
 
+    #[inline]
     pub(crate) fn manager_id(&self) -> u32 {
-        self.manager
+        (self.word >> 40) as u32
     }
 
-    pub(crate) fn new(key: ObjectKey, location: u32, manager: u32) -> Self {
-        WeakHandle { key, location, manager, _type: PhantomData }
+    /// The slot the weak handle names.
+    ///
+    /// # Safety
+    ///
+    /// The weak handle's manager id must be that of a manager that is alive
+    /// for the returned lifetime (see the type's invariants): only then is
+    /// the slot's segment allocated.
+    #[inline]
+    pub(crate) unsafe fn slot_ptr(&self) -> NonNull<Slot<T>> {
+        #[cfg(target_pointer_width = "64")]
+        let slot = self.slot.as_ptr().map_addr(|addr| addr & ADDRESS_MASK);
+        #[cfg(not(target_pointer_width = "64"))]
+        let slot = self.slot.as_ptr();
+        // SAFETY: the address bits are a slot's address, never zero.
+        unsafe { NonNull::new_unchecked(slot.cast()) }
+    }
+
+    /// The slot's local index in its store.
+    ///
+    /// # Safety
+    ///
+    /// As for [`slot_ptr`](Self::slot_ptr).
+    pub(crate) unsafe fn local(&self) -> u32 {
+        // SAFETY: the caller's contract keeps the segment (and its chunk
+        // headers) allocated; the pointer carries the segment's provenance.
+        unsafe { Chunks::local(self.slot_ptr()) }
+    }
+
+    /// A weak handle to the object with `key` in `slot`, of the manager `manager`.
+    ///
+    /// `slot` must carry its segment's provenance and lie below 2^48, and
+    /// `manager` must be at most [`MAX_MANAGER_ID`]; the type's invariants
+    /// ask the rest.
+    #[inline]
+    pub(crate) fn new(slot: NonNull<Slot<T>>, key: ObjectKey, manager: u32) -> Self {
+        debug_assert!(manager <= MAX_MANAGER_ID && key.index() < 1 << INDEX_BITS);
+        let index = key.index();
+        let word = u64::from(manager) << 40 | u64::from(index >> 16) << 32 | u64::from(key.generation());
+        #[cfg(target_pointer_width = "64")]
+        {
+            debug_assert!(slot.as_ptr().addr() <= ADDRESS_MASK, "segments lie below 2^48");
+            let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr | (index as usize & 0xffff) << ADDRESS_BITS);
+            // SAFETY: a slot's address is not zero, so neither is this.
+            let slot = unsafe { NonNull::new_unchecked(tagged) };
+            WeakHandle { slot, word, _type: PhantomData }
+        }
+        #[cfg(not(target_pointer_width = "64"))]
+        WeakHandle { slot: slot.cast(), word, index_low: index as u16, _type: PhantomData }
     }
 }
 
@@ -429,7 +573,7 @@ impl<T> Copy for WeakHandle<T> {}
 
 impl<T> PartialEq for WeakHandle<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.key == other.key && self.manager == other.manager
+        self.key() == other.key() && self.manager_id() == other.manager_id()
     }
 }
 
@@ -437,15 +581,15 @@ impl<T> Eq for WeakHandle<T> {}
 
 impl<T> Hash for WeakHandle<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key.hash(state);
-        self.manager.hash(state);
+        self.key().hash(state);
+        self.manager_id().hash(state);
     }
 }
 
 impl<T> Ord for WeakHandle<T> {
     /// By manager id, then key (index, then generation).
     fn cmp(&self, other: &Self) -> Ordering {
-        (self.manager, self.key).cmp(&(other.manager, other.key))
+        (self.manager_id(), self.key()).cmp(&(other.manager_id(), other.key()))
     }
 }
 
@@ -461,7 +605,7 @@ impl<T: MMObject> fmt::Debug for WeakHandle<T> {
     /// weak handle cannot tell by itself whether its object is alive (ask
     /// [`ObjectManager::is_alive`](crate::ObjectManager::is_alive)), and says so.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Weak({}{:?}, unchecked)", T::TYPE_NAME, self.key)
+        write!(f, "Weak({}{:?}, unchecked)", T::TYPE_NAME, self.key())
     }
 }
 
@@ -511,5 +655,25 @@ mod tests {
         assert_eq!(std::mem::size_of::<Handle<u8>>(), handle);
         assert_eq!(std::mem::size_of::<Option<Handle<u8>>>(), handle);
         assert_eq!(std::mem::size_of::<WeakHandle<u8>>(), 16);
+        assert_eq!(std::mem::size_of::<Option<WeakHandle<u8>>>(), 16);
+    }
+
+    /// Every field of a weak handle comes back whole at its extremes: the
+    /// highest slot address, index, generation and manager id, and the lowest.
+    #[test]
+    fn weak_handles_pack_losslessly() {
+        let highest = (1usize << ADDRESS_BITS) - 8;
+        for (address, index, generation, manager) in [
+            (highest, (1 << INDEX_BITS) - 1, u32::MAX, MAX_MANAGER_ID),
+            (8, 0, 1, 1),
+            (0x1234_5678_9ab8, 0x00ab_cdef, 0x8000_0001, 0x2_0001),
+        ] {
+            let slot = NonNull::new(std::ptr::without_provenance_mut::<Slot<u8>>(address)).unwrap();
+            let weak = WeakHandle::<u8>::new(slot, ObjectKey::new(index, generation), manager);
+            assert_eq!((weak.key().index(), weak.key().generation()), (index, generation));
+            assert_eq!((weak.generation(), weak.manager_id()), (generation, manager));
+            // SAFETY: only the address is compared; nothing is read through it.
+            assert_eq!(unsafe { weak.slot_ptr() }.as_ptr().addr(), address);
+        }
     }
 }

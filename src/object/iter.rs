@@ -13,7 +13,6 @@ use std::ptr::NonNull;
 
 use crate::sync::Ordering;
 
-use super::handle::pack_location;
 use super::layout::{segment_first, segment_len, Chunks, MAX_SEGMENTS};
 use super::slot::{is_count, Slot};
 use super::store::Store;
@@ -25,10 +24,9 @@ use super::{MMObject, ObjectKey, WeakHandle};
 ///
 /// - While `offset < len`, `base` points to a run of `len` contiguous slots
 ///   of the published segment `segment` of `store` (at `segment_base`),
-///   starting at segment offset `run_start`; its slot `offset` has local
-///   index `first_local + offset` and manager-wide index
-///   `first_index + offset`. `segment_end` (the slots of the segment to walk)
-///   never passes the segment's length.
+///   starting at segment offset `run_start`; its slot `offset` has
+///   manager-wide index `first_index + offset`. `segment_end` (the slots of
+///   the segment to walk) never passes the segment's length.
 /// - With a store, the cursor counted itself in the store's `iterating`
 ///   (`begin_iteration`) and uncounts itself when dropped. Without one it is
 ///   at its end from the start.
@@ -42,7 +40,6 @@ struct Cursor<'a, T> {
     run_start: u32,
     offset: u32,
     len: u32,
-    first_local: u32,
     first_index: u32,
     /// One past the last local index to visit: the slots used at the start.
     end: u32,
@@ -51,7 +48,6 @@ struct Cursor<'a, T> {
     /// Objects yielded so far.
     yielded: usize,
     manager: u32,
-    store_index: u32,
 }
 
 // A cursor is a shared borrow of the store plus a position: `base` points into
@@ -76,13 +72,11 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             run_start: 0,
             offset: 0,
             len: 0,
-            first_local: 0,
             first_index: 0,
             end: store.map_or(0, Store::used),
             total: store.map_or(0, Store::live_count_now),
             yielded: 0,
             manager,
-            store_index: store.map_or(0, |store| store.shared().store_index),
         }
     }
 
@@ -104,8 +98,9 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 }
                 self.yielded += 1;
                 let key = ObjectKey::new(self.first_index + offset, generation);
-                let location = pack_location(self.store_index, self.first_local + offset);
-                return Some((WeakHandle::new(key, location, self.manager), slot));
+                // SAFETY: as above.
+                let slot_ptr = unsafe { self.base.add(offset as usize) };
+                return Some((WeakHandle::new(slot_ptr, key, self.manager), slot));
             }
             if !self.next_run() {
                 return None;
@@ -119,7 +114,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
     fn fold_live<B>(&mut self, init: B, mut f: impl FnMut(B, WeakHandle<T>, &'a Slot<T>) -> B) -> B {
         let mut acc = init;
         loop {
-            let (base, len, first_local, first_index) = (self.base, self.len, self.first_local, self.first_index);
+            let (base, len, first_index) = (self.base, self.len, self.first_index);
             let mut offset = self.offset;
             let mut yielded = 0;
             while offset < len {
@@ -129,9 +124,10 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 let generation = slot.header.generation.load(Ordering::Acquire);
                 if generation & 1 == 1 && is_count(slot.header.word.load(Ordering::Acquire)) {
                     let key = ObjectKey::new(first_index + offset, generation);
-                    let location = pack_location(self.store_index, first_local + offset);
+                    // SAFETY: as above.
+                    let slot_ptr = unsafe { base.add(offset as usize) };
                     yielded += 1;
-                    acc = f(acc, WeakHandle::new(key, location, self.manager), slot);
+                    acc = f(acc, WeakHandle::new(slot_ptr, key, self.manager), slot);
                 }
                 offset += 1;
             }
@@ -165,7 +161,6 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             if let Some((base, first_index)) = store.segment(self.segment) {
                 self.segment_base = base;
                 self.segment_end = segment_len(self.segment, base_bits).min(self.end - first);
-                self.first_local = first;
                 self.first_index = first_index;
                 self.run_start = 0;
                 next = 0;
@@ -173,8 +168,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
         }
         // SAFETY: `next < segment_end`, within the published segment at `segment_base`.
         let (run, len) = unsafe { Chunks::<T>::run(self.segment_base, next, self.segment_end) };
-        // Keys and locations count from the segment's first slot: move them to the run's.
-        self.first_local += next - self.run_start;
+        // Keys count from the segment's first slot: move them to the run's.
         self.first_index += next - self.run_start;
         self.run_start = next;
         self.base = run;

@@ -280,6 +280,15 @@ pub(crate) fn allocate_segment<T: MMObject>(
     };
     let (layout, sites_offset) = Chunks::<T>::segment_layout(len).ok_or_else(|| refused("a new segment"))?;
     let base = alloc.allocate(layout).map_err(|_| refused("a new segment"))?.cast::<u8>();
+    // Handles keep 48 bits of a slot's address (`Handle`'s and `WeakHandle`'s layouts).
+    // User-space addresses lie below 2^47 on x86-64 and below 2^48 on
+    // AArch64 unless a program asks for more, so this refusal stays theoretical.
+    #[cfg(target_pointer_width = "64")]
+    if base.as_ptr().addr() + layout.size() > 1 << super::handle::ADDRESS_BITS {
+        // SAFETY: just allocated from `alloc` with `layout`, and never used.
+        unsafe { alloc.deallocate(base, layout) };
+        return Err(refused("a new segment (it came back above 2^48, past what handles can address)"));
+    }
     // SAFETY: the sites start `sites_offset` bytes into the new allocation.
     let sites = unsafe { base.add(sites_offset).cast::<SiteCell>() };
     let unknown = UnsafeCell::new(Location::caller());

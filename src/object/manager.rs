@@ -163,6 +163,7 @@ impl ObjectManager {
     /// type's store is full; with a [tracker](ObjectManagerBuilder::tracker),
     /// also if the type's tag goes over budget under the `Error` or `Panic`
     /// policy (the `Log` and `Callback` policies let the object be created).
+    #[inline]
     #[track_caller]
     pub fn create<T: MMObject>(&self, value: T) -> Handle<T> {
         match self.create_at(value, Location::caller(), false) {

@@ -8,14 +8,16 @@
 //! link, generation) followed by the value; each segment keeps its objects'
 //! creation sites in an array of its own, for reports.
 //!
-//! - A [`Handle`] is one pointer, to its slot; the slot's address finds its
-//!   store (segments are cut into aligned chunks with a header each). Clone
+//! - A [`Handle`] is one word: its slot's address, with its manager's id
+//!   beside it (so a read checks the id without a load); the slot's address
+//!   finds its store (segments are cut into aligned chunks with a header each). Clone
 //!   is one relaxed atomic add; drop is one atomic sub, and the last drop
 //!   pushes the slot onto its store's lock-free dead list.
 //! - [`ObjectManager::collect_garbage`] swaps each dead list empty and destroys
 //!   what it held, looping until cascades settle: O(dead), never O(live).
-//! - A [`WeakHandle`] is a key plus a location; every use checks the
-//!   generation, so a reused slot never validates an old weak or raw handle.
+//! - A [`WeakHandle`] is a key, a manager id and its slot's address, in 16
+//!   bytes; every use checks the manager id before it follows the address,
+//!   and the generation, so a reused slot never validates an old weak or raw handle.
 
 mod access;
 mod builder;

@@ -40,7 +40,9 @@ pub(crate) fn is_count(word: u32) -> bool {
 /// So a stale key can never validate again, however often a slot is reused.
 pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 
-/// The per-object metadata in the slot: 8 bytes.
+/// The per-object metadata in the slot: 8 bytes, aligned to 8 so that slot
+/// addresses leave three low bits free for a [`Handle`](super::Handle)'s tag
+/// (see its layout).
 ///
 /// # Invariants
 ///
@@ -55,7 +57,7 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   onto its store's dead list. Once the slot is on the dead list, or vacant on
 ///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
 ///   the next slot in that list (or [`NIL`]).
-#[repr(C)]
+#[repr(C, align(8))]
 pub(crate) struct SlotHeader {
     pub(crate) word: AtomicU32,
     pub(crate) generation: AtomicU32,

@@ -248,40 +248,6 @@ impl<T: MMObject> Store<T> {
         unsafe { *site.get() }
     }
 
-    /// The slot `local`, known to lie in a published segment: the weak-read
-    /// fast path, with no bounds or null checks and one table load.
-    ///
-    /// # Safety
-    ///
-    /// `local` must be below [`MAX_INDEX`], `base_bits` must be this store's,
-    /// and the slot's segment must have been published before something this
-    /// thread has seen (as for every slot a handle or weak handle names: the
-    /// handle was made after the segment was published).
-    #[inline]
-    pub(crate) unsafe fn published_slot(&self, local: u32, base_bits: u32) -> &Slot<T> {
-        // SAFETY: the caller's contract is `published_slot_ptr`'s; the slot is
-        // initialised and lives as long as the store.
-        unsafe { self.published_slot_ptr(local, base_bits).as_ref() }
-    }
-
-    /// [`published_slot`](Self::published_slot) as a pointer with the whole
-    /// segment's provenance (see [`slot_ptr`](Self::slot_ptr)).
-    ///
-    /// # Safety
-    ///
-    /// As for `published_slot`.
-    #[inline]
-    pub(crate) unsafe fn published_slot_ptr(&self, local: u32, base_bits: u32) -> NonNull<Slot<T>> {
-        debug_assert!(local < MAX_INDEX && base_bits == self.config.base_bits);
-        let (segment, offset) = locate(local, base_bits);
-        // SAFETY: `local < 2^24` and `base_bits <= 20`, so `segment <= 24 < MAX_SEGMENTS`.
-        let base = unsafe { self.segments.get_unchecked(segment) }.load(Ordering::Acquire);
-        debug_assert!(!base.is_null(), "the caller guarantees the segment is published");
-        // SAFETY: the segment is published (caller), so `base` is non-null and
-        // holds `segment_len(segment)` slots, more than `offset` (`locate`).
-        unsafe { Chunks::slot(NonNull::new_unchecked(base), offset) }
-    }
-
     /// The link to the tracker, if the manager has one.
     pub(crate) fn tracking(&self) -> Option<&Tracking> {
         self.tracking.as_ref()

@@ -37,7 +37,6 @@ use allocator_api2::vec::Vec;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 
-use super::handle::unpack_location;
 use super::manager::ObjectManager;
 use super::store::Store;
 use super::store_alloc::StoreAlloc;
@@ -233,10 +232,7 @@ impl ObjectManager {
     pub fn remeasure<T: MMObject>(&self, handle: &Handle<T>) -> usize {
         let size = self.get(handle).size();
         match self.store::<T>().and_then(Store::tracking) {
-            Some(tracking) => {
-                let (_, local) = unpack_location(handle.downgrade().location());
-                tracking.remeasure(local, size)
-            }
+            Some(tracking) => tracking.remeasure(handle.local(), size),
             None => size,
         }
     }
@@ -258,7 +254,9 @@ impl ObjectManager {
             .map(|(weak, value)| {
                 let size = value.size();
                 match tracking {
-                    Some(tracking) => tracking.remeasure(unpack_location(weak.location()).1, size),
+                    // SAFETY: the weak handle comes from this manager's
+                    // iterator, and the manager is borrowed meanwhile.
+                    Some(tracking) => tracking.remeasure(unsafe { weak.local() }, size),
                     None => size,
                 }
             })

@@ -7,7 +7,6 @@ use std::marker::PhantomData;
 
 use crate::{Error, Result};
 
-use super::handle::unpack_location;
 use super::iter::{Iter, IterMut};
 use super::manager::{fail, wrong_manager};
 use super::registry::{Registry, MAX_TYPES};
@@ -27,13 +26,12 @@ use super::{Handle, MMObject, ObjectManager, WeakHandle};
 /// the view was made (then every call forwards to the manager, which sees a
 /// store registered since).
 ///
-/// `manager_id` and `base_bits` are copies of the manager's id and the
-/// store's segment shift (kept here so that a loop holds them in registers).
+/// `manager_id` is a copy of the manager's id (kept here so that a loop holds
+/// it in a register).
 pub struct ObjectView<'a, T> {
     pub(crate) manager: &'a ObjectManager,
     pub(crate) store: Option<&'a Store<T>>,
     pub(crate) manager_id: u32,
-    pub(crate) base_bits: u32,
 }
 
 impl<T> Clone for ObjectView<'_, T> {
@@ -56,18 +54,12 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
         if weak.manager_id() != self.manager_id {
             wrong_manager(self.manager_id, weak.manager_id())
         }
-        let Some(store) = self.store else {
-            return self.manager.get_weak(weak);
-        };
-        // The location's store index needs no check: this manager has one
-        // store for `T`, and it is `store`.
-        let (_, local) = unpack_location(weak.location());
-        // SAFETY: `local < 2^24` (unpacked); `base_bits` is the store's; the
-        // weak handle belongs to this manager, so (`WeakHandle` invariant) it
-        // names a slot of this manager's `T` store in a segment published
-        // before the weak handle was made, and so before this call.
-        let slot = unsafe { store.published_slot(local, self.base_bits) };
-        if !slot.header.is_live(weak.key().generation()) {
+        // SAFETY: the weak handle belongs to this manager, which the view
+        // borrows, so (`WeakHandle` invariant) it names a slot of this
+        // manager's `T` store in a segment that stays allocated for `'a`
+        // (whether or not the store existed when the view was made).
+        let slot = unsafe { weak.slot_ptr().as_ref() };
+        if !slot.header.is_live(weak.generation()) {
             return None;
         }
         // SAFETY: `is_live` read the generation as odd with `Acquire`, so the
@@ -86,14 +78,23 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
         self.get_weak(weak).is_some()
     }
 
-    /// Reads an object through a strong handle: the same as [`ObjectManager::get`].
+    /// Reads an object through a strong handle: the same as
+    /// [`ObjectManager::get`], checked against the view's copy of the
+    /// manager id (which a loop keeps in a register).
     ///
     /// # Panics
     ///
     /// Panics if the handle belongs to another manager.
     #[inline]
     pub fn get(&self, handle: &Handle<T>) -> &'a T {
-        self.manager.get(handle)
+        if handle.manager_id() != self.manager_id {
+            wrong_manager(self.manager_id, handle.manager_id())
+        }
+        // SAFETY: the handle is counted, so its slot is occupied and its
+        // value initialised; it belongs to this manager, which the view
+        // borrows for `'a`, keeping collection (the only thing that destroys
+        // values) away.
+        unsafe { handle.slot().value_ref() }
     }
 
     /// A new strong handle from a weak one, while the object is live: the
@@ -223,15 +224,11 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
             index: weak.key().index(),
             generation: weak.key().generation(),
         };
-        // A weak handle of this manager names a slot of its `T` store, so the
-        // store exists (it was registered before the weak handle was made).
-        let store = self.store().ok_or_else(stale)?;
-        let (_, local) = unpack_location(weak.location());
-        // SAFETY: `local < 2^24` (unpacked); `base_bits` is the store's; the
-        // weak handle belongs to this manager, so (`WeakHandle` invariant) it
-        // names a slot of this store in a segment published before it was made.
-        let slot = unsafe { store.published_slot(local, store.base_bits()) };
-        slot.header.is_live(weak.key().generation()).then_some(slot).ok_or_else(stale)
+        // SAFETY: the weak handle belongs to this manager (checked above), so
+        // (`WeakHandle` invariant) it names a slot of its `T` store, whose
+        // segments live as long as the registry the view borrows for `'a`.
+        let slot = unsafe { weak.slot_ptr().as_ref() };
+        slot.header.is_live(weak.generation()).then_some(slot).ok_or_else(stale)
     }
 
     /// Reads an object.
@@ -608,7 +605,7 @@ impl ObjectManager {
     #[inline]
     pub fn view<T: MMObject>(&self) -> ObjectView<'_, T> {
         let store = self.store::<T>();
-        ObjectView { manager: self, store, manager_id: self.id(), base_bits: store.map_or(0, Store::base_bits) }
+        ObjectView { manager: self, store, manager_id: self.id() }
     }
 
     /// Iterates over the live objects of type `T` for writing, in key order:
