@@ -156,10 +156,39 @@
 //! and the collection's push exclude each other (the lock). While nothing is
 //! pushed the list only shrinks, its head never returns to an earlier value,
 //! and a CAS that read a stale `next` simply fails: no ABA, no version tag.
-//! When the list is empty, `create` bumps a counter and, at a segment
-//! boundary, allocates the next segment. A value's `Drop` run by the
-//! collection may itself create through a loader: the lock is not held while
-//! user code runs.
+//! When the list is empty, `create` takes a never-used slot by raising the
+//! store's `len` with a compare-exchange, allocating the slot's segment
+//! first if it is missing, so `len` only ever covers published segments and
+//! a refused segment changes nothing. (It used to raise `len` first and lower
+//! it again on a refusal, which could hand a slot out twice when another
+//! thread raised it meanwhile and its own segment allocation succeeded.) A
+//! value's `Drop` run by the collection may itself create through a loader:
+//! the lock is not held while user code runs.
+//!
+//! # Fresh slots for the owner thread
+//!
+//! Raising `len` is an atomic read-modify-write per object, and on a level
+//! load it was most of `create`'s cost. So each store has an *owner*: the
+//! thread that made the store, then whichever thread last collected (the
+//! game's main thread, in the usual loop). The owner raises `len` by a run of
+//! up to 64 slots at once, within one published segment, and keeps the run in
+//! the store (`fresh.rs`); its next creates take slots from the run with
+//! plain loads and stores, after comparing a thread token (a per-thread
+//! number that is never reused). Other threads, loaders, and the owner while
+//! an iterator is alive (iteration never yields an object made after it
+//! began) take slots from `len` as above. The owner never allocates a
+//! segment while refilling (that runs the allocator, user code): when the
+//! next slot's segment is missing, it takes one slot the ordinary way.
+//!
+//! The run's slots lie below `len` but are neither objects nor on any list,
+//! so every count derived from `len` subtracts the run's length (kept in an
+//! atomic for readers on other threads). A collection on a thread that is not
+//! the owner puts what is left of the run on the free list and makes its
+//! thread the owner; shutdown puts it on the free list too, so its slots are
+//! accounted for and the segments are freed. Both hold `&mut ObjectManager`,
+//! so no owner's `create` runs meanwhile, and the run's cell is only ever
+//! touched by one thread at a time (loom checks it: `tests/loom.rs`,
+//! `the_owners_run_races_another_creator`).
 //!
 //! # Who owns what: the registry, collection and loaders
 //!

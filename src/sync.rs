@@ -76,3 +76,25 @@ impl<T> UnsafeCell<T> {
 
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
+
+/// A number naming the calling thread, unique over the process's life: a
+/// thread-local's address could be reused by a later thread, this never is.
+/// Under loom, each model thread gets its own.
+#[inline]
+pub(crate) fn thread_token() -> u64 {
+    /// The last token handed out (std's atomic even under loom: tokens are
+    /// not part of any modelled protocol, only their uniqueness is).
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    #[cfg(not(loom))]
+    std::thread_local!(static TOKEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+    #[cfg(loom)]
+    loom::thread_local!(static TOKEN: std::cell::Cell<u64> = std::cell::Cell::new(0));
+    TOKEN.with(|token| match token.get() {
+        0 => {
+            let new = LAST.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            token.set(new);
+            new
+        }
+        known => known,
+    })
+}

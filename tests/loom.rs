@@ -1,5 +1,7 @@
 //! Loom models of the lock-free parts: the dead-list push on the last drop,
 //! `upgrade` racing the last drop, concurrent `create` popping the free list,
+//! the owner's run of fresh slots racing another creator, a refused segment
+//! racing a served one,
 //! loaders creating while the owner collects or shuts down, and a candidate
 //! root's drop racing the cycle collector. Under
 //! `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every read and
@@ -170,6 +172,104 @@ fn concurrent_create_pop_and_bump() {
         let mut mm = Arc::try_unwrap(mm).expect("the creators are done");
         assert_eq!(mm.collect_garbage().objects, 2);
         assert_eq!(drops.load(Ordering::SeqCst), 3);
+    });
+}
+
+/// The owner takes fresh slots from its run (refilled from `len` with one
+/// compare-exchange) while another thread takes one straight from `len`:
+/// every slot is handed out once, and the count is exact. A collection on a
+/// third thread then takes the run over, putting what is left of it on the
+/// free list, and objects made there reuse it.
+#[test]
+fn the_owners_run_races_another_creator() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        // Made here, so this model thread owns the store's run; segments of
+        // 1, 2 and 4 slots, so runs stop at segment ends.
+        let mm = quiet();
+        mm.reserve::<Texture>(7);
+        let mm = Arc::new(mm);
+        let other = {
+            let mm = Arc::clone(&mm);
+            let drops = Arc::clone(&drops);
+            thread::spawn(move || mm.create(Texture { id: 9, token: DropToken(drops) }))
+        };
+        let a = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let b = mm.create(Texture { id: 2, token: DropToken(Arc::clone(&drops)) });
+        let c = other.join().unwrap();
+        let indices = [a.key().index(), b.key().index(), c.key().index()];
+        assert!(indices[0] != indices[1] && indices[1] != indices[2] && indices[0] != indices[2]);
+        assert_eq!((mm[&a].id, mm[&b].id, mm[&c].id), (1, 2, 9));
+        assert_eq!(mm.count::<Texture>(), 3);
+        drop((a, b));
+        let mm = Arc::try_unwrap(mm).expect("the creator is done");
+        let (mm, c) = thread::spawn(move || {
+            let mut mm = mm;
+            assert_eq!(mm.collect_garbage().objects, 2);
+            let d = mm.create(Texture { id: 4, token: DropToken(Arc::new(AtomicUsize::new(0))) });
+            assert_eq!(mm.count::<Texture>(), 2);
+            drop(d);
+            (mm, c)
+        })
+        .join()
+        .unwrap();
+        drop(c);
+        let report = mm.shutdown();
+        assert!(report.is_empty());
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+    });
+}
+
+/// A store allocator that refuses its first segment once armed, then serves.
+#[derive(Clone, Default)]
+struct RefuseOneSegment(Arc<std::sync::atomic::AtomicBool>);
+
+// SAFETY: every block it hands out comes from `System` for that layout.
+unsafe impl mmobject::allocator_api2::alloc::Allocator for RefuseOneSegment {
+    fn allocate(
+        &self,
+        layout: std::alloc::Layout,
+    ) -> Result<std::ptr::NonNull<[u8]>, mmobject::allocator_api2::alloc::AllocError> {
+        if layout.align() >= 4 << 20 && self.0.swap(false, Ordering::SeqCst) {
+            return Err(mmobject::allocator_api2::alloc::AllocError);
+        }
+        mmobject::allocator_api2::alloc::Allocator::allocate(&std::alloc::System, layout)
+    }
+
+    unsafe fn deallocate(&self, ptr: std::ptr::NonNull<u8>, layout: std::alloc::Layout) {
+        // SAFETY: forwarded: the block came from `System` with this layout.
+        unsafe { mmobject::allocator_api2::alloc::Allocator::deallocate(&std::alloc::System, ptr, layout) }
+    }
+}
+
+/// Two threads need the same missing segment; the allocator refuses one of
+/// them and serves the other. The refused `create` changes nothing, and no
+/// slot is handed out twice. (A `create` used to raise `len` first and lower
+/// it again when refused, after which the next `create` took the slot the
+/// served thread was using.)
+#[test]
+fn a_refused_segment_hands_no_slot_out_twice() {
+    model(|| {
+        let refuse = RefuseOneSegment::default();
+        let mm = ObjectManager::builder().report_leaks(false).segment_base(1).allocator(refuse.clone()).build();
+        let first = mm.create(Texture { id: 0, token: DropToken(Arc::new(AtomicUsize::new(0))) });
+        refuse.0.store(true, Ordering::SeqCst);
+        let mm = Arc::new(mm);
+        let spawn = |id| {
+            let mm = Arc::clone(&mm);
+            thread::spawn(move || mm.try_create(Texture { id, token: DropToken(Arc::new(AtomicUsize::new(0))) }).ok())
+        };
+        let (t1, t2) = (spawn(1), spawn(2));
+        let made: Vec<_> = [t1.join().unwrap(), t2.join().unwrap()].into_iter().flatten().collect();
+        assert_eq!(made.len(), 1, "one create was refused, the other served");
+        let next = mm.create(Texture { id: 3, token: DropToken(Arc::new(AtomicUsize::new(0))) });
+        let indices = [first.key().index(), made[0].key().index(), next.key().index()];
+        assert!(indices[0] != indices[1] && indices[1] != indices[2] && indices[0] != indices[2], "{indices:?}");
+        assert_eq!((mm[&first].id, mm[&next].id), (0, 3));
+        assert_eq!(mm.count::<Texture>(), 3);
+        drop((first, made, next));
+        let mut mm = Arc::try_unwrap(mm).expect("the creators are done");
+        assert_eq!(mm.collect_garbage().objects, 3);
     });
 }
 

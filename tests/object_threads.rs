@@ -292,3 +292,83 @@ fn the_manager_moves_to_another_thread_for_collection() {
     assert!(report.is_empty());
     assert_eq!(drops.count(), 3);
 }
+
+/// The thread that makes a store, and later whichever thread collects, takes
+/// fresh slots from a run it holds (one atomic step per run, not per
+/// object). The run's slots are not objects: counts stay exact while it is
+/// partly used, a collection on another thread hands the run over (its
+/// slots go on the free list and are created into next), and shutdown with a
+/// partly used run leaks nothing.
+#[test]
+fn the_owners_run_of_fresh_slots_is_never_counted_or_lost() {
+    let drops = Drops::default();
+    let mm = quiet_with(1024);
+    // Made on this thread, so this thread owns the store's run.
+    let first: Vec<Handle<Texture>> = (0..3).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+    assert_eq!(mm.count::<Texture>(), 3);
+    assert_eq!(mm.report().get("Texture").unwrap().live, 3);
+
+    // Another thread creates meanwhile: its slots never collide with the run's.
+    let mm = std::sync::Arc::new(mm);
+    let worker = {
+        let mm = std::sync::Arc::clone(&mm);
+        let drops = drops.clone();
+        std::thread::spawn(move || {
+            (10..20).map(|id| mm.create(Texture { id, token: drops.token() })).collect::<Vec<_>>()
+        })
+    };
+    let more: Vec<Handle<Texture>> = (3..10).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+    let theirs = worker.join().unwrap();
+    let keys: HashSet<_> = first.iter().chain(&more).chain(&theirs).map(Handle::key).collect();
+    assert_eq!(keys.len(), 20, "every object has a slot of its own");
+    assert_eq!(mm.count::<Texture>(), 20);
+    let ids: Vec<usize> = first.iter().chain(&more).chain(&theirs).map(|h| mm[h].id).collect();
+    assert_eq!(ids, (0..20).collect::<Vec<_>>());
+    let report = mm.report();
+    let textures = report.get("Texture").unwrap();
+    assert_eq!((textures.live, textures.created), (20, 20));
+
+    // A collection on another thread takes the run over: what is left of it
+    // goes on the free list, and the next objects made there reuse it.
+    let mm = std::sync::Arc::try_unwrap(mm).expect("the worker is done");
+    // The worker's slots lie past the run's (taken from the store's end).
+    let past_the_run = theirs.iter().map(|h| h.key().index()).min().unwrap();
+    drop(first);
+    let (mm, collected) = std::thread::spawn({
+        let drops = drops.clone();
+        move || {
+            let mut mm = mm;
+            let collected = mm.collect_garbage().objects;
+            let reused: Vec<_> = (0..5).map(|id| mm.create(Texture { id: 100 + id, token: drops.token() })).collect();
+            assert_eq!(mm.count::<Texture>(), 17 + 5);
+            assert!(reused.iter().all(|h| h.key().index() < past_the_run), "the released run is reused first");
+            drop(reused);
+            (mm, collected)
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(collected, 3);
+    assert_eq!(mm.count::<Texture>(), 17);
+    assert_eq!(mm.dead_count(), 5);
+
+    drop((more, theirs));
+    let mut mm = mm;
+    assert_eq!(mm.collect_garbage().objects, 22);
+    assert_eq!(mm.count::<Texture>(), 0);
+    let report = mm.shutdown();
+    assert!(report.is_empty(), "{report}");
+    assert_eq!(drops.count(), 25);
+
+    // Shutdown while the owner's run is partly used: its slots are accounted
+    // for, so the segments are freed, not kept for outliving handles.
+    let mm = quiet_with(1024);
+    let kept = mm.create(Texture { id: 300, token: drops.token() });
+    drop(mm.create(Texture { id: 301, token: drops.token() }));
+    assert_eq!((mm.count::<Texture>(), mm.dead_count()), (1, 1));
+    drop(kept);
+    let report = mm.shutdown();
+    assert!(report.is_empty(), "{report}");
+    assert_eq!((report.outliving_handles(), report.leaked_bytes()), (0, 0));
+    assert_eq!(drops.count(), 27);
+}

@@ -26,6 +26,7 @@ mod collect;
 mod forensics;
 mod forensics_budget;
 mod forensics_graph;
+mod fresh;
 mod handle;
 mod handle_sites;
 mod index_space;

@@ -7,6 +7,8 @@
 //! [`Loader`](super::Loader) pops it under the store's `free_lock`, and only
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
+//! Never-used slots come from raising `len`, by the owner thread a run at a
+//! time (`fresh.rs`).
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -22,6 +24,7 @@ use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::track::StackTrace;
 use crate::Error;
 
+use super::fresh::{FreshRun, RUN};
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
@@ -61,9 +64,10 @@ pub(crate) struct StoreConfig {
 /// - `sites[k]` is the segment's creation-site array, written before
 ///   `segments[k]` is published, and never again.
 /// - Every local index below `len` names a slot that is occupied, on the dead
-///   list, on the free list (or is about to be, inside `create`), or retired
+///   list, on the free list (or is about to be, inside `create`), retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
-///   `retired`).
+///   `retired`), or in the owner's run of fresh slots (`fresh`, counted in
+///   its `left`). `len` only grows, and only over slots of published segments.
 /// - The store is only ever borrowed shared (see `registry.rs`). The free
 ///   list is popped by `create` with a CAS while the manager is borrowed
 ///   shared, and by loaders at any time, under `free_lock`; it is pushed only
@@ -77,7 +81,8 @@ pub(crate) struct StoreConfig {
 /// - The free list's length is the high half of `free_head`, kept in the same
 ///   word as its head so that a pop updates both with its one CAS. Objects
 ///   created and not yet destroyed are therefore
-///   `len - free length - destroyed_in_place`, with no counter on `create`.
+///   `len - free length - retired - destroyed_in_place - fresh.left()`, with
+///   no counter on `create`.
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
     segments: [AtomicPtr<u8>; MAX_SEGMENTS],
@@ -89,6 +94,8 @@ pub(crate) struct Store<T> {
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
+    /// The owner thread's run of never-used slots (see `fresh.rs`).
+    fresh: FreshRun,
     destroyed: AtomicU64,
     /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
     destroyed_in_place: AtomicU64,
@@ -174,6 +181,7 @@ impl<T: MMObject> Store<T> {
             _type: std::marker::PhantomData,
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
+            fresh: FreshRun::new(),
             destroyed: AtomicU64::new(0),
             destroyed_in_place: AtomicU64::new(0),
             retired: AtomicU64::new(0),
@@ -290,7 +298,7 @@ impl<T: MMObject> Store<T> {
         };
         let local = match reused {
             Some(local) => local,
-            None => match self.bump() {
+            None => match self.take_fresh(source) {
                 Ok(local) => local,
                 Err(error) => {
                     if let Some((tracking, bytes)) = charged {
@@ -343,21 +351,75 @@ impl<T: MMObject> Store<T> {
         }
     }
 
-    /// Takes a never-used slot, allocating its segment if needed.
-    fn bump(&self) -> Result<u32, Error> {
-        let local = self.len.fetch_add(1, Ordering::Relaxed);
-        if local >= self.config.max_objects {
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            return Err(Error::CapacityExceeded { what: T::TYPE_NAME, limit: self.config.max_objects as usize });
-        }
-        let (segment, _) = locate(local, self.config.base_bits);
-        if self.segments[segment].load(Ordering::Acquire).is_null() {
-            if let Err(error) = self.grow(segment) {
-                self.len.fetch_sub(1, Ordering::Relaxed);
-                return Err(error);
+    /// Takes a never-used slot: from the owner's run on the owner thread
+    /// (refilling it from `len` when it is empty), else straight from `len`.
+    #[inline]
+    fn take_fresh(&self, source: SlotSource) -> Result<u32, Error> {
+        if source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 && self.fresh.is_owner() {
+            if let Some(local) = self.fresh.take() {
+                return Ok(local);
+            }
+            // No growing here: that runs the allocator, which must not find
+            // the run half refilled. `bump` grows, and the next call refills.
+            if let Some((start, end)) = self.raise_len(RUN, false)? {
+                if end - start > 1 {
+                    self.fresh.refill(start + 1, end);
+                }
+                return Ok(start);
             }
         }
-        Ok(local)
+        self.bump()
+    }
+
+    /// Takes one never-used slot from `len`, allocating its segment if needed.
+    fn bump(&self) -> Result<u32, Error> {
+        let (start, _) = self.raise_len(1, true)?.expect("a grown segment has room");
+        Ok(start)
+    }
+
+    /// Raises `len` by up to `want` slots, all in the segment of the first
+    /// (allocated first if `grow`, else `None` if it is not), and returns
+    /// them. `len` only ever covers published segments, so nothing is
+    /// undone if growing fails (before, a failed `create` lowered `len`
+    /// again, which could hand a slot out twice when another thread's
+    /// `create` had raised it meanwhile).
+    fn raise_len(&self, want: u32, grow: bool) -> Result<Option<(u32, u32)>, Error> {
+        let max = self.config.max_objects;
+        let mut len = self.len.load(Ordering::Relaxed);
+        loop {
+            if len >= max {
+                return Err(Error::CapacityExceeded { what: T::TYPE_NAME, limit: max as usize });
+            }
+            let (segment, offset) = locate(len, self.config.base_bits);
+            if self.segments[segment].load(Ordering::Acquire).is_null() {
+                if !grow {
+                    return Ok(None);
+                }
+                self.grow(segment)?;
+            }
+            let room = segment_len(segment, self.config.base_bits) - offset;
+            let end = len + want.min(room).min(max - len);
+            match self.len.compare_exchange_weak(len, end, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(Some((len, end))),
+                Err(actual) => len = actual,
+            }
+        }
+    }
+
+    /// Puts the owner's run of fresh slots on the free list, and gives the
+    /// run to the calling thread if `adopt`.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager.
+    unsafe fn release_fresh(&self, adopt: bool) {
+        // SAFETY: the caller's contract.
+        let (start, end) = unsafe { self.fresh.release(adopt) };
+        let mut chain = FreedChain::default();
+        for local in (start..end).rev() {
+            chain.push(local, self.slot(local).expect("fresh slots live in published segments"));
+        }
+        self.push_free_chain(&chain);
     }
 
     /// Allocates segments so that `additional` more slots exist past `len`.
@@ -495,6 +557,11 @@ impl<T: MMObject> Store<T> {
         self.note_peak();
         // No iterator is alive under `&mut ObjectManager` (invariants).
         self.iterating.store(0, Ordering::Relaxed);
+        // The collecting thread becomes the owner (see `fresh.rs`).
+        if !self.fresh.is_owner() {
+            // SAFETY: the caller holds `&mut ObjectManager`.
+            unsafe { self.release_fresh(true) };
+        }
         if *budget == 0 {
             return 0;
         }
@@ -627,7 +694,8 @@ impl<T> Store<T> {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
         let retired = self.retired.load(Ordering::Relaxed);
-        used.saturating_sub(free + retired + self.destroyed_in_place.load(Ordering::Relaxed))
+        let fresh = u64::from(self.fresh.left());
+        used.saturating_sub(free + retired + fresh + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
     #[cold]
@@ -929,6 +997,9 @@ impl<T: MMObject> ErasedStore for Store<T> {
     /// handle is being dropped on another thread right now: then the memory
     /// is leaked on purpose, so those handles stay sound.
     unsafe fn settle(&self) -> Settled {
+        // The owner's fresh slots go on the free list, where they are accounted for.
+        // SAFETY: the caller holds `&mut ObjectManager` (trait contract).
+        unsafe { self.release_fresh(false) };
         let limit = self.len.load(Ordering::Relaxed) as usize;
         let mut accounted = vec![false; limit];
         let mut mark = |store: &Self, mut at: u32| {
