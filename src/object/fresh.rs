@@ -4,8 +4,8 @@
 //!
 //! A `create` that finds no free slot takes a never-used one by raising
 //! `len`. Any thread may create, so that is an atomic read-modify-write per
-//! object, and on a level load it was most of the cost of `create` (see
-//! `BENCHMARKS.md`, O1b). The *owner* (the thread that made the store, and
+//! object, on which a level load's profile put most of `try_insert`'s
+//! samples (taking it away saved 9 %; see `BENCHMARKS.md`, O1b). The *owner* (the thread that made the store, and
 //! then whichever thread last collected) instead raises `len` by a run of
 //! up to [`RUN`] slots at once and keeps the run here. Other threads, and the
 //! owner while an iterator is alive, take slots as before.
@@ -24,7 +24,7 @@ pub(crate) const RUN: u32 = 64;
 ///
 /// # Invariants
 ///
-/// - `next` and `end` are read and written only by the thread whose
+/// - `run`, the pair `(next, end)`, is read and written only by the thread whose
 ///   [`thread_token`] is `owner`, in `take` and `refill` (which run no code
 ///   of the user's), or under `&mut ObjectManager` (in `release`, which also
 ///   moves `owner`): so never by two threads at once.

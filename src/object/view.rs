@@ -577,10 +577,15 @@ impl ObjectManager {
 
     /// A typed view of the objects of type `T`: the fast path for hot loops.
     ///
-    /// The view finds `T`'s store once, so each read through it skips the
-    /// per-read store lookup of [`get_weak`](Self::get_weak) (store table,
-    /// `TypeId` compare) and only checks the manager id, the generation and
-    /// the count. Take it outside the loop:
+    /// The view holds a copy of the manager's id, which a loop keeps in a
+    /// register, so a read through it loads nothing but the handle and the
+    /// object: [`get`](ObjectView::get) checks the id, and
+    /// [`get_weak`](ObjectView::get_weak) the id, the generation and the
+    /// count. The manager's own methods do the same checks, but a loop
+    /// inside a closure reloads the id from the manager on every read (the
+    /// compiler cannot keep it through a captured reference), and in a loop
+    /// that misses the cache each load counts (`BENCHMARKS.md`, O3). Take
+    /// the view outside the loop:
     ///
     /// ```
     /// use mmobject::{MMObject, ObjectManager};
