@@ -5,10 +5,11 @@
 //! A `create` that finds no free slot takes a never-used one by raising
 //! `len`. Any thread may create, so that is an atomic read-modify-write per
 //! object, on which a level load's profile put most of `try_insert`'s
-//! samples (taking it away saved 9 %; see `BENCHMARKS.md`, O1b). The *owner* (the thread that made the store, and
-//! then whichever thread last collected) instead raises `len` by a run of
-//! up to [`RUN`] slots at once and keeps the run here. Other threads, and the
-//! owner while an iterator is alive, take slots as before.
+//! samples (taking it away saved 9 %; see `BENCHMARKS.md`, O1b). The
+//! *owner* (the thread that made the store, and then whichever thread last
+//! collected) instead raises `len` by a run of up to [`RUN`] slots at once
+//! and keeps the run here. Other threads, and the owner while an iterator is
+//! alive, take slots as before.
 //!
 //! The run's slots are below `len` but vacant and on no list, so every count
 //! that derives objects from `len` subtracts [`FreshRun::left`], and a
@@ -24,10 +25,10 @@ pub(crate) const RUN: u32 = 64;
 ///
 /// # Invariants
 ///
-/// - `run`, the pair `(next, end)`, is read and written only by the thread whose
-///   [`thread_token`] is `owner`, in `take` and `refill` (which run no code
-///   of the user's), or under `&mut ObjectManager` (in `release`, which also
-///   moves `owner`): so never by two threads at once.
+/// - `run`, the pair `(next, end)`, is read and written only by the thread
+///   whose [`thread_token`] is `owner`, in `take` and `refill` (which run no
+///   code of the user's), or under `&mut ObjectManager` (in `release`, which
+///   also moves `owner`): so never by two threads at once.
 /// - `next..end` are local indices below the store's `len`, in published
 ///   segments, whose slots are vacant, never used, and on no list; `left` is
 ///   `end - next`, stored by whoever changes them, for counts on any thread.
