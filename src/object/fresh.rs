@@ -105,7 +105,7 @@ impl FreshRun {
     }
 }
 
-// The run is plain data behind an owner check.
-// SAFETY: no type parameter, no bound. `run` is only touched by the owner
-// thread or under `&mut ObjectManager` (type invariants), and the rest is atomic.
+// SAFETY: no type parameter, so no bound: the run is two indices behind an
+// owner check. `run` is only touched by the owner thread or under
+// `&mut ObjectManager` (type invariants), and the rest is atomic.
 unsafe impl Sync for FreshRun {}

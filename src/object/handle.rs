@@ -84,10 +84,14 @@ pub struct Handle<T> {
     _type: PhantomData<fn(T) -> T>,
 }
 
-// SAFETY: a handle only touches its slot's atomic header and its store's
-// atomic dead list; it never reads, writes or drops a `T` on its own.
+// SAFETY: no bound on `T` is needed: a handle holds no `T` (a `T` with an
+// `Rc` inside never crosses threads through it). It only touches its slot's
+// atomic header and its store's atomic dead list, and never reads, writes or
+// drops a `T` on its own; reads go through a manager, whose stores need
+// `T: Send + Sync`.
 unsafe impl<T> Send for Handle<T> {}
-// SAFETY: as for `Send`; `&Handle` allows only `clone`, `ref_count` and key reads.
+// SAFETY: no bound on `T`, as for `Send`: `&Handle` allows only `clone`,
+// `ref_count` and key reads, none of which touches a `T`.
 unsafe impl<T> Sync for Handle<T> {}
 
 impl<T> Handle<T> {
@@ -442,12 +446,14 @@ pub struct WeakHandle<T> {
     _type: PhantomData<fn(T) -> T>,
 }
 
-// SAFETY: no bound on `T`, as before the pointer was packed in: a weak handle
-// is an address and a key. It never reads a slot on its own; every read goes
-// through a manager (`&ObjectManager`), which checks the id first and whose
-// own `Send`/`Sync` (its stores need `T: Send + Sync`) govern access to `T`.
+// SAFETY: no bound on `T` is needed (as before the pointer was packed in):
+// a weak handle is an address and a key and holds no `T`, so a `T` with an
+// `Rc` inside never crosses threads through it. It never reads a slot on its
+// own; every read goes through a manager (`&ObjectManager`), which checks the
+// id first and whose stores need `T: Send + Sync`.
 unsafe impl<T> Send for WeakHandle<T> {}
-// SAFETY: as for `Send`; `&WeakHandle` allows only copying and key reads.
+// SAFETY: no bound on `T`, as for `Send`: `&WeakHandle` allows only copying
+// and key reads, none of which touches a `T`.
 unsafe impl<T> Sync for WeakHandle<T> {}
 
 /// The address bits of a weak handle's `slot` (all of them on narrower targets).
