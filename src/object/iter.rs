@@ -90,7 +90,9 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 // SAFETY: `offset < len`, so the slot lies in the published
                 // segment `base` points to (type invariant), which lives as
                 // long as the store.
-                let slot = unsafe { &*self.base.as_ptr().add(offset as usize) };
+                let slot_ptr = unsafe { self.base.add(offset as usize) };
+                // SAFETY: as above: an initialised slot of a live segment.
+                let slot = unsafe { slot_ptr.as_ref() };
                 // Live: an odd generation, then a count (see `SlotHeader::is_live`).
                 let generation = slot.header.generation.load(Ordering::Acquire);
                 if generation & 1 == 0 || !is_count(slot.header.word.load(Ordering::Acquire)) {
@@ -98,8 +100,6 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 }
                 self.yielded += 1;
                 let key = ObjectKey::new(self.first_index + offset, generation);
-                // SAFETY: as above.
-                let slot_ptr = unsafe { self.base.add(offset as usize) };
                 return Some((WeakHandle::new(slot_ptr, key, self.manager), slot));
             }
             if !self.next_run() {
@@ -120,12 +120,12 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             while offset < len {
                 // SAFETY: as in `next_live`: `offset < len`, inside the
                 // published segment `base` points to.
-                let slot = unsafe { &*base.as_ptr().add(offset as usize) };
+                let slot_ptr = unsafe { base.add(offset as usize) };
+                // SAFETY: as above: an initialised slot of a live segment.
+                let slot = unsafe { slot_ptr.as_ref() };
                 let generation = slot.header.generation.load(Ordering::Acquire);
                 if generation & 1 == 1 && is_count(slot.header.word.load(Ordering::Acquire)) {
                     let key = ObjectKey::new(first_index + offset, generation);
-                    // SAFETY: as above.
-                    let slot_ptr = unsafe { base.add(offset as usize) };
                     yielded += 1;
                     acc = f(acc, WeakHandle::new(slot_ptr, key, self.manager), slot);
                 }
