@@ -108,10 +108,11 @@
 //!   or the link flag (bit 31), even with one racing clone per thread.
 //! - **Drop**: `fetch_sub(1, Release)`. The thread that takes the count from
 //!   1 to 0 issues an `Acquire` fence (so every other handle's use of the
-//!   object happens before its destruction), then pushes the slot onto the
-//!   store's *dead list*. The drop first reads its chunk header's `cyclable`
-//!   byte (a cached line, found by masking the slot pointer); for types whose
-//!   objects may hold handles it takes the candidate path below instead.
+//!   object happens before its destruction), then records the slot in its
+//!   own thread's *ring of last drops*, which carries it to the store's
+//!   *dead list* (below). The drop first tests the `cyclable` bit the handle
+//!   carries; for types whose objects may hold handles it takes the
+//!   candidate path below instead.
 //! - **Drop of a type that may hold handles**: a compare-exchange loop that
 //!   decrements and, if the count stays above zero and `PURPLE` is clear,
 //!   sets `PURPLE` in the same step, after queueing the slot in its store's
@@ -130,10 +131,37 @@
 //! # The dead list
 //!
 //! A Treiber stack of local indices per store, whose head sits alone on a
-//! cache line. Handle drops on any thread push; only `collect_garbage` (under
-//! `&mut`) takes the whole stack with one `swap`. No thread ever pops a single
-//! node, so a successful push CAS always links to the true top: there is no
-//! ABA problem, and no tag is needed.
+//! cache line. Rings of last drops (below) push chains onto it, raw releases
+//! push single slots; only `collect_garbage` (under `&mut`) takes the whole
+//! stack with one `swap`. No thread ever pops a single node, so a successful
+//! push CAS always links to the true top: there is no ABA problem, and no tag
+//! is needed.
+//!
+//! ## Rings of last drops
+//!
+//! The drop that takes a count to zero does not push: it writes the slot
+//! (store, local index, header word) into a ring of 256 entries owned by its
+//! thread, with plain stores, and publishes it with a `Release` store of the
+//! ring's `recorded` counter. The count's locked decrement and a push CAS in
+//! a row cost a frame of releases a serialised cache miss each plus a locked
+//! instruction on a shared line (see `BENCHMARKS.md`, O1). A ring is
+//! *drained* under its own lock: its entries are read, consecutive slots of
+//! one store are linked through their words (which nobody else writes while
+//! the count is zero), each run is pushed with one CAS, and `drained` is
+//! stored (`Release`). The thread drains its ring when it is full and when
+//! it exits (a thread-local destructor: drain, then leave the registry, then
+//! free the ring). Every `collect_garbage` round, `dead_count` (and the
+//! counts derived from it, `len` and `report`), and `settle` at shutdown
+//! drain every thread's ring through a global registry, so they see every
+//! last drop that happened before them: collection, counts and reports are
+//! exact as before, cascades end in the same call (a round drains what the
+//! previous round's `Drop`s recorded), and shutdown accounts for the slots
+//! its own `destroy_all` released. A recorded slot's count is already 0, so
+//! `upgrade`, weak reads, iterators and `ref_count` treat it as dead at once.
+//! A thread whose ring is gone (its thread-locals are being destroyed) or
+//! could not be allocated pushes the slot itself. The protocol is in
+//! `object/last_drops.rs`; the loom model `a_full_ring_drains_while_the_owner_collects`
+//! races a thread draining its own full ring against the owner's drain.
 //!
 //! Collection walks the taken chain: it reads `size()`, marks the slot vacant
 //! (generation + 1), pushes it on the free list, then drops the value. If a
@@ -203,7 +231,8 @@
 //! So the thread that holds `&mut ObjectManager` owns collection: it alone
 //! destroys objects and pushes free slots. Every other thread, loaders
 //! included, only takes slots (pops, or bumps the counter under the segment
-//! lock), and any thread may push onto a dead list (a last handle dropped).
+//! lock), and any thread may record a last drop (and drain a ring onto the
+//! dead lists).
 //! A loader writes only the vacant slot it took, and publishes it with the
 //! `Release` store of the odd generation, exactly as `create` does, so the
 //! object is visible as soon as `create` returns. Values of occupied slots
@@ -249,8 +278,9 @@
 //! memory can be freed. It marks every slot it can account for: those on the
 //! free list, and those it takes off the dead list now. Any other slot is
 //! still referenced from outside the manager, or its last handle is being
-//! dropped on another thread at this very moment (its count is zero but its
-//! push has not landed). In either case a handle may still touch the slot's
+//! dropped on another thread at this very moment (its count is zero but it
+//! is not listed yet: every ring was drained just before, so only a drop
+//! racing shutdown is in this state). In either case a handle may still touch the slot's
 //! header and the store's dead list, so that store's memory is leaked on
 //! purpose, and the report says how many bytes. Otherwise everything is freed.
 //!

@@ -1,4 +1,5 @@
-//! Loom models of the lock-free parts: the dead-list push on the last drop,
+//! Loom models of the lock-free parts: the dead-list push on the last drop
+//! and the per-thread ring that carries it,
 //! `upgrade` racing the last drop, concurrent `create` popping the free list,
 //! the owner's run of fresh slots racing another creator, a refused segment
 //! racing a served one,
@@ -314,6 +315,27 @@ fn drop_races_budgeted_collect() {
         dropper.join().unwrap();
         assert_eq!(mm.dead_count(), 2);
         assert_eq!(mm.collect_garbage().objects, 2);
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// A thread's last drops wait in its ring (two entries under loom), which
+/// it drains itself when full while the owner's collection drains it too:
+/// every slot reaches the dead list once, nothing is destroyed twice or
+/// lost, and the counts are exact once the dropper is done.
+#[test]
+fn a_full_ring_drains_while_the_owner_collects() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        let token = || DropToken(Arc::clone(&drops));
+        let handles: Vec<_> = (0..3).map(|id| mm.create(Texture { id, token: token() })).collect();
+        let dropper = thread::spawn(move || drop(handles));
+        let first = mm.collect_garbage().objects;
+        dropper.join().unwrap();
+        assert_eq!(first + mm.dead_count(), 3, "every drop is listed once");
+        assert_eq!(first + mm.collect_garbage().objects, 3);
         assert_eq!(drops.load(Ordering::SeqCst), 3);
         assert!(mm.shutdown().is_empty());
     });

@@ -372,3 +372,49 @@ fn the_owners_run_of_fresh_slots_is_never_counted_or_lost() {
     assert_eq!((report.outliving_handles(), report.leaked_bytes()), (0, 0));
     assert_eq!(drops.count(), 27);
 }
+
+/// A thread's last drops wait in a ring of its own until something drains
+/// it. The owner's `collect_garbage` drains every thread's ring, so a worker
+/// that is still running (here: blocked) has its drops collected, including
+/// those past the ring's capacity that it drained itself.
+#[test]
+fn a_running_threads_last_drops_are_collected_by_the_owner() {
+    let n = if cfg!(miri) { 20 } else { 300 };
+    let drops = Drops::default();
+    let mut mm = quiet_with(2);
+    let handles: Vec<Handle<Texture>> = (0..n).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+    let (dropped, wait) = std::sync::mpsc::channel();
+    let (release, go) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        drop(handles);
+        dropped.send(()).unwrap();
+        go.recv().unwrap();
+    });
+    wait.recv().unwrap();
+    assert_eq!(mm.collect_garbage().objects, n, "every drop is listed, none twice");
+    assert_eq!(drops.count(), n);
+    release.send(()).unwrap();
+    worker.join().unwrap();
+    assert_eq!(mm.collect_garbage().objects, 0, "the worker's exit lists nothing again");
+}
+
+/// One thread's ring holds the last drops of two managers, interleaved:
+/// each slot reaches its own store's dead list, whichever manager drains.
+#[test]
+fn last_drops_of_two_managers_share_a_ring() {
+    let n = if cfg!(miri) { 6 } else { 200 };
+    let drops = Drops::default();
+    let mut a = quiet_with(2);
+    let mut b = quiet_with(2);
+    let mut handles = Vec::new();
+    for id in 0..n {
+        handles.push(a.create(Texture { id, token: drops.token() }));
+        handles.push(b.create(Texture { id, token: drops.token() }));
+    }
+    drop(handles);
+    assert_eq!(a.collect_garbage().objects, n);
+    assert_eq!((a.dead_count(), b.dead_count()), (0, n));
+    assert_eq!(b.collect_garbage().objects, n);
+    assert_eq!(drops.count(), 2 * n);
+    assert!(a.shutdown().is_empty() && b.shutdown().is_empty());
+}

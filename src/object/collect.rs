@@ -77,6 +77,9 @@ impl ObjectManager {
         let mut budget = max_objects;
         let registry = std::sync::Arc::clone(self.registry());
         loop {
+            // Every round: the last drops made so far, including the
+            // cascades of the round before, go onto their dead lists.
+            super::last_drops::drain_all();
             let mut freed = 0;
             for store in registry.all_stores() {
                 // SAFETY: we hold `&mut self`.

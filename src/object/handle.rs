@@ -322,7 +322,7 @@ impl<T> Drop for Handle<T> {
         if word.fetch_sub(1, AtomicOrdering::Release) != 1 {
             return;
         }
-        self.shared().release_last(self.local(), word);
+        super::last_drops::record(self.shared(), self.local(), word);
     }
 }
 
@@ -336,7 +336,7 @@ impl<T> Handle<T> {
         let header = &self.slot().header;
         let old = header.release_marking(Some(&|| self.shared().note_candidate(self.local())));
         if old & COUNT_MASK == 1 {
-            self.shared().release_last(self.local(), &header.word);
+            super::last_drops::record(self.shared(), self.local(), &header.word);
         }
     }
 }

@@ -32,6 +32,7 @@ mod handle_sites;
 mod index_space;
 mod iter;
 mod key;
+mod last_drops;
 mod layout;
 mod leak;
 mod leak_render;

@@ -1,8 +1,9 @@
 //! The part of a store that handles point at: its identity and its dead list.
 //!
 //! The dead list is a lock-free stack of local slot indices, threaded through
-//! the slots' header words. Any thread pushes (a handle drop that takes the
-//! count to zero); only collection, which holds `&mut ObjectManager`, takes the
+//! the slots' header words. Any thread pushes (the drain of a ring of last
+//! drops, see `last_drops.rs`, or a raw release that takes the count to
+//! zero); only collection, which holds `&mut ObjectManager`, takes the
 //! whole stack at once with one swap. Since nothing ever pops a single node,
 //! a successful push CAS always links the node to the true top: no ABA.
 

@@ -53,8 +53,9 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   (`&mut ObjectManager`).
 /// - `word`, while the slot is occupied and referenced, is the strong count
 ///   (no [`LINK_FLAG`]), with [`PURPLE`] set while the object is a candidate
-///   root. Its count bits are 0 only while the last releaser pushes the slot
-///   onto its store's dead list. Once the slot is on the dead list, or vacant on
+///   root. Its count bits are 0 only between the last release and the
+///   slot's push onto its store's dead list (while it waits in a ring of last
+///   drops, see `last_drops.rs`); then only the ring's drainer writes it. Once the slot is on the dead list, or vacant on
 ///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
 ///   the next slot in that list (or [`NIL`]).
 #[repr(C, align(8))]
@@ -217,7 +218,8 @@ impl SlotHeader {
 
     /// Drops one reference the caller holds, and returns the word before.
     /// `Release`, as in `Arc`'s drop: the last releaser's `Acquire` fence
-    /// (`StoreShared::release_last`) pairs with it.
+    /// (`last_drops::record`, or `StoreShared::release_last` for raw handles)
+    /// pairs with it.
     ///
     /// With `note_candidate` (stores whose objects may hold handles), a drop
     /// that leaves the count above zero makes the object a candidate root:

@@ -518,8 +518,10 @@ impl<T: MMObject> Store<T> {
         ObjectKey::new(self.shared().global_index(local), generation)
     }
 
-    /// Objects on the dead list, counted by walking it: O(dead).
+    /// Objects on the dead list, counted by walking it: O(dead), after
+    /// every thread's last drops are drained onto the dead lists.
     pub(crate) fn dead_count(&self) -> usize {
+        super::last_drops::drain_all();
         let mut count = 0;
         let mut at = self.shared().peek_dead();
         while at != NIL {
@@ -922,8 +924,15 @@ impl<T: MMObject> ErasedStore for Store<T> {
     }
 
     fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &'static Location<'static>, &dyn ErasedObject)) {
+        // An empty store (a level unloaded and collected) skips the pass over
+        // its slots; debug builds make it and check the count.
+        let empty = self.resident() == 0;
+        if empty && !cfg!(debug_assertions) {
+            return;
+        }
         self.for_each_slot(|local, slot| {
             if let SlotState::Live(_) = slot.header.state() {
+                debug_assert!(!empty, "resident() counted no object, but one is live");
                 // SAFETY: live implies an odd generation read with Acquire in
                 // `state`; `&self` blocks collection.
                 let (value, site) = unsafe { (Self::value_unchecked(slot), self.site(local)) };
@@ -945,30 +954,36 @@ impl<T: MMObject> ErasedStore for Store<T> {
     }
 
     unsafe fn destroy_all(&self, on_panic: &mut dyn FnMut(&'static str, ObjectKey)) {
+        // As in `visit_live`: nothing to destroy, no pass over the slots.
+        let empty = self.resident() == 0;
         let mut destroyed = 0;
         let mut hook = self.on_destroy.lock();
-        self.for_each_slot(|local, slot| {
-            let generation = slot.header.generation.load(Ordering::Relaxed);
-            if generation & 1 == 1 {
-                let key = self.key_of(local, generation);
-                if let Some(hook) = hook.as_mut() {
-                    // SAFETY: the slot is occupied, and the caller's
-                    // `&mut ObjectManager` excludes every other reference.
-                    let value = unsafe { slot.value_mut() };
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(key, value))).is_err() {
+        let scan = !empty || cfg!(debug_assertions);
+        if scan {
+            self.for_each_slot(|local, slot| {
+                let generation = slot.header.generation.load(Ordering::Relaxed);
+                if generation & 1 == 1 {
+                    let key = self.key_of(local, generation);
+                    if let Some(hook) = hook.as_mut() {
+                        // SAFETY: the slot is occupied, and the caller's
+                        // `&mut ObjectManager` excludes every other reference.
+                        let value = unsafe { slot.value_mut() };
+                        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(key, value))).is_err() {
+                            on_panic(T::TYPE_NAME, key);
+                        }
+                    }
+                    slot.header.generation.store(generation.wrapping_add(1), Ordering::Release);
+                    destroyed += 1;
+                    // SAFETY: the slot was occupied, so its value is initialised; it
+                    // is now marked vacant, so nothing reads or drops it again.
+                    let drop_value = || unsafe { slot.drop_value() };
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_value)).is_err() {
                         on_panic(T::TYPE_NAME, key);
                     }
                 }
-                slot.header.generation.store(generation.wrapping_add(1), Ordering::Release);
-                destroyed += 1;
-                // SAFETY: the slot was occupied, so its value is initialised; it
-                // is now marked vacant, so nothing reads or drops it again.
-                let drop_value = || unsafe { slot.drop_value() };
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_value)).is_err() {
-                    on_panic(T::TYPE_NAME, key);
-                }
-            }
-        });
+            })
+        }
+        debug_assert!(!empty || destroyed == 0, "resident() counted no object, but {destroyed} were left");
         self.destroyed.fetch_add(destroyed, Ordering::Relaxed);
         self.destroyed_in_place.fetch_add(destroyed, Ordering::Relaxed);
         if let Some(tracking) = &self.tracking {
@@ -1000,6 +1015,32 @@ impl<T: MMObject> ErasedStore for Store<T> {
         // The owner's fresh slots go on the free list, where they are accounted for.
         // SAFETY: the caller holds `&mut ObjectManager` (trait contract).
         unsafe { self.release_fresh(false) };
+        // Last drops made before now (`destroy_all`'s cascades among them)
+        // are listed, so they are accounted for below.
+        super::last_drops::drain_all();
+        let dead = self.shared().take_dead();
+        // The counts settle the common case (nothing outlives) without a
+        // pass over every slot; debug builds check them against that pass.
+        let outliving = if self.all_listed(dead) { 0 } else { self.count_outliving(dead) };
+        debug_assert_eq!(outliving, self.count_outliving(dead));
+        let mut settled = Settled { outliving, leaked_bytes: 0 };
+        if outliving > 0 {
+            self.leaked.store(true, Ordering::Relaxed);
+            for segment in 0..MAX_SEGMENTS {
+                if !self.segments[segment].load(Ordering::Relaxed).is_null() {
+                    settled.leaked_bytes += Chunks::<T>::segment_bytes(segment_len(segment, self.config.base_bits));
+                }
+            }
+            settled.leaked_bytes += std::mem::size_of::<StoreShared>();
+        }
+        settled
+    }
+}
+
+impl<T: MMObject> Store<T> {
+    /// Slots neither free, nor on the dead list taken as `dead`, nor
+    /// retired, nor held only by raw references: O(slots).
+    fn count_outliving(&self, dead: u32) -> usize {
         let limit = self.len.load(Ordering::Relaxed) as usize;
         let mut accounted = vec![false; limit];
         let mut mark = |store: &Self, mut at: u32| {
@@ -1010,7 +1051,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
         };
         let (free_head, _) = split_free(self.free_head.load(Ordering::Relaxed));
         mark(self, free_head);
-        mark(self, self.shared().take_dead());
+        mark(self, dead);
         // Retired slots hold nothing. (An object destroyed in place above at
         // the last generation also reaches the limit, but its word is still
         // its count: outliving handles hold it.)
@@ -1034,18 +1075,20 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 }
             }
         }
-        let outliving = accounted.iter().filter(|&&a| !a).count();
-        let mut settled = Settled { outliving, leaked_bytes: 0 };
-        if outliving > 0 {
-            self.leaked.store(true, Ordering::Relaxed);
-            for segment in 0..MAX_SEGMENTS {
-                if !self.segments[segment].load(Ordering::Relaxed).is_null() {
-                    settled.leaked_bytes += Chunks::<T>::segment_bytes(segment_len(segment, self.config.base_bits));
-                }
-            }
-            settled.leaked_bytes += std::mem::size_of::<StoreShared>();
+        accounted.iter().filter(|&&a| !a).count()
+    }
+
+    /// True if the free list, the dead list taken as `dead` and the retired
+    /// slots make up every used slot: then none is outliving, and shutdown
+    /// need not look at each one. O(dead).
+    fn all_listed(&self, dead: u32) -> bool {
+        let mut listed = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
+        let mut at = dead;
+        while at != NIL {
+            listed += 1;
+            at = self.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
         }
-        settled
+        listed + self.retired.load(Ordering::Relaxed) == u64::from(self.len.load(Ordering::Relaxed))
     }
 }
 

@@ -1,0 +1,300 @@
+//! The last drops each thread made, on their way to their stores' dead lists.
+//!
+//! A handle drop that takes a count to zero used to push the slot onto its
+//! store's dead list at once: a compare-exchange on a shared line right after
+//! the count's own read-modify-write, for every object a frame releases. Two
+//! locked instructions in a row also keep the core from overlapping one
+//! release's cache miss with the next one's. Instead, the dropping thread
+//! records the slot in a ring of its own, with plain stores (see
+//! `BENCHMARKS.md`, O1).
+//!
+//! A ring is *drained* (its slots linked into chains, one compare-exchange
+//! per run of slots of one store) when it fills, when its thread exits, and
+//! by every call that reads a dead list: `collect_garbage` (every round, so
+//! cascades still finish in one call), `dead_count` and the counts derived
+//! from it, and shutdown. Those calls drain every thread's ring, so they see
+//! every drop that happened before them, as before.
+//!
+//! Nothing else changes meaning: a recorded slot's count is already 0, so it
+//! is dead for every reader (`upgrade`, weak reads, iterators, `ref_count`)
+//! and only its place on the dead list waits. The store's shared part
+//! outlives the entry: shutdown drains first, and an entry recorded after
+//! that leaves its slot neither free nor listed, so the store counts it as
+//! outliving and keeps its memory (`Store::settle`).
+
+use std::cell::Cell;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+
+use crate::sync::{fence, AtomicU32, AtomicUsize, Mutex, Ordering, UnsafeCell};
+
+use super::shared::StoreShared;
+use super::slot::{LINK_FLAG, NIL};
+
+/// Slots a ring holds before its thread drains it (small under loom, so the
+/// models reach a full ring).
+#[cfg(not(loom))]
+pub(crate) const CAPACITY: usize = 256;
+#[cfg(loom)]
+pub(crate) const CAPACITY: usize = 2;
+
+/// One recorded slot: its store's shared part, its local index, and its
+/// header word (whose count is 0).
+#[derive(Clone, Copy)]
+struct Entry {
+    shared: NonNull<StoreShared>,
+    word: NonNull<AtomicU32>,
+    local: u32,
+}
+
+/// One thread's ring of last drops.
+///
+/// # Invariants
+///
+/// - `recorded` counts the entries ever written and is stored only by the
+///   owning thread, after it wrote the entry (`Release`); `drained` counts
+///   the entries ever drained and is stored only under `draining`, after the
+///   drainer read them and pushed their slots (`Release`).
+///   `drained <= recorded <= drained + CAPACITY`, so entry `i` lives in cell
+///   `i % CAPACITY` from its write until `drained` passes it.
+/// - Every entry names a slot whose count its thread took to zero: no other
+///   thread writes that slot's word until the entry is drained, and the
+///   store's shared part stays allocated until then (module docs).
+pub(crate) struct LastDrops {
+    entries: Box<[UnsafeCell<MaybeUninit<Entry>>]>,
+    recorded: AtomicUsize,
+    drained: AtomicUsize,
+    draining: Mutex<()>,
+}
+
+// SAFETY: no type parameter, no bound. The cells are written only by the
+// owning thread, in cells no drainer reads (`drained` has passed them, read
+// with `Acquire`), and read by a drainer only under `draining` after the
+// `Acquire` load of `recorded` that publishes them. The pointers inside name
+// atomics and a `StoreShared`, which is `Sync`, and stay valid until drained.
+unsafe impl Sync for LastDrops {}
+// SAFETY: no type parameter, no bound. Only the pointers in the entries keep
+// the type from being `Send` on its own; they point at `Sync` data that does
+// not belong to any thread (as above).
+unsafe impl Send for LastDrops {}
+
+impl LastDrops {
+    /// Records a slot whose count the calling thread just took to zero,
+    /// draining the ring first if it is full.
+    ///
+    /// # Safety
+    ///
+    /// Only the ring's owning thread calls it, and the entry is as the type's
+    /// invariants ask.
+    unsafe fn record(&self, entry: Entry) {
+        // Only this thread stores `recorded`.
+        let recorded = self.recorded.load(Ordering::Relaxed);
+        // `Acquire`: a drainer's reads of the cell about to be reused happen before the write.
+        if recorded - self.drained.load(Ordering::Acquire) == CAPACITY {
+            self.drain();
+        }
+        self.entries[recorded % CAPACITY].with_mut(|cell| {
+            // SAFETY: `drained > recorded - CAPACITY` now, so no drainer reads
+            // this cell until `recorded` below publishes it (invariants).
+            unsafe { (*cell).write(entry) };
+        });
+        // `Release`: publishes the entry (and, through the caller's fence,
+        // every use of the object) to whoever drains it.
+        self.recorded.store(recorded + 1, Ordering::Release);
+    }
+
+    /// Pushes every recorded slot onto its store's dead list. Any thread may
+    /// call it; drainers take turns.
+    pub(crate) fn drain(&self) {
+        // `Acquire` pairs with a drainer's `Release`: if nothing is left, its pushes are visible.
+        if self.drained.load(Ordering::Acquire) == self.recorded.load(Ordering::Acquire) {
+            return;
+        }
+        let _turn = self.draining.lock();
+        let drained = self.drained.load(Ordering::Relaxed);
+        let recorded = self.recorded.load(Ordering::Acquire);
+        let mut chain: Option<Chain> = None;
+        for i in drained..recorded {
+            // SAFETY: `i` is below `recorded` (read with `Acquire`, so its
+            // write is visible) and at or above `drained`, which only we may
+            // move: the cell holds entry `i` and its thread does not touch it.
+            let entry = self.entries[i % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() });
+            chain = Some(match chain {
+                Some(chain) if chain.shared == entry.shared => chain.link(entry),
+                other => {
+                    if let Some(done) = other {
+                        done.push();
+                    }
+                    Chain::start(entry)
+                }
+            });
+        }
+        if let Some(done) = chain {
+            done.push();
+        }
+        self.drained.store(recorded, Ordering::Release);
+    }
+}
+
+/// A run of drained slots of one store, linked through their words.
+struct Chain {
+    shared: NonNull<StoreShared>,
+    first: u32,
+    last: NonNull<AtomicU32>,
+}
+
+impl Chain {
+    fn start(entry: Entry) -> Self {
+        Chain { shared: entry.shared, first: entry.local, last: entry.word }
+    }
+
+    /// Puts `entry` in front of the chain.
+    fn link(self, entry: Entry) -> Self {
+        // SAFETY: the word of a recorded slot stays valid, and only its
+        // drainer writes it (`LastDrops` invariants). `Relaxed`: the push's
+        // `Release` publishes the link.
+        unsafe { entry.word.as_ref() }.store(LINK_FLAG | self.first, Ordering::Relaxed);
+        Chain { first: entry.local, ..self }
+    }
+
+    fn push(self) {
+        debug_assert!(self.first != NIL);
+        // SAFETY: as in `link`, for the store's shared part and the last word.
+        unsafe { self.shared.as_ref().push_dead_chain(self.first, self.last.as_ref()) };
+    }
+}
+
+/// Queues the slot `local`, whose count the caller just took to zero with a
+/// `Release` decrement, for collection: through the calling thread's ring,
+/// or straight onto the dead list if the thread has none (it is exiting, or
+/// the ring could not be allocated).
+///
+/// The `Acquire` fence makes every other reference's use of the object
+/// happen before it is destroyed (the same pairing as `Arc`'s drop); the
+/// ring, then the dead list, carry that on to the collector.
+///
+/// Out of line: every handle drop inlines the test that leads here.
+#[inline(never)]
+pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
+    fence(Ordering::Acquire);
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local };
+    let recorded = MINE.try_with(|mine| match mine.ring() {
+        Some(ring) => {
+            // SAFETY: `ring` is this thread's own, and the caller took the
+            // slot's count to zero (so the entry is as the invariants ask).
+            unsafe { ring.as_ref().record(entry) };
+            true
+        }
+        None => false,
+    });
+    if !matches!(recorded, Ok(true)) {
+        shared.push_dead(local, word);
+    }
+}
+
+/// Drains every thread's ring: afterwards every last drop that happened
+/// before the call is on its store's dead list.
+pub(crate) fn drain_all() {
+    let rings = registry().lock();
+    for ring in rings.iter() {
+        // SAFETY: a registered ring stays allocated until its thread takes it
+        // out of the registry, which waits for this lock (see `ThreadRing`).
+        unsafe { ring.0.as_ref() }.drain();
+    }
+}
+
+/// A registered ring's address.
+struct RingPtr(NonNull<LastDrops>);
+
+// SAFETY: no type parameter, no bound. `LastDrops` is `Sync`, and the
+// registry only ever shares the ring (its thread keeps the ownership).
+unsafe impl Send for RingPtr {}
+
+#[cfg(not(loom))]
+fn registry() -> &'static Mutex<Vec<RingPtr>> {
+    static RINGS: Mutex<Vec<RingPtr>> = Mutex::new(Vec::new());
+    &RINGS
+}
+
+#[cfg(loom)]
+fn registry() -> &'static Mutex<Vec<RingPtr>> {
+    loom::lazy_static! {
+        static ref RINGS: Mutex<Vec<RingPtr>> = Mutex::new(Vec::new());
+    }
+    &RINGS
+}
+
+/// The calling thread's ring, made on its first last drop.
+///
+/// # Invariants
+///
+/// `ring`, once set, is a `Box<LastDrops>`'s allocation and listed in the
+/// registry; `drop` drains it, takes it out of the registry and frees it.
+struct ThreadRing {
+    ring: Cell<Option<NonNull<LastDrops>>>,
+}
+
+#[cfg(not(loom))]
+std::thread_local!(static MINE: ThreadRing = const { ThreadRing { ring: Cell::new(None) } });
+#[cfg(loom)]
+loom::thread_local!(static MINE: ThreadRing = ThreadRing { ring: Cell::new(None) });
+
+impl ThreadRing {
+    /// The ring, made and registered if this is the thread's first last
+    /// drop; `None` if there was no memory for it (the caller then pushes
+    /// the slot itself, and the next drop tries again).
+    #[inline]
+    fn ring(&self) -> Option<NonNull<LastDrops>> {
+        if let Some(ring) = self.ring.get() {
+            return Some(ring);
+        }
+        self.register()
+    }
+
+    #[cold]
+    fn register(&self) -> Option<NonNull<LastDrops>> {
+        let layout = std::alloc::Layout::new::<LastDrops>();
+        let mut rings = registry().lock();
+        rings.try_reserve(1).ok()?;
+        // The entries are a second allocation; `Vec::try_reserve` keeps both fallible.
+        let mut entries = Vec::new();
+        entries.try_reserve_exact(CAPACITY).ok()?;
+        entries.extend((0..CAPACITY).map(|_| UnsafeCell::new(MaybeUninit::uninit())));
+        // SAFETY: `LastDrops` is not zero-sized.
+        let raw = NonNull::new(unsafe { std::alloc::alloc(layout) }.cast::<LastDrops>())?;
+        let ring = LastDrops {
+            entries: entries.into_boxed_slice(),
+            recorded: AtomicUsize::new(0),
+            drained: AtomicUsize::new(0),
+            draining: Mutex::new(()),
+        };
+        // SAFETY: `raw` is a fresh allocation of `LastDrops`'s layout.
+        unsafe { raw.as_ptr().write(ring) };
+        rings.push(RingPtr(raw));
+        self.ring.set(Some(raw));
+        Some(raw)
+    }
+}
+
+/// Not under loom: loom drops the main thread's thread-locals after the
+/// registry, and every model drains through the registry anyway (a ring of
+/// a finished thread stays listed, and leaks with the model's execution).
+#[cfg(not(loom))]
+impl Drop for ThreadRing {
+    fn drop(&mut self) {
+        let Some(ring) = self.ring.take() else { return };
+        // Drained while still listed: a thread that saw this one finish
+        // (a scoped join can return before thread-local destructors ran)
+        // and drains every ring either finds these slots pushed already or
+        // waits for them under the ring's lock. No drop records here any
+        // more: this thread's `MINE` is being destroyed.
+        // SAFETY: the ring was made by `register`, and only this drop frees it.
+        unsafe { ring.as_ref() }.drain();
+        // Then out of the registry: a drainer holding the lock finishes with
+        // the ring before this returns, and none finds it afterwards.
+        registry().lock().retain(|listed| listed.0 != ring);
+        // SAFETY: made by `register` as a leaked box; no other thread can
+        // reach it any more (above).
+        drop(unsafe { Box::from_raw(ring.as_ptr()) });
+    }
+}
