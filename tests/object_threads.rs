@@ -418,3 +418,66 @@ fn last_drops_of_two_managers_share_a_ring() {
     assert_eq!(drops.count(), 2 * n);
     assert!(a.shutdown().is_empty() && b.shutdown().is_empty());
 }
+
+/// The owner takes freed slots off the free list a run at a time: they are
+/// not objects (counts stay exact), a loader still reuses the free slots
+/// past the run, a collection on another thread hands the run back, and
+/// shutdown accounts for a run that is partly used.
+#[test]
+fn the_owners_run_of_reused_slots_is_never_counted_or_lost() {
+    let drops = Drops::default();
+    let n = if cfg!(miri) { 80 } else { 200 };
+    let mut mm = quiet_with(1024);
+    let first: Vec<Handle<Texture>> = (0..n).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+    let highest = first.iter().map(|h| h.key().index()).max().unwrap();
+    drop(first);
+    assert_eq!(mm.collect_garbage().objects, n);
+
+    // One create takes a run of freed slots; the rest of the run is no object.
+    let a = mm.create(Texture { id: 1000, token: drops.token() });
+    assert_eq!((mm.count::<Texture>(), mm.report().get("Texture").unwrap().live), (1, 1));
+    // A loader reuses what the owner did not take: nothing past the old slots.
+    let loader = mm.loader();
+    let theirs = std::thread::spawn({
+        let drops = drops.clone();
+        move || (0..n - 70).map(|id| loader.create(Texture { id: 2000 + id, token: drops.token() })).collect::<Vec<_>>()
+    })
+    .join()
+    .unwrap();
+    // Part of the owner's run stays unused until the hand-over below.
+    let mine: Vec<Handle<Texture>> =
+        (0..30).map(|id| mm.create(Texture { id: 3000 + id, token: drops.token() })).collect();
+    let all: Vec<&Handle<Texture>> = std::iter::once(&a).chain(&theirs).chain(&mine).collect();
+    let keys: HashSet<_> = all.iter().map(|h| h.key()).collect();
+    assert_eq!(keys.len(), all.len(), "every object has a slot of its own");
+    assert!(all.iter().all(|h| h.key().index() <= highest), "freed slots are reused before new ones");
+    assert_eq!(mm.count::<Texture>(), all.len());
+
+    // Hand-over: a collection on another thread puts the owner's unused slots
+    // back on the free list (if it did not, shutdown below would find them
+    // neither free nor listed, and keep the segments for outliving handles).
+    drop((a, mine));
+    let (mm, theirs) = std::thread::spawn(move || {
+        let mut mm = mm;
+        assert_eq!(mm.collect_garbage().objects, 31);
+        assert_eq!(mm.count::<Texture>(), n - 70);
+        (mm, theirs)
+    })
+    .join()
+    .unwrap();
+    let again: Vec<Handle<Texture>> =
+        (0..70).map(|id| mm.create(Texture { id: 4000 + id, token: drops.token() })).collect();
+    assert_eq!(mm.count::<Texture>(), n);
+
+    // Shutdown with a partly used run: every slot is accounted for.
+    drop(again);
+    let mut mm = mm;
+    mm.collect_garbage();
+    let kept = mm.create(Texture { id: 5000, token: drops.token() });
+    drop(kept);
+    drop(theirs);
+    let report = mm.shutdown();
+    assert!(report.is_empty(), "{report}");
+    assert_eq!((report.outliving_handles(), report.leaked_bytes()), (0, 0));
+    assert_eq!(drops.count(), n + 1 + (n - 70) + 30 + 70 + 1);
+}
