@@ -105,7 +105,7 @@ impl LastDrops {
 
     /// Pushes every recorded slot onto its store's dead list. Any thread may
     /// call it; drainers take turns.
-    pub(crate) fn drain(&self) {
+    fn drain(&self) {
         // `Acquire` pairs with a drainer's `Release`: if nothing is left, its pushes are visible.
         if self.drained.load(Ordering::Acquire) == self.recorded.load(Ordering::Acquire) {
             return;
@@ -253,13 +253,11 @@ impl ThreadRing {
 
     #[cold]
     fn register(&self) -> Option<NonNull<LastDrops>> {
-        let layout = std::alloc::Layout::new::<LastDrops>();
-        let mut rings = registry().lock();
-        rings.try_reserve(1).ok()?;
-        // The entries are a second allocation; `Vec::try_reserve` keeps both fallible.
+        // Both allocations fallible: a drop must not abort for want of a ring.
         let mut entries = Vec::new();
         entries.try_reserve_exact(CAPACITY).ok()?;
         entries.extend((0..CAPACITY).map(|_| UnsafeCell::new(MaybeUninit::uninit())));
+        let layout = std::alloc::Layout::new::<LastDrops>();
         // SAFETY: `LastDrops` is not zero-sized.
         let raw = NonNull::new(unsafe { std::alloc::alloc(layout) }.cast::<LastDrops>())?;
         let ring = LastDrops {
@@ -270,6 +268,13 @@ impl ThreadRing {
         };
         // SAFETY: `raw` is a fresh allocation of `LastDrops`'s layout.
         unsafe { raw.as_ptr().write(ring) };
+        let mut rings = registry().lock();
+        if rings.try_reserve(1).is_err() {
+            drop(rings);
+            // SAFETY: written above, and shared with no one.
+            drop(unsafe { Box::from_raw(raw.as_ptr()) });
+            return None;
+        }
         rings.push(RingPtr(raw));
         self.ring.set(Some(raw));
         Some(raw)

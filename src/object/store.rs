@@ -1090,8 +1090,12 @@ impl<T: MMObject> ErasedStore for Store<T> {
         let dead = self.shared().take_dead();
         // The counts settle the common case (nothing outlives) without a
         // pass over every slot; debug builds check them against that pass.
-        let outliving = if self.all_listed(dead) { 0 } else { self.count_outliving(dead) };
-        debug_assert_eq!(outliving, self.count_outliving(dead));
+        let outliving = if self.all_listed(dead) {
+            debug_assert_eq!(self.count_outliving(dead), 0, "the counts missed an outliving slot");
+            0
+        } else {
+            self.count_outliving(dead)
+        };
         let mut settled = Settled { outliving, leaked_bytes: 0 };
         if outliving > 0 {
             self.leaked.store(true, Ordering::Relaxed);
