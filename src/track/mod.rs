@@ -133,6 +133,7 @@ mod diagnostics;
 mod explicit;
 mod global;
 mod mode;
+mod pending;
 mod record;
 mod report;
 mod scope;
@@ -148,6 +149,10 @@ pub use budget::{BudgetOverrun, BudgetPolicy};
 pub use diagnostics::ErrorCounts;
 pub use global::TrackingAllocator;
 pub use mode::{Mode, Sampling};
+/// The pending-record protocol, for the loom models. Not public API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use pending::PendingRecord;
 pub use report::{LeakGroup, LeakReport, MemoryReport};
 pub(crate) use scope::Reentry;
 pub use scope::{current_tag, scope, scope_id, TagGuard};
