@@ -348,7 +348,21 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     unsafe fn free_recorded(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
         let addr = ptr as usize;
-        let Some(record) = t.remove_record_anywhere(addr) else {
+        if let Some(slot) = t.threads.cached_slot() {
+            if let Some(record) = slot.pending.cancel(addr) {
+                // `record_removed`'s steps for a pending record (counted by the allocator,
+                // never kept in the freed ring here), with the slot at hand.
+                if t.is_slow(record.tag) {
+                    t.record_removed(addr, record, false);
+                } else if slot.free(record.tag.index(), record.size as isize) {
+                    t.flush(slot, record.tag);
+                }
+                // SAFETY: the caller's contract; its record is removed, so this is the one
+                // free.
+                return unsafe { self.free_counted(ptr, layout) };
+            }
+        }
+        let Some(record) = t.remove_record_locked(addr) else {
             let _ = t.double_free_by_header(addr);
             return; // leak rather than free twice
         };

@@ -288,3 +288,157 @@ mod model {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout, System};
+
+    use crate::track::{Mode, Tag, Tracker, TrackingAllocator};
+
+    const L: Layout = Layout::new::<[u64; 8]>();
+
+    /// Allocates one block through `a` (a non-zero layout; the caller frees it once).
+    fn alloc(a: &TrackingAllocator) -> usize {
+        // SAFETY: a non-zero layout.
+        let p = unsafe { a.alloc(L) };
+        assert!(!p.is_null());
+        p as usize
+    }
+
+    /// Frees a block `alloc` returned.
+    ///
+    /// # Safety
+    ///
+    /// `p` came from `alloc(a)` and is live, or diagnostics are on and it was freed in the
+    /// current epoch (a double free the tracker catches before touching the memory).
+    unsafe fn free(a: &TrackingAllocator, p: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { a.dealloc(p as *mut u8, L) };
+    }
+
+    /// Whether `addr`'s record sits in the table (rather than pending in a slot).
+    fn in_table(t: &Tracker, addr: usize) -> bool {
+        t.records.with_shard(addr, |map| map.get_mut(addr).is_some())
+    }
+
+    /// An allocator on `t` whose calling thread has its slot: the thread's first recorded
+    /// allocation goes to the table (its slot is not cached yet).
+    fn warmed(t: &'static Tracker) -> TrackingAllocator {
+        let a = TrackingAllocator::with_tracker(System, t);
+        // SAFETY: a block from `alloc`, freed once.
+        unsafe { free(&a, alloc(&a)) };
+        a
+    }
+
+    #[test]
+    fn the_newest_record_is_pending_and_seen_by_reports_on_other_threads() {
+        static T: Tracker = Tracker::with_mode(Mode::Records);
+        static TAG: Tag = Tag::new("pending-seen");
+        let _g = TAG.enter();
+        let a = warmed(&T);
+        let (p, q) = (alloc(&a), alloc(&a));
+        assert!(in_table(&T, p) && !in_table(&T, q), "q pending, p moved into the table");
+        std::thread::spawn(move || {
+            assert_eq!(T.live_records(), 2);
+            assert_eq!(T.find_record(q).map(|r| r.size), Some(64));
+            let leaks = T.leak_report();
+            assert_eq!((leaks.total_count, leaks.total_bytes), (2, 128));
+            assert_eq!(T.snapshot().live_records, 2);
+        })
+        .join()
+        .unwrap();
+        // SAFETY: live blocks from `alloc`, each freed once.
+        unsafe {
+            free(&a, q);
+            free(&a, p);
+        }
+        assert_eq!(T.live_records(), 0);
+        assert_eq!((T.tag_stats(&TAG).bytes, T.tag_stats(&TAG).count), (0, 0));
+        assert_eq!(T.error_counts(), Default::default());
+    }
+
+    #[test]
+    fn a_pending_record_freed_on_another_thread_is_claimed() {
+        static T: Tracker = Tracker::with_mode(Mode::Records);
+        static TAG: Tag = Tag::new("pending-claimed");
+        let _g = TAG.enter();
+        let a = warmed(&T);
+        let p = alloc(&a);
+        assert!(!in_table(&T, p));
+        // SAFETY: `p` is live; freed once, on the other thread.
+        std::thread::spawn(move || unsafe { free(&TrackingAllocator::with_tracker(System, &T), p) }).join().unwrap();
+        assert_eq!(T.live_records(), 0);
+        // The owner's slot was emptied by the claim: its next allocation publishes afresh.
+        let q = alloc(&a);
+        assert_eq!(T.live_records(), 1);
+        // SAFETY: live, freed once.
+        unsafe { free(&a, q) };
+        assert_eq!((T.tag_stats(&TAG).bytes, T.tag_stats(&TAG).count), (0, 0));
+        assert_eq!(T.error_counts(), Default::default());
+    }
+
+    #[test]
+    fn thread_exit_moves_the_pending_record_into_the_table() {
+        static T: Tracker = Tracker::with_mode(Mode::Records);
+        static TAG: Tag = Tag::new("pending-exit");
+        let p = std::thread::spawn(|| {
+            let _g = TAG.enter();
+            let a = warmed(&T);
+            let p = alloc(&a);
+            assert!(!in_table(&T, p));
+            p
+        })
+        .join()
+        .unwrap();
+        // `join` returns once the thread's destructors ran.
+        assert!(in_table(&T, p), "flushed at exit");
+        assert_eq!(T.live_records(), 1);
+        // SAFETY: live, freed once.
+        unsafe { free(&TrackingAllocator::with_tracker(System, &T), p) };
+        assert_eq!(T.live_records(), 0);
+        assert_eq!((T.tag_stats(&TAG).bytes, T.tag_stats(&TAG).count), (0, 0));
+        assert_eq!(T.error_counts(), Default::default());
+    }
+
+    #[test]
+    fn a_second_free_of_a_pending_record_finds_no_record() {
+        static T: Tracker = Tracker::with_mode(Mode::Records);
+        let a = warmed(&T);
+        let p = alloc(&a);
+        let record = T.remove_record_anywhere(p).expect("pending");
+        assert_eq!(record.size, 64);
+        assert!(T.remove_record_anywhere(p).is_none(), "the free path reports a double free then");
+        T.record_removed(p, record, false);
+        // SAFETY: the block is live (only its record went), freed once, with its layout.
+        unsafe { System.dealloc((p as *mut u8).sub(8), Layout::from_size_align(72, 8).unwrap()) };
+    }
+
+    #[test]
+    fn double_frees_of_pending_records_are_caught_in_diagnostic_mode() {
+        static T: Tracker = Tracker::with_mode(Mode::Records);
+        let a = warmed(&T);
+        let (p, q) = (alloc(&a), alloc(&a));
+        assert!(!in_table(&T, q));
+        T.set_diagnostics(true);
+        // SAFETY: `q` is live: its first free (the owner's cancel); the second is caught
+        // before the memory is touched (diagnostics, same epoch).
+        unsafe {
+            free(&a, q);
+            free(&a, q);
+        }
+        assert_eq!(T.error_counts().double_frees, 1);
+        T.set_diagnostics(false);
+        let r = alloc(&a);
+        assert!(!in_table(&T, r));
+        T.set_diagnostics(true);
+        // SAFETY: `r` is live: freed (claimed) on another thread, then again here, caught.
+        unsafe {
+            std::thread::spawn(move || free(&TrackingAllocator::with_tracker(System, &T), r)).join().unwrap();
+            free(&a, r);
+        }
+        assert_eq!(T.error_counts().double_frees, 2);
+        // SAFETY: live, freed once.
+        unsafe { free(&a, p) };
+        assert_eq!(T.live_records(), 0);
+    }
+}

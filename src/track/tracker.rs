@@ -446,6 +446,13 @@ impl Tracker {
                 return Some(record);
             }
         }
+        self.remove_record_locked(addr)
+    }
+
+    /// [`Tracker::remove_record_anywhere`] without looking at this thread's pending record
+    /// first (the caller did).
+    #[inline(never)]
+    pub(crate) fn remove_record_locked(&self, addr: usize) -> Option<Record> {
         self.records.with_shard(addr, |map| map.remove(addr).or_else(|| self.claim_pending(addr)))
     }
 
