@@ -98,3 +98,13 @@ pub(crate) fn thread_token() -> u64 {
         known => known,
     })
 }
+
+/// A pause in a retry loop: a spin hint, or under loom a yield, so that the
+/// model schedules the thread being waited for.
+#[inline(always)]
+pub(crate) fn spin() {
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}

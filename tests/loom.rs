@@ -4,8 +4,10 @@
 //! the owner's run of fresh slots racing another creator, the owner's chain
 //! of reused slots racing a loader, a refused segment
 //! racing a served one,
-//! loaders creating while the owner collects or shuts down, and a candidate
-//! root's drop racing the cycle collector. Under
+//! loaders creating while the owner collects or shuts down, a candidate
+//! root's drop racing the cycle collector, and the tracker's pending records
+//! (a free on another thread racing the owner's move, a report racing the
+//! owner's publish, move and cancel). Under
 //! `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every read and
 //! write of a value is checked too.
 //!
@@ -770,6 +772,90 @@ mod small_object {
             // SAFETY: ours, freed once.
             unsafe { small.free(p) };
             assert_eq!(small.stats().live, 0);
+        });
+    }
+}
+
+// ---- The tracker's pending records: another thread's free and reports ------------------
+
+mod pending_record {
+    use std::sync::Arc;
+
+    use loom::sync::Mutex;
+    use loom::thread;
+    use mmobject::track::PendingRecord;
+
+    /// The pending slot and a stand-in for its record's table shard (the lock is the
+    /// shard's lock; the table a list of `(addr, size)`).
+    struct Shard {
+        slot: PendingRecord,
+        table: Mutex<Vec<(usize, usize)>>,
+    }
+
+    fn shard() -> Arc<Shard> {
+        Arc::new(Shard { slot: PendingRecord::new(), table: Mutex::new(Vec::new()) })
+    }
+
+    /// The owner's next allocation: the pending record (if it still sees one) moves into
+    /// the table under the shard lock, then the new one is published.
+    fn owner_allocates(s: &Shard, addr: usize, size: usize) {
+        if s.slot.held() != 0 {
+            s.slot.model_move_out(&mut s.table.lock().unwrap());
+        }
+        s.slot.model_publish(addr, size);
+    }
+
+    /// A free on another thread than the owner: the table first, then a claim, both under
+    /// the shard lock.
+    fn remote_free(s: &Shard, addr: usize) -> Option<usize> {
+        let mut table = s.table.lock().unwrap();
+        match table.iter().position(|&(a, _)| a == addr) {
+            Some(i) => Some(table.swap_remove(i).1),
+            None => s.slot.model_claim(addr),
+        }
+    }
+
+    /// The owner hands its pending block to another thread, which frees it while the owner
+    /// allocates again (moving the record) and frees its new block (a cancel): the handed
+    /// block's record is removed exactly once, by the table or by the claim, and never
+    /// lands in the table after its free; the new block's record is the owner's alone.
+    #[test]
+    fn a_free_on_another_thread_races_the_owners_move() {
+        super::model(|| {
+            let s = shard();
+            s.slot.model_publish(0x100, 7);
+            let remote = Arc::clone(&s);
+            let t = thread::spawn(move || remote_free(&remote, 0x100));
+            owner_allocates(&s, 0x200, 9);
+            assert_eq!(s.slot.model_cancel(0x200), Some(9));
+            owner_allocates(&s, 0x300, 11);
+            assert_eq!(t.join().unwrap(), Some(7), "the free found its record once");
+            assert!(s.table.lock().unwrap().is_empty(), "no record of a freed block left behind");
+            assert_eq!(s.slot.model_read(), Some((0x300, 11)));
+            assert_eq!(remote_free(&s, 0x100), None, "a second free finds nothing");
+        });
+    }
+
+    /// A report (under the shard lock: the table, then the slot) runs while the owner
+    /// publishes, moves and cancels: the block live throughout is seen exactly once, and
+    /// every record seen is whole (never a mix of two publishes).
+    #[test]
+    fn a_report_races_publish_move_and_cancel() {
+        super::model(|| {
+            let s = shard();
+            s.slot.model_publish(0x100, 7);
+            let reader = Arc::clone(&s);
+            let t = thread::spawn(move || {
+                let table = reader.table.lock().unwrap();
+                let mut seen: Vec<(usize, usize)> = table.clone();
+                seen.extend(reader.slot.model_read());
+                seen
+            });
+            owner_allocates(&s, 0x200, 9);
+            assert_eq!(s.slot.model_cancel(0x200), Some(9));
+            let seen = t.join().unwrap();
+            assert_eq!(seen.iter().filter(|&&e| e == (0x100, 7)).count(), 1, "{seen:?}");
+            assert!(seen.iter().all(|&e| e == (0x100, 7) || e == (0x200, 9)), "{seen:?}");
         });
     }
 }

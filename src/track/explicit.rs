@@ -181,7 +181,7 @@ impl Tracker {
     /// - [`Error::BufferOverrun`] if guard bytes were overwritten; the block is still freed.
     pub fn try_dealloc(&self, ptr: NonNull<u8>) -> Result<(), Error> {
         let addr = ptr.as_ptr() as usize;
-        match self.records.get(addr) {
+        match self.find_record(addr) {
             Some(r) if r.flags & FLAG_TRACKER_ALLOC != 0 => {}
             // Tracked with `track`: not ours to free.
             Some(_) => return Err(self.untracked_free(addr)),

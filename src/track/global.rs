@@ -289,7 +289,8 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
 
     /// `alloc` of a block that may get a record but no guards (records or stacks mode, or a
     /// size sampling looks at, diagnostics off) under a tag that is not slow:
-    /// [`Tracker::place`]'s steps for this one case, without its generality.
+    /// [`Tracker::place`]'s steps for this one case, without its generality. The record
+    /// becomes the thread's pending record (see `pending.rs`) when the thread has its slot.
     ///
     /// # Safety
     ///
@@ -312,13 +313,21 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 Header::new(tag.0, if depth.is_some() { H_COUNTED | H_RECORD } else { H_COUNTED }),
             )
         };
-        t.count_unbudgeted(tag, size);
+        let slot = t.threads.cached_slot();
+        match slot {
+            Some(slot) => {
+                if slot.alloc(tag.index(), size as isize) {
+                    t.flush(slot, tag);
+                }
+            }
+            None => t.count_unbudgeted(tag, size),
+        }
         let Some(depth) = depth else {
             t.placed_without_record(user as usize);
             return user;
         };
         let record = Record { size, tag, flags: FLAG_GLOBAL_ALLOC, site: Location::caller(), stack: NO_STACK };
-        if !t.add_record(user as usize, record, depth) {
+        if !t.add_record_pending(slot, user as usize, record, depth) {
             // No room for the record (`System` is out of memory): counted only, and the
             // header says so, else its free would look like a double free.
             // SAFETY: `user` is the block `init` just set up, not handed out yet.
@@ -329,8 +338,8 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     }
 
     /// `dealloc` of a block with a record and no guards, diagnostics off: the record is
-    /// removed (a missing one is a double free: the block is then left alone), the count
-    /// taken off, the block freed.
+    /// removed (this thread's pending record first, with no lock), the count taken off, the
+    /// block freed. A missing record is a double free: the block is then left alone.
     ///
     /// # Safety
     ///
@@ -339,7 +348,21 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     unsafe fn free_recorded(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
         let addr = ptr as usize;
-        let Some(record) = t.records.remove(addr) else {
+        if let Some(slot) = t.threads.cached_slot() {
+            if let Some(record) = slot.pending.cancel(addr) {
+                // `record_removed`'s steps for a pending record (counted by the allocator,
+                // never kept in the freed ring here), with the slot at hand.
+                if t.is_slow(record.tag) {
+                    t.record_removed(addr, record, false);
+                } else if slot.free(record.tag.index(), record.size as isize) {
+                    t.flush(slot, record.tag);
+                }
+                // SAFETY: the caller's contract; its record is removed, so this is the one
+                // free.
+                return unsafe { self.free_counted(ptr, layout) };
+            }
+        }
+        let Some(record) = t.remove_record_locked(addr) else {
             let _ = t.double_free_by_header(addr);
             return; // leak rather than free twice
         };

@@ -98,8 +98,12 @@
 //!   counters every 64 KiB / 64 allocations. No lock. A 64-byte block stays in the
 //!   `malloc` size class it would have untracked. Budgeted or watched tags, and the explicit
 //!   API, update the shared counters directly (exact peaks and budgets).
-//! - Records: plus one insert/remove in a 64-way sharded open-addressing table (spin lock
-//!   per shard), on a path of its own that skips the general placement's checks.
+//! - Records: plus a record per block, on a path of its own that skips the general
+//!   placement's checks. Each thread keeps its newest block's record in its own slot
+//!   (plain stores; a free on the same thread takes it back with no lock and no atomic
+//!   read-modify-write); older records live in a 64-way sharded open-addressing table (spin
+//!   lock per shard), where the next allocation moves the slot's record. Reports and frees
+//!   on other threads see both (`pending.rs`).
 //! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern. The walk follows
 //!   frame pointers when the build keeps them (`-C force-frame-pointers=yes`), else it
 //!   unwinds with DWARF (about 10× slower).
@@ -133,6 +137,7 @@ mod diagnostics;
 mod explicit;
 mod global;
 mod mode;
+mod pending;
 mod record;
 mod report;
 mod scope;
@@ -148,6 +153,10 @@ pub use budget::{BudgetOverrun, BudgetPolicy};
 pub use diagnostics::ErrorCounts;
 pub use global::TrackingAllocator;
 pub use mode::{Mode, Sampling};
+/// The pending-record protocol, for the loom models. Not public API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use pending::PendingRecord;
 pub use report::{LeakGroup, LeakReport, MemoryReport};
 pub(crate) use scope::Reentry;
 pub use scope::{current_tag, scope, scope_id, TagGuard};

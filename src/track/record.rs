@@ -46,13 +46,19 @@ const SHARDS: usize = if cfg!(miri) { 4 } else { 64 };
 struct Shard(SpinLock<SysMap<Record>>);
 
 /// Live records keyed by address, in `SHARDS` independently locked open-addressing maps.
+///
+/// The records of the newest allocation of each thread may be pending in the thread's slot
+/// instead (see `pending.rs`); the tracker's lookups and reports go through
+/// `Tracker::take_record`, `Tracker::find_record` and `Tracker::for_each_record`, which see
+/// both.
 #[derive(Debug)]
 pub(crate) struct RecordTable {
     shards: [Shard; SHARDS],
 }
 
+/// The shard of `addr`'s record.
 #[inline]
-fn shard_of(addr: usize) -> usize {
+pub(crate) fn shard_of(addr: usize) -> usize {
     ((addr >> 4) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize >> (usize::BITS - SHARDS.trailing_zeros())
         & (SHARDS - 1)
 }
@@ -62,58 +68,35 @@ impl RecordTable {
         Self { shards: [const { Shard(SpinLock::new(SysMap::new())) }; SHARDS] }
     }
 
+    /// Runs `f` on the map of `addr`'s shard, its lock held. `f` must not allocate through
+    /// the global allocator.
+    #[inline]
+    pub(crate) fn with_shard<R>(&self, addr: usize, f: impl FnOnce(&mut SysMap<Record>) -> R) -> R {
+        f(&mut self.shards[shard_of(addr)].0.lock())
+    }
+
     /// Inserts a record; returns the record it replaced. `Err` if `System` is out of memory.
     #[inline]
     pub(crate) fn insert(&self, addr: usize, record: Record) -> Result<Option<Record>, Record> {
-        self.shards[shard_of(addr)].0.lock().insert(addr, record)
+        self.with_shard(addr, |map| map.insert(addr, record))
     }
 
-    /// Removes the record of `addr`.
-    #[inline]
-    pub(crate) fn remove(&self, addr: usize) -> Option<Record> {
-        self.shards[shard_of(addr)].0.lock().remove(addr)
-    }
-
-    /// A copy of the record of `addr`.
-    pub(crate) fn get(&self, addr: usize) -> Option<Record> {
-        self.shards[shard_of(addr)].0.lock().get_mut(addr).copied()
-    }
-
-    /// Calls `f` on every record, one shard locked at a time. `f` must not allocate through
-    /// the global allocator (the shard's lock is held).
-    pub(crate) fn for_each(&self, mut f: impl FnMut(usize, &mut Record)) {
-        for shard in &self.shards {
-            shard.0.lock().for_each(&mut f);
+    /// Runs `f` on each shard's index and map, one shard locked at a time. `f` must not
+    /// allocate through the global allocator.
+    pub(crate) fn for_each_shard(&self, mut f: impl FnMut(usize, &mut SysMap<Record>)) {
+        for (i, shard) in self.shards.iter().enumerate() {
+            f(i, &mut shard.0.lock());
         }
     }
 
-    /// The number of live records.
-    pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.lock().len()).sum()
+    /// Calls `f` on every record of the table (pending records excluded), one shard locked
+    /// at a time. `f` must not allocate through the global allocator.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(usize, &mut Record)) {
+        self.for_each_shard(|_, map| map.for_each(&mut f));
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
         self.shards.iter().map(|s| s.0.lock().heap_bytes()).sum()
-    }
-
-    /// Copies out all records (into a `Vec`, allocated without holding any lock).
-    pub(crate) fn collect(&self) -> Vec<(usize, Record)> {
-        let mut out = Vec::new();
-        for shard in &self.shards {
-            // Reserve outside the lock, then copy at most what fits.
-            let n = shard.0.lock().len();
-            out.reserve(n + 8);
-            let room = out.capacity() - out.len();
-            let mut taken = 0;
-            shard.0.lock().for_each(|addr, r| {
-                if taken < room {
-                    // Cannot reallocate: `taken < room` keeps us within capacity.
-                    out.push((addr, *r));
-                    taken += 1;
-                }
-            });
-        }
-        out
     }
 }
 
@@ -203,12 +186,15 @@ mod tests {
         for i in 0..200usize {
             assert_eq!(t.insert(0x1000 + i * 16, rec(i)).unwrap(), None);
         }
-        assert_eq!(t.len(), 200);
-        assert_eq!(t.get(0x1000).map(|r| r.size), Some(0));
-        assert_eq!(t.remove(0x1000 + 16).map(|r| r.size), Some(1));
-        assert_eq!(t.remove(0x1000 + 16), None);
-        let all = t.collect();
-        assert_eq!(all.len(), 199);
+        assert_eq!(t.with_shard(0x1000, |m| m.get_mut(0x1000).map(|r| r.size)), Some(0));
+        assert_eq!(t.with_shard(0x1010, |m| m.remove(0x1010)).map(|r| r.size), Some(1));
+        assert_eq!(t.with_shard(0x1010, |m| m.remove(0x1010)), None);
+        let mut n = 0;
+        t.for_each(|addr, r| {
+            assert_eq!(addr, 0x1000 + r.size * 16);
+            n += 1;
+        });
+        assert_eq!(n, 199);
         assert!(t.heap_bytes() > 0);
     }
 

@@ -289,7 +289,7 @@ impl Tracker {
         if self.diagnostics() {
             let _ = self.check_guards(); // logged and counted
         }
-        let mut records = self.records.collect();
+        let mut records = self.collect_records();
         records.sort_by_key(|(_, r)| (r.tag, r.stack, r.site.file(), r.site.line(), r.site.column()));
         let mut groups: Vec<LeakGroup> = Vec::new();
         let mut last: Option<(TagId, u32, &'static Location<'static>)> = None;

@@ -258,6 +258,7 @@ impl<V: Copy> SysMap<V> {
     }
 
     /// The number of entries.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }

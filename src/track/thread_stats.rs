@@ -18,8 +18,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::fmt;
 use std::ptr;
-use std::sync::atomic::{AtomicIsize, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
+use super::pending::PendingRecord;
 use super::tag::MAX_TAGS;
 
 /// The most thread slots per tracker.
@@ -29,10 +30,15 @@ pub(crate) const FLUSH_BYTES: isize = 64 << 10;
 /// Fold a slot's count delta for a tag into the shared counter beyond this.
 pub(crate) const FLUSH_COUNT: isize = 64;
 
-/// One thread's pending deltas, per tag. Invariant: only the owning thread (`owner`) stores
-/// to `tags` (except `take`, by the owner too); anyone may load them.
+/// One thread's pending deltas, per tag, and its pending record. Invariant: only the owning
+/// thread (`owner`) stores to `tags` (except `take`, by the owner too) and to `exit_hooked`;
+/// anyone may load them. `pending` follows its own protocol (see `PendingRecord`).
 pub(crate) struct ThreadSlot {
     owner: AtomicUsize,
+    /// Whether the owner registered the thread-exit flush of `pending` (see `pending.rs`);
+    /// until it has, its records go to the table.
+    pub(crate) exit_hooked: AtomicBool,
+    pub(crate) pending: PendingRecord,
     tags: [TagDelta; MAX_TAGS],
 }
 
@@ -61,8 +67,8 @@ thread_local! {
 
 /// A tracker's thread slots.
 ///
-/// Invariants: `slots[i]` is null or points to a zero-initialised `ThreadSlot` allocated by
-/// `System`, set once and freed only in `Drop`; `id` is 0 or a process-unique id, so a
+/// Invariants: `slots[i]` is null or points to a `ThreadSlot` allocated by `System` (zeroed,
+/// its `pending` written), set once and freed only in `Drop`; `id` is 0 or a process-unique id, so a
 /// thread's cached slot pointer can never be matched to another tracker.
 pub(crate) struct ThreadSlots {
     id: AtomicU64,
@@ -122,14 +128,18 @@ impl ThreadSlots {
         for cell in &self.slots {
             let mut p = cell.load(Ordering::Acquire);
             if p.is_null() {
-                // SAFETY: `ThreadSlot` has a non-zero size; all-zero bytes are a valid
-                // `ThreadSlot` (atomics of zero).
+                // SAFETY: `ThreadSlot` has a non-zero size.
                 let fresh = unsafe { System.alloc_zeroed(layout) }.cast::<ThreadSlot>();
                 if fresh.is_null() {
                     return None;
                 }
-                // SAFETY: `fresh` is a valid, unshared slot.
-                unsafe { (*fresh).owner.store(token, Ordering::Relaxed) };
+                // SAFETY: `fresh` is unshared and valid for writes of a `ThreadSlot`; all-zero
+                // bytes are valid for every field but `pending` (std atomics of zero), which
+                // is written here before the slot is read as a whole.
+                unsafe {
+                    ptr::addr_of_mut!((*fresh).pending).write(PendingRecord::new());
+                    (*fresh).owner.store(token, Ordering::Relaxed);
+                }
                 match cell.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => p = fresh,
                     Err(other) => {
@@ -190,8 +200,12 @@ impl Drop for ThreadSlots {
             let p = cell.load(Ordering::Acquire);
             if !p.is_null() {
                 // SAFETY: allocated by `System` with this layout in `slot_slow`, and the
-                // tracker is being dropped, so no thread uses the slot any more.
-                unsafe { System.dealloc(p.cast(), Layout::new::<ThreadSlot>()) };
+                // tracker is being dropped, so no thread uses the slot any more. Its fields
+                // are dropped first (a no-op outside loom).
+                unsafe {
+                    ptr::drop_in_place(p);
+                    System.dealloc(p.cast(), Layout::new::<ThreadSlot>());
+                }
             }
         }
     }

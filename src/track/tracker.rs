@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::budget::{Charger, PolicyTable};
 use super::mode::{Config, Mode, EPOCH_MAX, EPOCH_SHIFT};
-use super::record::{FreedRing, Record, RecordTable, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC};
+use super::pending;
+use super::record::{shard_of, FreedRing, Record, RecordTable, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC};
 use super::scope::Reentry;
 use super::stack_trace::{StackStore, StackTrace};
 use super::stats::{TagCounters, TagStats};
 use super::table::SpinLock;
 use super::tag::{self, TagId, MAX_TAGS};
-use super::thread_stats::ThreadSlots;
+use super::thread_stats::{ThreadSlot, ThreadSlots};
 use super::timeline::Timeline;
 use crate::Error;
 
@@ -74,7 +75,7 @@ impl fmt::Debug for Tracker {
         f.debug_struct("Tracker")
             .field("mode", &self.mode())
             .field("diagnostics", &self.diagnostics())
-            .field("live_records", &self.records.len())
+            .field("live_records", &self.live_records())
             .field("errors", &self.error_counts())
             .finish_non_exhaustive()
     }
@@ -345,13 +346,47 @@ impl Tracker {
 
     // ---- records -------------------------------------------------------------------------
 
-    /// Adds a record for a block, with a stack of `depth` frames if `depth != 0`. Returns
-    /// `false` if the record table is out of `System` memory (the block has no record then).
+    /// Adds a record for a block to the table, with a stack of `depth` frames if
+    /// `depth != 0`. Returns `false` if the record table is out of `System` memory (the block
+    /// has no record then).
     #[inline(always)]
     pub(crate) fn add_record(&self, addr: usize, mut record: Record, depth: usize) -> bool {
         if depth != 0 {
             record.stack = self.capture_stack(depth);
         }
+        self.insert_record(addr, record)
+    }
+
+    /// Adds the record of a block a `TrackingAllocator` just placed on this thread (`slot`
+    /// is the thread's slot, if cached): as the thread's pending record once its exit flush
+    /// is registered, after moving the record pending before into the table; else into the
+    /// table. Returns `false` if the table is out of `System` memory (no record then).
+    #[inline(always)]
+    pub(crate) fn add_record_pending(
+        &'static self,
+        slot: Option<&'static ThreadSlot>,
+        addr: usize,
+        mut record: Record,
+        depth: usize,
+    ) -> bool {
+        if depth != 0 {
+            record.stack = self.capture_stack(depth);
+        }
+        if let Some(slot) = slot {
+            if slot.exit_hooked.load(Ordering::Relaxed) || pending::hook_thread_exit(self, slot) {
+                let held = slot.pending.held();
+                if held == 0 || self.move_pending(slot, held) {
+                    slot.pending.publish(addr, record);
+                    return true;
+                }
+            }
+        }
+        self.insert_record(addr, record)
+    }
+
+    /// Inserts a record into the table; `false` if it is out of `System` memory.
+    #[inline(always)]
+    fn insert_record(&self, addr: usize, record: Record) -> bool {
         match self.records.insert(addr, record) {
             Ok(None) => true,
             Ok(Some(stale)) => {
@@ -360,6 +395,27 @@ impl Tracker {
             }
             Err(_) => false,
         }
+    }
+
+    /// Moves `slot`'s pending record into the table, unless another thread claimed it
+    /// meanwhile. `held` is the address its owner, the caller, saw pending. Returns `false`
+    /// if the table is out of `System` memory (the record stays pending then).
+    #[inline(never)]
+    pub(crate) fn move_pending(&self, slot: &ThreadSlot, held: usize) -> bool {
+        self.records.with_shard(held, |map| {
+            slot.pending.move_out(|addr, record| {
+                debug_assert_eq!(addr, held, "only the owner makes its slot non-empty");
+                match map.insert(addr, record) {
+                    Ok(stale) => {
+                        if let Some(stale) = stale {
+                            self.replaced_record(stale);
+                        }
+                        true
+                    }
+                    Err(_) => false,
+                }
+            })
+        })
     }
 
     /// Captures and interns this thread's stack, `depth` frames deep. Inlined, so that it
@@ -380,11 +436,102 @@ impl Tracker {
         }
     }
 
+    /// Removes `addr`'s record wherever it is: this thread's pending record (no lock), the
+    /// table, or another thread's pending record (claimed under the shard's lock, after the
+    /// table missed).
+    #[inline]
+    pub(crate) fn remove_record_anywhere(&self, addr: usize) -> Option<Record> {
+        if let Some(slot) = self.threads.cached_slot() {
+            if let Some(record) = slot.pending.cancel(addr) {
+                return Some(record);
+            }
+        }
+        self.remove_record_locked(addr)
+    }
+
+    /// [`Tracker::remove_record_anywhere`] without looking at this thread's pending record
+    /// first (the caller did).
+    #[inline(never)]
+    pub(crate) fn remove_record_locked(&self, addr: usize) -> Option<Record> {
+        self.records.with_shard(addr, |map| map.remove(addr).or_else(|| self.claim_pending(addr)))
+    }
+
+    /// Claims `addr`'s record from whichever thread holds it pending. The caller holds the
+    /// lock of `addr`'s shard.
+    #[cold]
+    #[inline(never)]
+    fn claim_pending(&self, addr: usize) -> Option<Record> {
+        let mut found = None;
+        self.threads.for_each(|slot| {
+            if found.is_none() {
+                found = slot.pending.claim(addr);
+            }
+        });
+        found
+    }
+
+    /// A copy of `addr`'s record, from the table or a thread's pending record.
+    pub(crate) fn find_record(&self, addr: usize) -> Option<Record> {
+        self.records.with_shard(addr, |map| {
+            map.get_mut(addr).copied().or_else(|| {
+                let mut found = None;
+                self.threads.for_each(|slot| match slot.pending.read() {
+                    Some((a, record)) if a == addr => found = Some(record),
+                    _ => {}
+                });
+                found
+            })
+        })
+    }
+
+    /// Calls `f` on every live record: shard by shard, the table's and then the pending
+    /// records (of every thread) that belong to the shard, under its lock. A record moves
+    /// from a slot into the table only under that lock, so each is seen exactly once. `f`
+    /// must not allocate through the global allocator. Pending records are passed as
+    /// copies (so `f`'s changes to them are lost; they are never guarded).
+    pub(crate) fn for_each_record(&self, mut f: impl FnMut(usize, &mut Record)) {
+        self.records.for_each_shard(|shard, map| {
+            map.for_each(&mut f);
+            self.threads.for_each(|slot| {
+                if let Some((addr, mut record)) = slot.pending.read() {
+                    if shard_of(addr) == shard {
+                        f(addr, &mut record);
+                    }
+                }
+            });
+        });
+    }
+
+    /// Copies out every live record (into a `Vec`, grown without holding any lock).
+    pub(crate) fn collect_records(&self) -> Vec<(usize, Record)> {
+        let mut out = Vec::new();
+        let mut slack = 64;
+        loop {
+            // Reserve outside the locks, then copy; start again if more came meanwhile.
+            out.clear();
+            out.reserve(self.live_records() + slack);
+            slack *= 2;
+            let room = out.capacity();
+            let mut all = true;
+            self.for_each_record(|addr, r| {
+                if out.len() < room {
+                    // Cannot reallocate: `len < capacity`.
+                    out.push((addr, *r));
+                } else {
+                    all = false;
+                }
+            });
+            if all {
+                return out;
+            }
+        }
+    }
+
     /// Removes a block's record if it has one, applying the counters, the freed ring and
     /// the watch log. Reports nothing when there is no record.
     #[inline]
     pub(crate) fn take_record(&self, addr: usize, keep_freed: bool) -> Option<Record> {
-        let record = self.records.remove(addr)?;
+        let record = self.remove_record_anywhere(addr)?;
         self.record_removed(addr, record, keep_freed);
         Some(record)
     }
@@ -479,7 +626,9 @@ impl Tracker {
 
     /// The number of live records.
     pub fn live_records(&self) -> usize {
-        self.records.len()
+        let mut n = 0;
+        self.for_each_record(|_, _| n += 1);
+        n
     }
 
     /// Sets every tag's peaks to its current values (say, at a level load).
