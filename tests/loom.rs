@@ -1,15 +1,18 @@
-//! Loom models of the lock-free parts: the dead-list push on the last drop
-//! and the per-thread ring that carries it,
-//! `upgrade` racing the last drop, concurrent `create` popping the free list,
-//! the owner's run of fresh slots racing another creator, the owner's chain
-//! of reused slots racing a loader, a refused segment
-//! racing a served one,
-//! loaders creating while the owner collects or shuts down, a candidate
-//! root's drop racing the cycle collector, and the tracker's pending records
-//! (a free on another thread racing the owner's move, a report racing the
-//! owner's publish, move and cancel). Under
-//! `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every read and
-//! write of a value is checked too.
+//! Loom models of the lock-free parts:
+//!
+//! - objects: the dead-list push on the last drop and the per-thread ring
+//!   that carries it, `upgrade` racing the last drop, concurrent `create`
+//!   popping the free list, the owner's run of fresh slots racing another
+//!   creator, the owner's chain of reused slots racing a loader, a refused
+//!   segment racing a served one, loaders creating while the owner collects
+//!   or shuts down, and a candidate root's drop racing the cycle collector;
+//! - allocators: remote frees and double frees of the size-class pool and the
+//!   small-object allocator, and a thread exit handing its page or lane back;
+//! - the tracker's pending records: a free on another thread racing the
+//!   owner's move, and a report racing the owner's publish, move and cancel.
+//!
+//! Under `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every
+//! read and write of a value is checked too.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" cargo test --release --test loom`.
 #![cfg(loom)]
