@@ -193,44 +193,30 @@
 //! value's `Drop` run by the collection may itself create through a loader:
 //! the lock is not held while user code runs.
 //!
-//! # Slots for the owner thread
+//! # Fresh slots for the owner thread
 //!
-//! Taking a slot is an atomic read-modify-write per object (raising `len`, or
-//! popping the free list), and on a level load the raise was most of
-//! `create`'s cost, on a frame the pop a quarter of it. So each store has an
-//! *owner*: the thread that made the store, then whichever thread last
-//! collected (the game's main thread, in the usual loop). The owner takes up
-//! to 64 slots at once and keeps them in the store (`owner_slots.rs`): a run
-//! of never-used ones, by raising `len` within one published segment, and a
-//! chain of free ones, by walking up to 64 links down the free list and
-//! moving its head past them with one CAS. Its next creates take slots from
-//! the chain first (recently freed, so cached), then from the run, with plain
-//! loads and stores, after comparing a thread token (a per-thread number that
-//! is never reused). Other threads, loaders, and the owner while an iterator
-//! is alive (iteration never yields an object made after it began) take
-//! slots one at a time as above. The owner never allocates a segment while
-//! refilling (that runs the allocator, user code): when the next slot's
-//! segment is missing, it takes one slot the ordinary way.
+//! Raising `len` is an atomic read-modify-write per object, and on a level
+//! load it was most of `create`'s cost. So each store has an *owner*: the
+//! thread that made the store, then whichever thread last collected (the
+//! game's main thread, in the usual loop). The owner raises `len` by a run of
+//! up to 64 slots at once, within one published segment, and keeps the run in
+//! the store (`fresh.rs`); its next creates take slots from the run with
+//! plain loads and stores, after comparing a thread token (a per-thread
+//! number that is never reused). Other threads, loaders, and the owner while
+//! an iterator is alive (iteration never yields an object made after it
+//! began) take slots from `len` as above. The owner never allocates a
+//! segment while refilling (that runs the allocator, user code): when the
+//! next slot's segment is missing, it takes one slot the ordinary way.
 //!
-//! The walk needs no tag against ABA for the same reason a single pop does:
-//! while a `create` runs, the manager is borrowed shared, so nothing pushes;
-//! other threads only pop, the head only moves down the list, and a CAS that
-//! finds the head unchanged finds the links walked unchanged. A link read
-//! from a slot another thread popped meanwhile may be anything, so the walk
-//! restarts on a word without the link flag or an index past the published
-//! segments instead of following it.
-//!
-//! The owner's slots lie below `len` but are neither objects nor on any list,
-//! so every count derived from `len` subtracts how many it holds (kept in an
+//! The run's slots lie below `len` but are neither objects nor on any list,
+//! so every count derived from `len` subtracts the run's length (kept in an
 //! atomic for readers on other threads). A collection on a thread that is not
-//! the owner puts them on the free list and makes its thread the owner;
-//! shutdown puts them on the free list too, so they are accounted for and the
-//! segments are freed. Both hold `&mut ObjectManager`, so no owner's `create`
-//! runs meanwhile, and the owner's cells are only ever touched by one thread
-//! at a time (loom checks it: `tests/loom.rs`,
-//! `the_owners_run_races_another_creator` and
-//! `the_owners_reused_chain_races_a_loader`). At most 64 free slots wait
-//! there, so a loader never misses more than that many.
+//! the owner puts what is left of the run on the free list and makes its
+//! thread the owner; shutdown puts it on the free list too, so its slots are
+//! accounted for and the segments are freed. Both hold `&mut ObjectManager`,
+//! so no owner's `create` runs meanwhile, and the run's cell is only ever
+//! touched by one thread at a time (loom checks it: `tests/loom.rs`,
+//! `the_owners_run_races_another_creator`).
 //!
 //! # Who owns what: the registry, collection and loaders
 //!

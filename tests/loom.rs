@@ -3,9 +3,9 @@
 //! - objects: the dead-list push on the last drop and the per-thread ring
 //!   that carries it, `upgrade` racing the last drop, concurrent `create`
 //!   popping the free list, the owner's run of fresh slots racing another
-//!   creator, the owner's chain of reused slots racing a loader, a refused
-//!   segment racing a served one, loaders creating while the owner collects
-//!   or shuts down, and a candidate root's drop racing the cycle collector;
+//!   creator, a refused segment racing a served one, loaders creating while
+//!   the owner collects or shuts down, and a candidate root's drop racing the
+//!   cycle collector;
 //! - allocators: remote frees and double frees of the size-class pool and the
 //!   small-object allocator, and a thread exit handing its page or lane back;
 //! - the tracker's pending records: a free on another thread racing the
@@ -323,44 +323,6 @@ fn drop_races_budgeted_collect() {
         assert_eq!(mm.collect_garbage().objects, 2);
         assert_eq!(drops.load(Ordering::SeqCst), 3);
         assert!(mm.shutdown().is_empty());
-    });
-}
-
-/// The owner takes free slots off the list a run at a time (one CAS past
-/// several links) while a loader pops one: every object gets its own slot,
-/// the counts stay exact, and a collection on another thread hands what the
-/// owner still holds back to the free list.
-#[test]
-fn the_owners_reused_chain_races_a_loader() {
-    model(|| {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let token = || DropToken(Arc::clone(&drops));
-        let mut mm = quiet();
-        mm.reserve::<Texture>(3);
-        let made: Vec<_> = (0..3).map(|id| mm.create(Texture { id, token: token() })).collect();
-        drop(made);
-        assert_eq!(mm.collect_garbage().objects, 3, "three free slots");
-        let loader = mm.loader();
-        let loader_drops = Arc::clone(&drops);
-        let t = thread::spawn(move || loader.create(Texture { id: 9, token: DropToken(loader_drops) }));
-        let a = mm.create(Texture { id: 3, token: token() });
-        let h = t.join().unwrap();
-        let b = mm.create(Texture { id: 4, token: token() });
-        let keys = [a.key().index(), b.key().index(), h.key().index()];
-        assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2], "{keys:?}");
-        assert_eq!((mm[&a].id, mm[&b].id, mm[&h].id), (3, 4, 9));
-        assert_eq!(mm.count::<Texture>(), 3);
-        drop((a, b, h));
-        let mm = thread::spawn(move || {
-            let mut mm = mm;
-            assert_eq!(mm.collect_garbage().objects, 3);
-            assert_eq!(mm.count::<Texture>(), 0);
-            mm
-        })
-        .join()
-        .unwrap();
-        assert!(mm.shutdown().is_empty());
-        assert_eq!(drops.load(Ordering::SeqCst), 6);
     });
 }
 

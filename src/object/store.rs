@@ -7,8 +7,8 @@
 //! [`Loader`](super::Loader) pops it under the store's `free_lock`, and only
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
-//! Never-used slots come from raising `len`. The owner thread takes both
-//! kinds a run at a time (`owner_slots.rs`).
+//! Never-used slots come from raising `len`, by the owner thread a run at a
+//! time (`fresh.rs`).
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -24,11 +24,11 @@ use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::track::StackTrace;
 use crate::Error;
 
+use super::fresh::{FreshRun, RUN};
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
-use super::owner_slots::{OwnerSlots, RUN};
 use super::report::TypeReport;
 use super::shared::StoreShared;
 use super::slot::{is_count, SiteCell, Slot, SlotHeader, SlotState, COUNT_MASK, GENERATION_LIMIT, LINK_FLAG, NIL};
@@ -94,8 +94,8 @@ pub(crate) struct Store<T> {
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
-    /// The owner thread's slots, fresh and reused (see `owner_slots.rs`).
-    owned: OwnerSlots,
+    /// The owner thread's run of never-used slots (see `fresh.rs`).
+    fresh: FreshRun,
     destroyed: AtomicU64,
     /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
     destroyed_in_place: AtomicU64,
@@ -181,7 +181,7 @@ impl<T: MMObject> Store<T> {
             _type: std::marker::PhantomData,
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
-            owned: OwnerSlots::new(),
+            fresh: FreshRun::new(),
             destroyed: AtomicU64::new(0),
             destroyed_in_place: AtomicU64::new(0),
             retired: AtomicU64::new(0),
@@ -290,7 +290,6 @@ impl<T: MMObject> Store<T> {
         };
         let reused = match source {
             _ if self.iterating.load(Ordering::Relaxed) > 0 => None,
-            SlotSource::Manager if self.owned.is_owner() => self.take_reused(),
             SlotSource::Manager => self.pop_free(),
             SlotSource::Loader => {
                 let _free = self.free_lock.lock();
@@ -356,15 +355,15 @@ impl<T: MMObject> Store<T> {
     /// (refilling it from `len` when it is empty), else straight from `len`.
     #[inline]
     fn take_fresh(&self, source: SlotSource) -> Result<u32, Error> {
-        if source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 && self.owned.is_owner() {
-            if let Some(local) = self.owned.take_fresh() {
+        if source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 && self.fresh.is_owner() {
+            if let Some(local) = self.fresh.take() {
                 return Ok(local);
             }
             // No growing here: that runs the allocator, which must not find
             // the run half refilled. `bump` grows, and the next call refills.
             if let Some((start, end)) = self.raise_len(RUN, false)? {
                 if end - start > 1 {
-                    self.owned.refill_fresh(start + 1, end);
+                    self.fresh.refill(start + 1, end);
                 }
                 return Ok(start);
             }
@@ -407,88 +406,20 @@ impl<T: MMObject> Store<T> {
         }
     }
 
-    /// Puts the owner's slots (fresh and reused) on the free list, and gives
-    /// them to the calling thread if `adopt`.
+    /// Puts the owner's run of fresh slots on the free list, and gives the
+    /// run to the calling thread if `adopt`.
     ///
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager.
-    unsafe fn release_owned(&self, adopt: bool) {
+    unsafe fn release_fresh(&self, adopt: bool) {
         // SAFETY: the caller's contract.
-        let released = unsafe { self.owned.release(adopt) };
+        let (start, end) = unsafe { self.fresh.release(adopt) };
         let mut chain = FreedChain::default();
-        let (mut at, count) = released.reused;
-        for _ in 0..count {
-            let slot = self.slot(at).expect("owned slots live in published segments");
-            let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-            chain.push(at, slot);
-            at = next;
-        }
-        let (start, end) = released.fresh;
         for local in (start..end).rev() {
-            chain.push(local, self.slot(local).expect("owned slots live in published segments"));
+            chain.push(local, self.slot(local).expect("fresh slots live in published segments"));
         }
         self.push_free_chain(&chain);
-    }
-
-    /// The owner's next free slot: from its chain of reused slots, refilled
-    /// from the free list a run at a time.
-    #[inline]
-    fn take_reused(&self) -> Option<u32> {
-        let link = |local| {
-            self.slot(local).expect("owned slots live in published segments").header.word.load(Ordering::Relaxed)
-                & !LINK_FLAG
-        };
-        self.owned.take_reused(link).or_else(|| self.pop_free_run())
-    }
-
-    /// Pops up to [`RUN`] slots off the free list with one CAS: returns the
-    /// first, and makes the rest the owner's reused chain. Only the owner
-    /// calls it, during a `create` (so, as for [`pop_free`](Self::pop_free),
-    /// every other thread only pops: the head only moves down the list, and
-    /// a CAS that finds it unchanged finds the links read below unchanged).
-    #[cold]
-    fn pop_free_run(&self) -> Option<u32> {
-        let mut word = self.free_head.load(Ordering::Acquire);
-        'retry: loop {
-            let (head, free) = split_free(word);
-            if head == NIL {
-                return None;
-            }
-            // Walk to the last slot taken. A slot popped by another thread
-            // meanwhile may hold anything: a word without the link flag, or
-            // an index past the published segments, means the list moved, and
-            // the CAS would fail anyway.
-            let want = free.clamp(1, RUN);
-            let (mut taken, mut next) = (0, head);
-            while taken < want && next != NIL {
-                let word_now = match self.slot(next) {
-                    Some(slot) => slot.header.word.load(Ordering::Relaxed),
-                    None => {
-                        word = self.free_head.load(Ordering::Acquire);
-                        continue 'retry;
-                    }
-                };
-                if word_now & LINK_FLAG == 0 {
-                    word = self.free_head.load(Ordering::Acquire);
-                    continue 'retry;
-                }
-                taken += 1;
-                next = word_now & !LINK_FLAG;
-            }
-            let popped = free_word(next, free.saturating_sub(taken));
-            match self.free_head.compare_exchange_weak(word, popped, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => {
-                    if taken > 1 {
-                        let second =
-                            self.slot(head).expect("published").header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-                        self.owned.refill_reused(second, taken - 1);
-                    }
-                    return Some(head);
-                }
-                Err(actual) => word = actual,
-            }
-        }
     }
 
     /// Allocates segments so that `additional` more slots exist past `len`.
@@ -628,10 +559,10 @@ impl<T: MMObject> Store<T> {
         self.note_peak();
         // No iterator is alive under `&mut ObjectManager` (invariants).
         self.iterating.store(0, Ordering::Relaxed);
-        // The collecting thread becomes the owner (see `owner_slots.rs`).
-        if !self.owned.is_owner() {
+        // The collecting thread becomes the owner (see `fresh.rs`).
+        if !self.fresh.is_owner() {
             // SAFETY: the caller holds `&mut ObjectManager`.
-            unsafe { self.release_owned(true) };
+            unsafe { self.release_fresh(true) };
         }
         if *budget == 0 {
             return 0;
@@ -765,7 +696,7 @@ impl<T> Store<T> {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
         let retired = self.retired.load(Ordering::Relaxed);
-        let fresh = u64::from(self.owned.left());
+        let fresh = u64::from(self.fresh.left());
         used.saturating_sub(free + retired + fresh + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
@@ -1081,9 +1012,9 @@ impl<T: MMObject> ErasedStore for Store<T> {
     /// handle is being dropped on another thread right now: then the memory
     /// is leaked on purpose, so those handles stay sound.
     unsafe fn settle(&self) -> Settled {
-        // The owner's slots go on the free list, where they are accounted for.
+        // The owner's fresh slots go on the free list, where they are accounted for.
         // SAFETY: the caller holds `&mut ObjectManager` (trait contract).
-        unsafe { self.release_owned(false) };
+        unsafe { self.release_fresh(false) };
         // Last drops made before now (`destroy_all`'s cascades among them)
         // are listed, so they are accounted for below.
         super::last_drops::drain_all();
