@@ -140,9 +140,14 @@ fn every_store_byte_comes_from_the_allocator_and_goes_back() {
         }
     });
     assert_eq!(calls, 0, "store memory never goes through the global allocator");
-    let segments = counting.allocations();
     assert!(counting.live_bytes() >= OBJECTS * std::mem::size_of::<Entity>());
-    assert!(segments < 40, "segments double: {segments} allocations for {OBJECTS} objects");
+    // (With `handle-sites`, the site table is store memory too, and lists the
+    // raw references of each object in a list of its own.)
+    #[cfg(not(feature = "handle-sites"))]
+    {
+        let segments = counting.allocations();
+        assert!(segments < 40, "segments double: {segments} allocations for {OBJECTS} objects");
+    }
 
     drop(handles);
     mm.collect_garbage();

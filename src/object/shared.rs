@@ -87,9 +87,9 @@ impl StoreShared {
             cyclable,
             candidates: sync::Mutex::new(Candidates::new(alloc.clone())),
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
-            raw_refs: Mutex::new(HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc)),
             #[cfg(feature = "handle-sites")]
-            handle_sites: Mutex::default(),
+            handle_sites: Mutex::new(super::handle_sites::HandleSites::new(alloc.clone())),
+            raw_refs: Mutex::new(HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc)),
         }
     }
 

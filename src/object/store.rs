@@ -435,6 +435,16 @@ impl<T: MMObject> Store<T> {
                 self.grow(segment)?;
             }
         }
+        // The first handle of each new object gets an entry in the site table.
+        #[cfg(feature = "handle-sites")]
+        if !self.shared().handle_sites.lock().reserve(additional) {
+            return Err(Error::StoreOutOfMemory {
+                type_name: T::TYPE_NAME,
+                part: "the handle-site table",
+                bytes: additional * std::mem::size_of::<(u32, (u32, super::HandleSite))>(),
+                allocator: self.alloc.name(),
+            });
+        }
         Ok(())
     }
 
