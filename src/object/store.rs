@@ -935,14 +935,14 @@ impl<T: MMObject> ErasedStore for Store<T> {
 
     fn visit_live(&self, f: &mut dyn FnMut(ObjectKey, &SlotHeader, &'static Location<'static>, &dyn ErasedObject)) {
         // An empty store (a level unloaded and collected) skips the pass over
-        // its slots; debug builds make it and check the count.
-        let empty = self.resident() == 0;
-        if empty && !cfg!(debug_assertions) {
+        // its slots. (No debug check against the pass here: a loader may
+        // create meanwhile, so the two may differ; `destroy_all`, which runs
+        // with loaders shut out, checks the count.)
+        if self.resident() == 0 {
             return;
         }
         self.for_each_slot(|local, slot| {
             if let SlotState::Live(_) = slot.header.state() {
-                debug_assert!(!empty, "resident() counted no object, but one is live");
                 // SAFETY: live implies an odd generation read with Acquire in
                 // `state`; `&self` blocks collection.
                 let (value, site) = unsafe { (Self::value_unchecked(slot), self.site(local)) };
@@ -965,6 +965,8 @@ impl<T: MMObject> ErasedStore for Store<T> {
 
     unsafe fn destroy_all(&self, on_panic: &mut dyn FnMut(&'static str, ObjectKey)) {
         // As in `visit_live`: nothing to destroy, no pass over the slots.
+        // Debug builds make the pass and check the count (no loader creates
+        // meanwhile: shutdown closed the registry to them).
         let empty = self.resident() == 0;
         let mut destroyed = 0;
         let mut hook = self.on_destroy.lock();
