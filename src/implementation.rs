@@ -142,9 +142,9 @@
 //! The drop that takes a count to zero does not push: it writes the slot
 //! (store, local index, header word) into a ring of 256 entries owned by its
 //! thread, with plain stores, and publishes it with a `Release` store of the
-//! ring's `recorded` counter. The count's locked decrement and a push CAS in
-//! a row cost a frame of releases a serialised cache miss each plus a locked
-//! instruction on a shared line (see `BENCHMARKS.md`, O1). A ring is
+//! ring's `recorded` counter. That takes the push's locked instruction on the
+//! store's shared line off every last drop (a level unload got 15 % faster;
+//! see `BENCHMARKS.md`, O1c). A ring is
 //! *drained* under its own lock: its entries are read, consecutive slots of
 //! one store are linked through their words (which nobody else writes while
 //! the count is zero), each run is pushed with one CAS, and `drained` is
