@@ -25,6 +25,7 @@ static STRINGS: Tag = Tag::new("global-Strings");
 static MAPS: Tag = Tag::new("global-Maps");
 static LIMITED: Tag = Tag::new("global-Limited");
 static LOGGED: Tag = Tag::new("global-Logged");
+static RING: Tag = Tag::new("global-Ring");
 static THREADS: [Tag; 4] =
     [Tag::new("global-Thread0"), Tag::new("global-Thread1"), Tag::new("global-Thread2"), Tag::new("global-Thread3")];
 
@@ -62,6 +63,7 @@ fn global_allocator_attributes_and_balances() {
     diagnostics_catch_overruns_and_double_frees();
     objects_and_the_allocator_count_each_byte_once();
     a_store_allocator_through_the_tracking_allocator_counts_nothing();
+    a_threads_ring_of_last_drops_is_not_charged_to_the_tag_in_scope();
     totals_balance();
 }
 
@@ -306,6 +308,23 @@ fn a_store_allocator_through_the_tracking_allocator_counts_nothing() {
     assert_eq!(stats(&OBJECT_TEXTURES).bytes, 0);
     drop(mm);
     assert_eq!(stats(&OBJECT_TEXTURES).count, 0);
+}
+
+#[derive(MMObject)]
+struct Marker(u32);
+
+/// The ring that carries a thread's last handle drops, allocated at its first one, is
+/// framework memory like a store's: the tag in scope is not charged for it.
+fn a_threads_ring_of_last_drops_is_not_charged_to_the_tag_in_scope() {
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            scope(&RING, || drop(mm.create(Marker(7))));
+            assert_eq!(stats(&RING).bytes, 0, "the new thread's ring is not the tag's");
+        });
+    });
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!((stats(&RING).bytes, stats(&RING).count), (0, 0));
 }
 
 fn objects_and_the_allocator_count_each_byte_once() {

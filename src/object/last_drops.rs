@@ -254,6 +254,9 @@ impl ThreadRing {
 
     #[cold]
     fn register(&self) -> Option<NonNull<LastDrops>> {
+        // Framework memory, like a store's: never charged to the tag in scope
+        // at the thread's first last drop (freed untracked too, in `drop`).
+        let _untracked = crate::track::Reentry::enter();
         // Both allocations fallible: a drop must not abort for want of a ring.
         let mut entries = Vec::new();
         entries.try_reserve_exact(CAPACITY).ok()?;
@@ -299,6 +302,7 @@ impl Drop for ThreadRing {
         // Then out of the registry: a drainer holding the lock finishes with
         // the ring before this returns, and none finds it afterwards.
         registry().lock().retain(|listed| listed.0 != ring);
+        let _untracked = crate::track::Reentry::enter();
         // SAFETY: made by `register` as a leaked box; no other thread can
         // reach it any more (above).
         drop(unsafe { Box::from_raw(ring.as_ptr()) });
