@@ -111,11 +111,11 @@ struct LiveBlock {
     raw: NonNull<u8>,
 }
 
-// SAFETY: `raw` is only an address with provenance, kept to free the block later; the ledger
-// never reads or writes through it while the block is live, and frees happen under the
-// ledger's lock, from whichever thread owns the block. Whether the raw allocator itself may
-// be used from several threads is `A`'s bound on `AlignedAlloc<A>`'s `Send`/`Sync`. No
-// type parameter, so no bound is needed here.
+// `raw` is only an address with provenance, kept to free the block later; the ledger never
+// reads or writes through it while the block is live, and frees happen under the ledger's
+// lock, from whichever thread owns the block.
+// SAFETY: no type parameter, so no bound (no `Rc` lives in the block's record); whether the
+// raw allocator may be used from several threads is `A`'s bound on `AlignedAlloc<A>`.
 unsafe impl Send for LiveBlock {}
 
 /// Live and recently freed blocks, to check frees.

@@ -84,11 +84,11 @@ pub struct Handle<T> {
     _type: PhantomData<fn(T) -> T>,
 }
 
-// SAFETY: no bound on `T` is needed: a handle holds no `T` (a `T` with an
-// `Rc` inside never crosses threads through it). It only touches its slot's
-// atomic header and its store's atomic dead list, and never reads, writes or
-// drops a `T` on its own; reads go through a manager, whose stores need
-// `T: Send + Sync`.
+// A handle only touches its slot's atomic header and its store's atomic dead
+// list (through its thread's ring), and never reads, writes or drops a `T` on
+// its own; reads go through a manager, whose stores need `T: Send + Sync`.
+// SAFETY: no bound on `T` is needed: a handle holds no `T`, so a `T` with an
+// `Rc` inside never crosses threads through it (see above).
 unsafe impl<T> Send for Handle<T> {}
 // SAFETY: no bound on `T`, as for `Send`: `&Handle` allows only `clone`,
 // `ref_count` and key reads, none of which touches a `T`.
@@ -446,11 +446,11 @@ pub struct WeakHandle<T> {
     _type: PhantomData<fn(T) -> T>,
 }
 
-// SAFETY: no bound on `T` is needed (as before the pointer was packed in):
-// a weak handle is an address and a key and holds no `T`, so a `T` with an
-// `Rc` inside never crosses threads through it. It never reads a slot on its
-// own; every read goes through a manager (`&ObjectManager`), which checks the
-// id first and whose stores need `T: Send + Sync`.
+// A weak handle never reads a slot on its own; every read goes through a
+// manager (`&ObjectManager`), which checks the id first and whose stores
+// need `T: Send + Sync`.
+// SAFETY: no bound on `T` is needed: a weak handle is an address and a key
+// and holds no `T`, so a `T` with an `Rc` inside never crosses threads through it.
 unsafe impl<T> Send for WeakHandle<T> {}
 // SAFETY: no bound on `T`, as for `Send`: `&WeakHandle` allows only copying
 // and key reads, none of which touches a `T`.

@@ -68,11 +68,11 @@ pub(crate) struct LastDrops {
     draining: Mutex<()>,
 }
 
-// SAFETY: no type parameter, no bound. The cells are written only by the
-// owning thread, in cells no drainer reads (`drained` has passed them, read
-// with `Acquire`), and read by a drainer only under `draining` after the
-// `Acquire` load of `recorded` that publishes them. The pointers inside name
-// atomics and a `StoreShared`, which is `Sync`, and stay valid until drained.
+// The cells are written only by the owning thread, in cells no drainer reads
+// (`drained` has passed them, read with `Acquire`), and read by a drainer only
+// under `draining` after the `Acquire` load of `recorded` that publishes them.
+// SAFETY: no type parameter, no bound (no `Rc` inside); as above, and the entries
+// point at atomics and a `Sync` `StoreShared`, valid until drained.
 unsafe impl Sync for LastDrops {}
 // SAFETY: no type parameter, no bound. Only the pointers in the entries keep
 // the type from being `Send` on its own; they point at `Sync` data that does
