@@ -89,14 +89,22 @@ impl Header {
     /// id (so a corrupted header never indexes out of the tag table).
     #[inline]
     pub(crate) const fn is_counted_only(self) -> bool {
-        self.magic_flags() == MAGIC | H_COUNTED && (self.tag() as usize) < MAX_TAGS
+        self.is_exactly(MAGIC | H_COUNTED)
     }
 
     /// A live block that is counted and has a record, with no guards, under an existing
     /// tag id.
     #[inline]
     pub(crate) const fn is_recorded_only(self) -> bool {
-        self.magic_flags() == MAGIC | H_COUNTED | H_RECORD && (self.tag() as usize) < MAX_TAGS
+        self.is_exactly(MAGIC | H_COUNTED | H_RECORD)
+    }
+
+    /// Whether the magic and flags are `magic_flags` and the tag is below `MAX_TAGS` (256:
+    /// its upper 24 bits are zero), in one shift and compare.
+    #[inline]
+    const fn is_exactly(self, magic_flags: u32) -> bool {
+        const _: () = assert!(MAX_TAGS == 1 << 8, "the header's tag check assumes 256 tags");
+        self.0 >> 8 == (magic_flags as u64) << 24
     }
 
     pub(crate) const fn flags(self) -> u32 {

@@ -164,10 +164,17 @@ impl Tracker {
     }
 
     /// Budgeted or watched tags take the exact (shared-counter) path in the allocator.
+    /// The configuration's slow-tags bit says whether any tag is slow, so that while none
+    /// is, the allocator's counting path skips the per-tag flag; it is recomputed from
+    /// every tag's flag under one lock, so two updates cannot leave it stale.
     pub(super) fn update_slow(&self, tag: TagId) {
+        static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+        let _serial = SERIAL.lock();
         let c = &self.counters[tag.index()];
         let slow = c.budget.load(Ordering::Relaxed) != NO_BUDGET || c.watch.load(Ordering::Relaxed);
         c.slow.store(slow, Ordering::Relaxed);
+        let any = self.counters.iter().any(|c| c.slow.load(Ordering::Relaxed));
+        self.set_slow_tags(any);
     }
 
     /// Removes a tag's budget.

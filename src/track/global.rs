@@ -165,37 +165,28 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         unsafe { self.alloc_counted(layout, true) }
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
-        if !t.config().diagnostics() {
+        // The counting path: no diagnostics and no slow tag (one test of the configuration),
+        // a counted-only block, this thread's slot cached. The layout gives the size.
+        if t.config().counting_free() {
             // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
             // has a header.
             let header = unsafe { block::read_header(ptr) };
             if header.is_counted_only() {
-                // The counting path: no record, no guards; the layout gives the size. The
-                // flush and the shared counters' path are out of line.
-                let tag = TagId(header.tag());
-                if !t.is_slow(tag) {
-                    if let Some(slot) = t.threads.cached_slot() {
-                        if slot.free(tag.index(), layout.size() as isize) {
-                            t.flush(slot, tag);
-                        }
-                        // SAFETY: the caller's contract; the header says counted only.
-                        return unsafe { self.free_counted(ptr, layout) };
+                if let Some(slot) = t.threads.cached_slot() {
+                    let tag = TagId(header.tag());
+                    if slot.free(tag.index(), layout.size() as isize) {
+                        t.flush(slot, tag);
                     }
+                    // SAFETY: the caller's contract; the header says counted only.
+                    return unsafe { self.free_counted(ptr, layout) };
                 }
-                t.uncount(tag, layout.size(), ptr as usize);
-                // SAFETY: as above.
-                return unsafe { self.free_counted(ptr, layout) };
-            }
-            if header.is_recorded_only() {
-                // SAFETY: the caller's contract; the header says recorded, unguarded.
-                return unsafe { self.free_recorded(ptr, layout) };
             }
         }
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.dealloc_slow(ptr, layout) }
+        unsafe { self.dealloc_checked(ptr, layout) }
     }
 
     #[inline]
@@ -234,12 +225,50 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 }
 
 impl<A: GlobalAlloc> TrackingAllocator<A> {
+    /// `dealloc` off the counting path: diagnostics, a slow tag, a block with a record, or
+    /// a thread without its slot cached.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`].
+    #[inline(never)]
+    unsafe fn dealloc_checked(&self, ptr: *mut u8, layout: Layout) {
+        let t = self.tracker;
+        if !t.config().diagnostics() {
+            // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
+            // has a header.
+            let header = unsafe { block::read_header(ptr) };
+            if header.is_counted_only() {
+                let tag = TagId(header.tag());
+                if !t.is_slow(tag) {
+                    if let Some(slot) = t.threads.slot() {
+                        if slot.free(tag.index(), layout.size() as isize) {
+                            t.flush(slot, tag);
+                        }
+                        // SAFETY: the caller's contract; the header says counted only.
+                        return unsafe { self.free_counted(ptr, layout) };
+                    }
+                }
+                t.uncount(tag, layout.size(), ptr as usize);
+                // SAFETY: as above.
+                return unsafe { self.free_counted(ptr, layout) };
+            }
+            if header.is_recorded_only() {
+                // SAFETY: the caller's contract; the header says recorded, unguarded.
+                return unsafe { self.free_recorded(ptr, layout) };
+            }
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.dealloc_slow(ptr, layout) }
+    }
+
     /// `alloc` and `alloc_zeroed`: the counting path inline, everything else out of line.
     ///
     /// The counting path is one thread-local read (the tag and the re-entrancy flag), the
-    /// configuration word, the tag's `slow` flag, the inner allocation, one header store,
-    /// and the thread's counter slot. The count comes after the allocation: a tag that is
-    /// not slow has no budget to refuse it, so a failed allocation has nothing to undo.
+    /// configuration word (one shift and test: the size takes the counting path, and no tag
+    /// has a budget or a watch), the inner allocation, one header store, and the thread's
+    /// counter slot. The count comes after the allocation: with no slow tag there is no
+    /// budget to refuse it, so a failed allocation has nothing to undo.
     ///
     /// # Safety
     ///
@@ -247,19 +276,14 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     #[inline(always)]
     unsafe fn alloc_counted(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let t = self.tracker;
-        let tag = match allocation_tag() {
-            Some(tag) if !t.is_slow(tag) => tag,
+        let Some(tag) = allocation_tag() else {
             // SAFETY: the caller guarantees a non-zero size.
-            other => return unsafe { self.alloc_tagged(layout, other, zeroed) },
+            return unsafe { self.alloc_tagged(layout, None, zeroed) };
         };
         let config = t.config();
         if !config.counts_only(layout.size()) {
-            if !config.diagnostics() {
-                // SAFETY: the caller guarantees a non-zero size.
-                return unsafe { self.alloc_recorded(layout, tag, config, zeroed) };
-            }
             // SAFETY: as above.
-            return unsafe { self.alloc_tagged(layout, Some(tag), zeroed) };
+            return unsafe { self.alloc_checked(layout, tag, config, zeroed) };
         }
         let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {
             return ptr::null_mut();
@@ -269,6 +293,22 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         t.placed_without_record(user as usize);
         t.count_unbudgeted(tag, layout.size());
         user
+    }
+
+    /// `alloc` off the counting path: a size that gets a record, diagnostics, or some tag
+    /// with a budget or a watch (this one is checked here).
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline]
+    unsafe fn alloc_checked(&self, layout: Layout, tag: TagId, config: Config, zeroed: bool) -> *mut u8 {
+        if config.diagnostics() || self.tracker.is_slow(tag) {
+            // SAFETY: the caller guarantees a non-zero size.
+            return unsafe { self.alloc_tagged(layout, Some(tag), zeroed) };
+        }
+        // SAFETY: as above.
+        unsafe { self.alloc_recorded(layout, tag, config, zeroed) }
     }
 
     /// The inner allocation of an unguarded block for `layout` (header included), or `None`
@@ -287,8 +327,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         (!base.is_null()).then_some((base, block))
     }
 
-    /// `alloc` of a block that may get a record but no guards (records or stacks mode, or a
-    /// size sampling looks at, diagnostics off) under a tag that is not slow:
+    /// `alloc` of a block that may get a record but no guards (records or stacks mode, a
+    /// size sampling looks at, or any size while some other tag is slow; diagnostics off)
+    /// under a tag that is not slow:
     /// [`Tracker::place`]'s steps for this one case, without its generality. The record
     /// becomes the thread's pending record (see `pending.rs`) when the thread has its slot.
     ///
@@ -527,6 +568,38 @@ mod tests {
     fn counting_roundtrip() {
         static TAG: Tag = Tag::new("global-unit-counting");
         roundtrip(&T_COUNT, &TAG);
+    }
+
+    #[test]
+    fn a_budget_on_one_tag_leaves_the_others_counted_and_is_enforced_on_its_own() {
+        static T: Tracker = Tracker::new();
+        static FREE: Tag = Tag::new("global-unit-unbudgeted");
+        static TIGHT: Tag = Tag::new("global-unit-budgeted");
+        let a = TrackingAllocator::with_tracker(System, &T);
+        T.set_budget(&TIGHT, 100);
+        T.set_budget_policy(&TIGHT, crate::track::BudgetPolicy::Error);
+        assert!(T.config().slow_tags());
+        roundtrip(&T, &FREE);
+        let l = Layout::new::<[u8; 64]>();
+        // SAFETY: non-zero layouts; every non-null block is freed once with its layout.
+        unsafe {
+            let _g = TIGHT.enter();
+            let p = a.alloc(l);
+            assert!(!p.is_null());
+            assert!(a.alloc(l).is_null(), "the second 64 B block exceeds the 100 B budget");
+            assert_eq!(T.tag_stats(&TIGHT).bytes, 64);
+            a.dealloc(p, l);
+        }
+        assert_eq!(T.tag_stats(&TIGHT).bytes, 0);
+        T.clear_budget(&TIGHT);
+        assert!(!T.config().slow_tags(), "no slow tag left");
+        T.watch(&FREE, true);
+        T.watch(&TIGHT, true);
+        T.watch(&FREE, false);
+        assert!(T.config().slow_tags(), "one watched tag is left");
+        T.watch(&TIGHT, false);
+        assert!(!T.config().slow_tags());
+        roundtrip(&T, &TIGHT);
     }
 
     #[test]

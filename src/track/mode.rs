@@ -228,10 +228,11 @@ impl fmt::Display for Mode {
 /// One load of `Tracker::config`: the mode, the diagnostics flag, and the configuration
 /// epoch, packed in a `u64` so the three are always read together.
 ///
-/// Bits 0..24 hold `Mode::encode`, bit 24 the diagnostics flag, bits 25..31 the counting
-/// path's size shift (see [`Config::counts_only`]), bit 31 [`Config::keeps_records`], bits
-/// 32..64 the epoch. The last two are derived from the first two, so the allocator's fast
-/// path tests them without decoding the mode.
+/// Bits 0..22 and 23 hold `Mode::encode`, bit 22 [`Config::slow_tags`], bit 24 the
+/// diagnostics flag, bits 25..31 the counting path's size shift (see
+/// [`Config::counts_only`]), bit 31 [`Config::keeps_records`], bits 32..64 the epoch. The
+/// shift and bit 31 are derived from the bits below them, so the allocator's fast path
+/// tests them without decoding the mode.
 ///
 /// Invariant (what makes the freed ring safe to trust, see `Tracker::decisive_double_free`):
 /// every change of the mode or of the diagnostics flag adds one to the epoch, so two loads
@@ -242,6 +243,10 @@ pub(crate) struct Config(pub(crate) u64);
 
 /// The diagnostic-mode bit of a [`Config`].
 const DIAGNOSTICS: u64 = 1 << 24;
+/// The bit of a [`Config`] set while some tag has a budget or a watch.
+const SLOW_TAGS: u64 = 1 << 22;
+/// The bits of a [`Config`] that hold `Mode::encode` (bit 22 is free in every encoding).
+const MODE_BITS: u64 = (DIAGNOSTICS - 1) & !SLOW_TAGS;
 /// The lowest bit of the counting path's size shift in a [`Config`].
 const COUNTS_SHIFT: u32 = 25;
 /// The keeps-records bit of a [`Config`].
@@ -253,17 +258,23 @@ pub(crate) const EPOCH_MAX: u64 = u64::MAX >> EPOCH_SHIFT;
 
 impl Config {
     pub(crate) const fn new(mode: Mode, diagnostics: bool) -> Config {
+        Config::build(mode, diagnostics, false)
+    }
+
+    const fn build(mode: Mode, diagnostics: bool, slow_tags: bool) -> Config {
         let keeps = diagnostics || matches!(mode, Mode::Records | Mode::Stacks { .. });
         // Blocks under `1 << shift` bytes take the counting path: every size in counting
         // mode, those below the sampling threshold in sampled mode, none (a shift of 0
-        // leaves every non-zero size) when every block gets a record.
+        // leaves every non-zero size) when every block gets a record or when some tag is
+        // slow (then the allocator checks the tag out of line).
         let shift: u64 = match mode {
-            _ if keeps => 0,
+            _ if keeps || slow_tags => 0,
             Mode::Sampled(s) => s.small_log2 as u64,
             _ => 63,
         };
         Config(
             mode.encode()
+                | if slow_tags { SLOW_TAGS } else { 0 }
                 | if diagnostics { DIAGNOSTICS } else { 0 }
                 | shift << COUNTS_SHIFT
                 | if keeps { KEEPS_RECORDS } else { 0 },
@@ -272,7 +283,27 @@ impl Config {
 
     #[inline]
     pub(crate) const fn mode(self) -> Mode {
-        Mode::decode(self.0 & (DIAGNOSTICS - 1))
+        Mode::decode(self.0 & MODE_BITS)
+    }
+
+    /// Whether some tag has a budget or a watch (see `Tracker::update_slow`): then the
+    /// allocator's counting path checks each block's tag out of line.
+    #[inline]
+    pub(crate) const fn slow_tags(self) -> bool {
+        self.0 & SLOW_TAGS != 0
+    }
+
+    /// Whether a free of a counted-only block may take the counting path: no diagnostics
+    /// and no slow tag. One test.
+    #[inline]
+    pub(crate) const fn counting_free(self) -> bool {
+        self.0 & (DIAGNOSTICS | SLOW_TAGS) == 0
+    }
+
+    /// This configuration with the slow-tags bit set to `on`, in the same epoch (the mode
+    /// and the diagnostics flag are unchanged, so the epoch's invariant holds).
+    pub(crate) const fn with_slow_tags(self, on: bool) -> Config {
+        Config(Config::build(self.mode(), self.diagnostics(), on).0 | self.0 & !(u64::MAX >> (64 - EPOCH_SHIFT)))
     }
 
     #[inline]
@@ -305,7 +336,7 @@ impl Config {
     /// Whether a tagged block of `size` bytes gets a record, and how many stack frames.
     #[inline]
     pub(crate) fn records(self, size: usize) -> Option<usize> {
-        let raw = self.0 & (DIAGNOSTICS - 1);
+        let raw = self.0 & MODE_BITS;
         if raw & SAMPLED != 0 {
             let s = Sampling::decode(raw);
             return (self.diagnostics() || s.samples(size)).then_some(s.depth());
@@ -317,7 +348,7 @@ impl Config {
     /// This configuration with another mode and flag, one epoch later (saturating).
     pub(crate) const fn changed(self, mode: Mode, diagnostics: bool) -> Config {
         let epoch = if self.epoch() < EPOCH_MAX { self.epoch() + 1 } else { EPOCH_MAX };
-        Config(Config::new(mode, diagnostics).0 | epoch << EPOCH_SHIFT)
+        Config(Config::build(mode, diagnostics, self.slow_tags()).0 | epoch << EPOCH_SHIFT)
     }
 }
 
@@ -360,6 +391,28 @@ mod tests {
         assert!(!Config::new(Mode::Records, false).counts_only(1));
         assert!(!Config::new(Mode::Stacks { depth: 3 }, false).counts_only(1));
         assert!(Config::new(Mode::Stacks { depth: 3 }, false).keeps_records());
+    }
+
+    #[test]
+    fn the_slow_tags_bit_sends_every_size_off_the_counting_path_and_keeps_the_mode() {
+        let modes = [Mode::Counting, Mode::Records, Mode::Stacks { depth: 7 }, Mode::Sampled(Sampling::DEFAULT)];
+        for m in modes {
+            for diagnostics in [false, true] {
+                let c = Config(Config::new(m, diagnostics).0 | 5 << EPOCH_SHIFT);
+                let slow = c.with_slow_tags(true);
+                assert!(slow.slow_tags() && !c.slow_tags());
+                assert_eq!((slow.mode(), slow.diagnostics(), slow.epoch()), (m, diagnostics, 5));
+                assert_eq!(slow.keeps_records(), c.keeps_records());
+                assert!(!slow.counts_only(1) && !slow.counting_free());
+                assert_eq!(slow.records(64), c.records(64));
+                assert_eq!(slow.with_slow_tags(false), c, "clearing the bit restores the word");
+                let switched = slow.changed(Mode::Counting, false);
+                assert!(switched.slow_tags(), "a mode change keeps the bit");
+                assert_eq!(switched.epoch(), 6);
+            }
+        }
+        assert!(Config::new(Mode::Counting, false).counting_free());
+        assert!(!Config::new(Mode::Counting, true).counting_free());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::Error;
 
 /// The most tags a process can register, including [`TagId::UNTAGGED`].
 pub const MAX_TAGS: usize = 256;
+const _: () = assert!(MAX_TAGS.is_power_of_two(), "TagId::index masks by MAX_TAGS");
 
 /// The small dense id of a registered [`Tag`]; it indexes the tracker's per-tag stats.
 ///
@@ -39,7 +40,9 @@ impl TagId {
 
     /// The id as an index into per-tag arrays (always `< MAX_TAGS`).
     pub const fn index(self) -> usize {
-        self.0 as usize
+        // Ids are below `MAX_TAGS` already; the mask (a power of two) lets the allocator's
+        // fast path index per-tag arrays with no bounds check.
+        self.0 as usize % MAX_TAGS
     }
 
     /// The tag's name.

@@ -17,7 +17,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::fmt;
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::pending::PendingRecord;
@@ -59,8 +59,8 @@ const NO_TRACKER: u64 = u64::MAX;
 
 thread_local! {
     /// `(tracker id, slot)` of the last tracker this thread counted into; the slot is
-    /// non-null whenever the id is not `NO_TRACKER`.
-    static CACHE: Cell<(u64, *const ThreadSlot)> = const { Cell::new((NO_TRACKER, ptr::null())) };
+    /// dangling while the id is `NO_TRACKER` (never dereferenced then).
+    static CACHE: Cell<(u64, NonNull<ThreadSlot>)> = const { Cell::new((NO_TRACKER, NonNull::dangling())) };
     /// Its address is this thread's token.
     static TOKEN: u8 = const { 0 };
 }
@@ -88,10 +88,9 @@ impl ThreadSlots {
         let (cached_id, p) = CACHE.try_with(Cell::get).ok()?;
         // A tracker without slots has id 0, which the cache never holds.
         if cached_id == id {
-            debug_assert!(!p.is_null(), "a cached id comes with its slot");
             // SAFETY: the cache holds a slot of the tracker with this unique id, which is
             // alive (we borrow it); its slots live as long as it does.
-            return Some(unsafe { &*p });
+            return Some(unsafe { p.as_ref() });
         }
         None
     }
@@ -105,7 +104,7 @@ impl ThreadSlots {
                 if cached_id == id {
                     // SAFETY: the cache holds a slot of the tracker with this unique id, which
                     // is alive (we borrow it); its slots live as long as it does.
-                    return Some(unsafe { &*p });
+                    return Some(unsafe { p.as_ref() });
                 }
             }
         }
@@ -152,7 +151,7 @@ impl ThreadSlots {
             // SAFETY: non-null slot pointers stay valid while the tracker lives.
             let slot = unsafe { &*p };
             if slot.owner.load(Ordering::Relaxed) == token {
-                let _ = CACHE.try_with(|c| c.set((id, p)));
+                let _ = CACHE.try_with(|c| c.set((id, NonNull::from(slot))));
                 return Some(slot);
             }
         }

@@ -148,6 +148,14 @@ impl Tracker {
         self.reconfigure(|_, diagnostics| (mode, diagnostics));
     }
 
+    /// Sets the configuration's slow-tags bit (see [`Config::slow_tags`]), keeping the epoch.
+    pub(super) fn set_slow_tags(&self, on: bool) {
+        let _ = self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
+            let c = Config(raw);
+            (c.slow_tags() != on).then(|| c.with_slow_tags(on).0)
+        });
+    }
+
     /// Sets the configuration epoch (a test hook for the epoch's saturation: it starts the
     /// counter near its limit). Not part of the API.
     #[doc(hidden)]
