@@ -440,3 +440,62 @@ fn handles_are_ordered_by_manager_then_key() {
     assert!(hs[19] < later, "a later manager sorts after");
     assert_eq!(hs[3].cmp(&hs[3].clone()), std::cmp::Ordering::Equal);
 }
+
+/// So large that a 4 MiB chunk holds 13 slots, so a few objects span several
+/// chunks and segments. (Under Miri, small: its runs then break only at
+/// segment ends, which is what it checks the pointer steps over.)
+const CHUNKY: usize = if cfg!(miri) { 16 } else { 300_000 };
+
+#[derive(MMObject)]
+struct Chunky {
+    bytes: [u8; CHUNKY],
+    id: u32,
+}
+
+#[test]
+fn collection_walks_runs_of_neighbours_across_chunk_and_segment_ends() {
+    // Debug builds copy the large values through a few frames: room for them.
+    let big_stack = std::thread::Builder::new().stack_size(64 << 20);
+    big_stack.spawn(runs_of_neighbours).unwrap().join().unwrap();
+}
+
+fn runs_of_neighbours() {
+    static DROPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            DROPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    #[derive(MMObject)]
+    struct Big {
+        _bytes: [u8; CHUNKY],
+        #[mm(skip)]
+        _counted: Counted,
+    }
+    let mut mm = ObjectManager::new();
+    // Segments of 1, 2, 4, 8 and 16 slots; 13 slots to a chunk, so the
+    // 16-slot segment breaks at a chunk end too (outside Miri).
+    let n = 30;
+    let chunky: Vec<Handle<Chunky>> = (0..n).map(|id| mm.create(Chunky { bytes: [id as u8; CHUNKY], id })).collect();
+    let weak: Vec<_> = chunky.iter().map(Handle::downgrade).collect();
+    let big: Vec<Handle<Big>> = (0..n).map(|_| mm.create(Big { _bytes: [0; CHUNKY], _counted: Counted })).collect();
+    // Released in index order, then every other one of the rest: the dead
+    // list holds descending runs broken at chunk and segment ends.
+    let (evens, odds): (Vec<_>, Vec<_>) = chunky.into_iter().partition(|h| mm[h].id % 2 == 0);
+    drop(evens);
+    drop(big);
+    assert_eq!(mm.collect_garbage().objects, n as usize + (n as usize).div_ceil(2));
+    assert_eq!(DROPS.load(std::sync::atomic::Ordering::Relaxed), n as usize);
+    for (id, weak) in weak.iter().enumerate() {
+        assert_eq!(mm.get_weak(*weak).is_some(), id % 2 == 1, "object {id}");
+    }
+    for h in &odds {
+        assert!(mm[h].bytes.iter().all(|&b| u32::from(b) == mm[h].id));
+    }
+    drop(odds);
+    assert_eq!(mm.collect_garbage().objects, (n as usize) / 2);
+    let again: Vec<Handle<Chunky>> = (0..n).map(|id| mm.create(Chunky { bytes: [0; CHUNKY], id })).collect();
+    assert!(weak.iter().all(|w| mm.get_weak(*w).is_none()), "stale keys stay stale after reuse");
+    drop(again);
+}

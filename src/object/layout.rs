@@ -205,6 +205,19 @@ impl<T> Chunks<T> {
         (unsafe { Self::slot(base, offset) }, chunk_end.min(end) - offset)
     }
 
+    /// Slot `offset` and how many slots lie contiguously up to it from the
+    /// start of its chunk (itself included).
+    ///
+    /// # Safety
+    ///
+    /// As for [`slot`](Self::slot).
+    #[inline]
+    pub(crate) unsafe fn run_back(base: NonNull<u8>, offset: u32) -> (NonNull<Slot<T>>, u32) {
+        let chunk_start = Self::chunk_of(offset) as u32 * Self::SLOTS;
+        // SAFETY: the caller's contract.
+        (unsafe { Self::slot(base, offset) }, offset - chunk_start + 1)
+    }
+
     /// Where the header of the chunk at `chunk` (an address) sits in its prefix.
     #[inline]
     fn header_offset(chunk: usize) -> usize {
@@ -423,6 +436,13 @@ mod tests {
         // SAFETY: as above.
         let (second, len) = unsafe { Chunks::<T>::run(base, slots, slots + 5) };
         assert_eq!((second.as_ptr().addr() - base.as_ptr().addr(), len), (Chunks::<T>::BYTES + header, 5));
+        // Backwards runs start at their chunk's first slot.
+        // SAFETY: as above.
+        let (back, len) = unsafe { Chunks::<T>::run_back(base, slots + 2) };
+        assert_eq!((back, len), (unsafe { Chunks::<T>::slot(base, slots + 2) }, 3));
+        // SAFETY: as above.
+        let (back, len) = unsafe { Chunks::<T>::run_back(base, slots - 1) };
+        assert_eq!((back.as_ptr().addr() - base.as_ptr().addr(), len), (header + (slots as usize - 1) * slot, slots));
         // SAFETY: allocated just above with this layout.
         unsafe { std::alloc::dealloc(base.as_ptr(), layout) };
     }

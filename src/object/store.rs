@@ -227,6 +227,21 @@ impl<T: MMObject> Store<T> {
         Some(unsafe { Chunks::slot(base, offset) })
     }
 
+    /// The slot `local` (as [`slot_ptr`](Self::slot_ptr) gives it) and how
+    /// many slots lie contiguously up to it (from the start of its chunk,
+    /// itself included), if its segment exists.
+    #[inline]
+    fn slot_run_back(&self, local: u32) -> Option<(NonNull<Slot<T>>, u32)> {
+        if local >= MAX_INDEX {
+            return None;
+        }
+        let (segment, offset) = locate(local, self.config.base_bits);
+        let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
+        // SAFETY: a published segment holds `segment_len(segment)` initialised
+        // slots and `offset` is below that by construction of `locate`.
+        Some(unsafe { Chunks::run_back(base, offset) })
+    }
+
     /// The slot `local` (as [`slot_ptr`](Self::slot_ptr) gives it) and its
     /// creation site, if its segment exists.
     #[inline]
@@ -587,9 +602,30 @@ impl<T: MMObject> Store<T> {
         super::candidates::compact(self);
         let mut hook = self.on_destroy.lock();
         let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: FreedChain::default() };
+        // The slot before the last one and how many lie contiguously up to
+        // it: a dead list holds runs of neighbours, newest first (slots
+        // released in index order, as when a level unloads, come back
+        // descending), and stepping to the previous slot's address, instead
+        // of computing it from the index just loaded, lets the CPU load the
+        // next link before this one arrives.
+        let (mut below, mut below_ptr, mut below_len) = (NIL, std::ptr::null::<Slot<T>>(), 0u32);
         while requeue.rest != NIL && *budget > 0 {
             let local = requeue.rest;
-            let slot = self.slot(local).expect("dead slots live in published segments");
+            let slot_ptr = if local == below && below_len != 0 {
+                below_ptr
+            } else {
+                let (slot, len) = self.slot_run_back(local).expect("dead slots live in published segments");
+                below_len = len;
+                slot.as_ptr().cast_const()
+            };
+            below = local.wrapping_sub(1);
+            below_len -= 1;
+            // Only used while `below_len != 0`, when it is the previous slot of the run.
+            below_ptr = slot_ptr.wrapping_sub(1);
+            // SAFETY: `slot_ptr` is slot `local` of a published segment (from
+            // `slot_run_back`, or the previous slot of its run), which lives
+            // as long as the store.
+            let slot = unsafe { &*slot_ptr };
             requeue.rest = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
             requeue.current = local;
             let generation = slot.header.generation.load(Ordering::Relaxed);
