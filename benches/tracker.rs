@@ -14,6 +14,9 @@ use mmobject::track::{Mode, Sampling, StackTrace, Tag, Tracker, TrackingAllocato
 
 static BENCH_TAG: Tag = Tag::new("Bench");
 static COUNTING: Tracker = Tracker::with_mode(Mode::Counting);
+/// Counting, with a budget on another tag: the counting path then also reads the tag's flag.
+static COUNTING_BUDGETED: Tracker = Tracker::with_mode(Mode::Counting);
+static OTHER_TAG: Tag = Tag::new("Other");
 static RECORDS: Tracker = Tracker::with_mode(Mode::Records);
 static STACKS: Tracker = Tracker::with_mode(Mode::Stacks { depth: 5 });
 static SAMPLED: Tracker = Tracker::with_mode(Mode::Sampled(Sampling::DEFAULT));
@@ -36,12 +39,16 @@ fn alloc_free<A: GlobalAlloc>(a: &A) {
 
 /// T1: counting mode (per-tag counters only) vs the same allocator untracked. The peer is
 /// `System` itself because `TrackingAllocator<System>` wraps exactly it: any difference is
-/// the header, the tag lookup and the counters.
+/// the header, the tag lookup and the counters. A second tracked case has a budget on
+/// another tag (what a game with budgets pays on its unbudgeted tags).
 fn t1_counting(c: &mut Criterion) {
     let tracked = TrackingAllocator::with_tracker(System, &COUNTING);
     let _g = BENCH_TAG.enter();
     let mut g = c.benchmark_group("T1_counting_alloc_free_64B");
     g.bench_function("tracked_counting", |b| b.iter(|| alloc_free(&tracked)));
+    COUNTING_BUDGETED.set_budget(&OTHER_TAG, 1 << 30);
+    let budgeted = TrackingAllocator::with_tracker(System, &COUNTING_BUDGETED);
+    g.bench_function("tracked_counting_other_tag_budgeted", |b| b.iter(|| alloc_free(&budgeted)));
     g.bench_function("system_untracked", |b| b.iter(|| alloc_free(&System)));
     g.finish();
 }

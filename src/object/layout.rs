@@ -439,7 +439,9 @@ mod tests {
         // Backwards runs start at their chunk's first slot.
         // SAFETY: as above.
         let (back, len) = unsafe { Chunks::<T>::run_back(base, slots + 2) };
-        assert_eq!((back, len), (unsafe { Chunks::<T>::slot(base, slots + 2) }, 3));
+        // SAFETY: as above.
+        let expected = unsafe { Chunks::<T>::slot(base, slots + 2) };
+        assert_eq!((back, len), (expected, 3));
         // SAFETY: as above.
         let (back, len) = unsafe { Chunks::<T>::run_back(base, slots - 1) };
         assert_eq!((back.as_ptr().addr() - base.as_ptr().addr(), len), (header + (slots as usize - 1) * slot, slots));

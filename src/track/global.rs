@@ -168,20 +168,24 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
     #[inline(always)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
-        // The counting path: no diagnostics and no slow tag (one test of the configuration),
-        // a counted-only block, this thread's slot cached. The layout gives the size.
-        if t.config().counting_free() {
+        // The counting path: no diagnostics, a counted-only block of a tag that is not slow
+        // (one more test while no tag is), this thread's slot cached. The layout gives the
+        // size.
+        let config = t.config();
+        if !config.diagnostics() {
             // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
             // has a header.
             let header = unsafe { block::read_header(ptr) };
             if header.is_counted_only() {
-                if let Some(slot) = t.threads.cached_slot() {
-                    let tag = TagId(header.tag());
-                    if slot.free(tag.index(), layout.size() as isize) {
-                        t.flush(slot, tag);
+                let tag = TagId(header.tag());
+                if !config.slow_tags() || !t.is_slow(tag) {
+                    if let Some(slot) = t.threads.cached_slot() {
+                        if slot.free(tag.index(), layout.size() as isize) {
+                            t.flush(slot, tag);
+                        }
+                        // SAFETY: the caller's contract; the header says counted only.
+                        return unsafe { self.free_counted(ptr, layout) };
                     }
-                    // SAFETY: the caller's contract; the header says counted only.
-                    return unsafe { self.free_counted(ptr, layout) };
                 }
             }
         }
@@ -281,10 +285,25 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             return unsafe { self.alloc_tagged(layout, None, zeroed) };
         };
         let config = t.config();
-        if !config.counts_only(layout.size()) {
+        // While no tag is slow, one test; else this tag's flag too, still inline.
+        let counted = config.counts_only(layout.size())
+            || (config.slow_tags() && config.mode_counts_only(layout.size()) && !t.is_slow(tag));
+        if !counted {
             // SAFETY: as above.
             return unsafe { self.alloc_checked(layout, tag, config, zeroed) };
         }
+        // SAFETY: as above.
+        unsafe { self.place_counted(layout, tag, zeroed) }
+    }
+
+    /// The counting path's allocation, header and count, for a tag that is not slow.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(always)]
+    unsafe fn place_counted(&self, layout: Layout, tag: TagId, zeroed: bool) -> *mut u8 {
+        let t = self.tracker;
         let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {
             return ptr::null_mut();
         };
@@ -295,13 +314,13 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         user
     }
 
-    /// `alloc` off the counting path: a size that gets a record, diagnostics, or some tag
-    /// with a budget or a watch (this one is checked here).
+    /// `alloc` off the counting path: a size that gets a record, diagnostics, or a tag with
+    /// a budget or a watch.
     ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
-    #[inline]
+    #[inline(never)]
     unsafe fn alloc_checked(&self, layout: Layout, tag: TagId, config: Config, zeroed: bool) -> *mut u8 {
         if config.diagnostics() || self.tracker.is_slow(tag) {
             // SAFETY: the caller guarantees a non-zero size.

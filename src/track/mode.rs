@@ -293,13 +293,6 @@ impl Config {
         self.0 & SLOW_TAGS != 0
     }
 
-    /// Whether a free of a counted-only block may take the counting path: no diagnostics
-    /// and no slow tag. One test.
-    #[inline]
-    pub(crate) const fn counting_free(self) -> bool {
-        self.0 & (DIAGNOSTICS | SLOW_TAGS) == 0
-    }
-
     /// This configuration with the slow-tags bit set to `on`, in the same epoch (the mode
     /// and the diagnostics flag are unchanged, so the epoch's invariant holds).
     pub(crate) const fn with_slow_tags(self, on: bool) -> Config {
@@ -331,6 +324,19 @@ impl Config {
     #[inline]
     pub(crate) const fn counts_only(self, size: usize) -> bool {
         (size as u64).wrapping_shr((self.0 >> COUNTS_SHIFT) as u32 & 63) == 0
+    }
+
+    /// [`counts_only`](Self::counts_only) as the mode and the diagnostics flag alone decide
+    /// it (ignoring the slow-tags bit): for a tag that is not slow while others are.
+    #[inline]
+    pub(crate) const fn mode_counts_only(self, size: usize) -> bool {
+        // As `build` derives the shift, without building a word.
+        let shift = match self.0 {
+            raw if raw & KEEPS_RECORDS != 0 => 0,
+            raw if raw & SAMPLED != 0 => Sampling::decode(raw & MODE_BITS).small_log2 as u32,
+            _ => 63,
+        };
+        (size as u64).wrapping_shr(shift) == 0
     }
 
     /// Whether a tagged block of `size` bytes gets a record, and how many stack frames.
@@ -403,7 +409,9 @@ mod tests {
                 assert!(slow.slow_tags() && !c.slow_tags());
                 assert_eq!((slow.mode(), slow.diagnostics(), slow.epoch()), (m, diagnostics, 5));
                 assert_eq!(slow.keeps_records(), c.keeps_records());
-                assert!(!slow.counts_only(1) && !slow.counting_free());
+                assert!(!slow.counts_only(1));
+                assert_eq!(slow.mode_counts_only(64), c.counts_only(64));
+                assert_eq!(slow.mode_counts_only(1 << 20), c.counts_only(1 << 20));
                 assert_eq!(slow.records(64), c.records(64));
                 assert_eq!(slow.with_slow_tags(false), c, "clearing the bit restores the word");
                 let switched = slow.changed(Mode::Counting, false);
@@ -411,8 +419,6 @@ mod tests {
                 assert_eq!(switched.epoch(), 6);
             }
         }
-        assert!(Config::new(Mode::Counting, false).counting_free());
-        assert!(!Config::new(Mode::Counting, true).counting_free());
     }
 
     #[test]
