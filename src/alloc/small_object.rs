@@ -11,7 +11,7 @@ use super::lane::{LaneCache, LaneCounts, Lanes};
 use super::region::{self, Region, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::stats::SharedCounters;
-use super::thread_cache::{self, CacheEntry, SMALL_CACHES};
+use super::thread_cache::{self, CacheEntry, Caches, Fast, LocalKey, SMALL_CACHES, SMALL_FAST};
 use super::AllocStats;
 use crate::sync::Mutex;
 use crate::{Error, Result};
@@ -192,6 +192,14 @@ impl CacheEntry for SmallCache {
 
     fn is_alive(&self) -> bool {
         self.shared.strong_count() > 0
+    }
+
+    fn caches() -> &'static LocalKey<Caches<Self>> {
+        &SMALL_CACHES
+    }
+
+    fn fast() -> &'static LocalKey<Fast<Self>> {
+        &SMALL_FAST
     }
 }
 
@@ -401,7 +409,7 @@ impl SmallObjectAllocator {
                 // SAFETY: the closure only reads and writes bitmap words and this thread's
                 // counts: it calls nothing that could reach the thread cache again.
                 let fast = unsafe {
-                    thread_cache::with_last_cache(&SMALL_CACHES, self.id, |cache| {
+                    thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                         lanes.take_active(&cache.classes[i], &cache.counts.0[i])
                     })
                 };
@@ -421,7 +429,6 @@ impl SmallObjectAllocator {
     fn alloc_slow(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
         let lanes = &self.shared.lanes[i];
         let cached = thread_cache::with_cache(
-            &SMALL_CACHES,
             self.id,
             || self.new_cache(),
             |cache| lanes.refill(&mut cache.classes[i], &cache.counts.0[i]),
@@ -573,7 +580,7 @@ impl SmallObjectAllocator {
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
         let fast = unsafe {
-            thread_cache::with_last_cache(&SMALL_CACHES, self.id, |cache| {
+            thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                 lanes.free_owned(&cache.classes[i], &cache.counts.0[i], slot, fill)
             })
         };
@@ -591,7 +598,6 @@ impl SmallObjectAllocator {
     fn free_slow(&self, i: usize, slot: usize, fill: &dyn Fn()) -> std::result::Result<(), ()> {
         let lanes = &self.shared.lanes[i];
         let (freed, raced) = thread_cache::with_cache(
-            &SMALL_CACHES,
             self.id,
             || self.new_cache(),
             |cache| lanes.free_shared(Some((&mut cache.classes[i], &cache.counts.0[i])), slot, fill),
