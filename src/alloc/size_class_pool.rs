@@ -604,8 +604,8 @@ impl SizeClassPool {
         let (page, offset, bit) = self.locate(addr)?;
         // No page is owned by `NO_TOKEN` (see `acquire`), so a thread without a token frees
         // remotely.
-        let local =
-            page.owner() == thread_cache::token() && self.pressure.load(Ordering::Relaxed) & 1 << page.class() == 0;
+        let local = page.owner() == thread_cache::token_if_any()
+            && self.pressure.load(Ordering::Relaxed) & 1 << page.class() == 0;
         let freed = if local {
             page.free_local(bit, || {
                 // SAFETY: the block was handed out and, by the caller's contract, is no longer

@@ -240,7 +240,8 @@ pub(crate) type LocalKey<T> = loom::thread::LocalKey<T>;
 
 #[cfg(not(loom))]
 std::thread_local! {
-    static TOKEN: Cell<u64> = const { Cell::new(0) };
+    /// This thread's token, [`NO_TOKEN`] until it is first needed.
+    static TOKEN: Cell<u64> = const { Cell::new(NO_TOKEN) };
     /// This thread's size-class pool caches.
     pub(crate) static POOL_CACHES: Caches<PoolCache> = const { Caches::new() };
     /// This thread's small-object allocator caches.
@@ -252,7 +253,7 @@ std::thread_local! {
 
 #[cfg(loom)]
 loom::thread_local! {
-    static TOKEN: Cell<u64> = Cell::new(0);
+    static TOKEN: Cell<u64> = Cell::new(NO_TOKEN);
     pub(crate) static POOL_CACHES: Caches<PoolCache> = Caches::new();
     pub(crate) static SMALL_CACHES: Caches<SmallCache> = Caches::new();
     pub(crate) static POOL_FAST: Fast<PoolCache> = Fast::new();
@@ -265,7 +266,7 @@ loom::thread_local! {
 pub(crate) fn token() -> u64 {
     TOKEN
         .try_with(|t| match t.get() {
-            0 => {
+            NO_TOKEN => {
                 let token = NEXT_TOKEN
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1).filter(|&n| n != NO_TOKEN))
                     .unwrap_or_else(|_| panic!("thread tokens exhausted"));
@@ -275,6 +276,14 @@ pub(crate) fn token() -> u64 {
             token => token,
         })
         .unwrap_or(NO_TOKEN)
+}
+
+/// This thread's token if it has one, else [`NO_TOKEN`], without assigning one: enough to
+/// ask "does this thread own that page?", since a thread owns pages only after [`token`]
+/// gave it a token, and no page is owned by `NO_TOKEN`.
+#[inline(always)]
+pub(crate) fn token_if_any() -> u64 {
+    TOKEN.try_with(Cell::get).unwrap_or(NO_TOKEN)
 }
 
 /// The fast path: runs `f` on this thread's cache of kind `E` for allocator `pool` if it is
