@@ -154,12 +154,15 @@ struct Shared {
 /// `held` from above until the next one. A refill folds that bound into `peak`, and readers
 /// fold in the current one. With no frees in between the bound is exact; otherwise it
 /// overstates the peak by at most the slots freed since the last refill.
+///
+/// These are statistics, not part of the lane protocol (the bitmap is the state), so they
+/// are `std`'s atomics even under loom, which then need not explore their orderings.
 #[derive(Debug, Default)]
 pub(crate) struct LaneCounts {
-    allocations: AtomicU64,
-    offset: AtomicU64,
-    mark: AtomicU64,
-    peak: AtomicU64,
+    allocations: std::sync::atomic::AtomicU64,
+    offset: std::sync::atomic::AtomicU64,
+    mark: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
 }
 
 impl LaneCounts {
