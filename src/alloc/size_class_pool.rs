@@ -336,16 +336,13 @@ impl SizeClassPool {
         // the subtraction cannot wrap, and `k <= 64`.
         let k = (usize::BITS - ((layout.size().max(align) - 1) | 7).leading_zeros()) as usize;
         let first = self.by_log2[k];
-        if first == NO_CLASS {
-            return Err(self.out_of_memory(layout.size(), k));
-        }
-        let first = first as usize;
         // SAFETY: the closure only reads and writes page masks and counts: it calls nothing
         // that could reach the thread cache again.
         let fast = unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut PoolCache| {
-                // `first < 64` (at most 64 classes); `NO_PAGE` is past the page table's end.
-                let p = cache.active[first & 63];
+                // Indexed by a `u8`, so no bounds check; `active[NO_CLASS]` is always
+                // `NO_PAGE`, which is past the page table's end.
+                let p = cache.active[usize::from(first)];
                 let page = self.pages.get(p as usize)?;
                 let bit = page.take_clean()?;
                 Some((p, bit, page.start() + ((bit as usize) << page.shift()), page.shift()))
@@ -361,7 +358,11 @@ impl SizeClassPool {
     /// classes, the uncached path, claiming a remote free, and the error.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self, layout: Layout, first: usize, k: usize) -> Result<NonNull<u8>> {
+    fn alloc_slow(&self, layout: Layout, first: u8, k: usize) -> Result<NonNull<u8>> {
+        if first == NO_CLASS {
+            return Err(self.out_of_memory(layout.size(), k));
+        }
+        let first = usize::from(first);
         let make = || PoolCache::new(self.id, &self.pages, self.classes.len());
         let cached = thread_cache::with_cache(self.id, make, |cache: &mut PoolCache| {
             for i in first..self.classes.len() {

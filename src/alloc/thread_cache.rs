@@ -67,8 +67,9 @@ pub(crate) struct PoolCache {
     pages: Weak<[Page]>,
     /// Per class (index as in the pool, at most 64 classes): the page allocations come from
     /// first (one of `owned`), or [`NO_PAGE`]. Inline, so the fast path reads it with no
-    /// bounds check and no pointer to follow.
-    pub(crate) active: [u32; 64],
+    /// pointer to follow, and one entry per `u8`, so a class index needs no bounds check
+    /// (the entries past the pool's classes stay `NO_PAGE`).
+    pub(crate) active: [u32; 256],
     /// Per class: every page of the class this thread owns (indices into the page table).
     pub(crate) owned: Box<[Vec<u32>]>,
 }
@@ -79,7 +80,7 @@ impl PoolCache {
         PoolCache {
             pool,
             pages: Arc::downgrade(pages),
-            active: [NO_PAGE; 64],
+            active: [NO_PAGE; 256],
             owned: (0..classes).map(|_| Vec::new()).collect(),
         }
     }
