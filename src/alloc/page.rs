@@ -128,6 +128,12 @@ impl Page {
         self.free.load(Ordering::Relaxed) != 0
     }
 
+    /// Blocks the owner can hand out without collecting (owner only).
+    #[inline]
+    pub(crate) fn local_free_count(&self) -> u32 {
+        self.free.load(Ordering::Relaxed).count_ones()
+    }
+
     /// Whether every block of a page with this `full` mask is free locally (owner only,
     /// after a collect).
     #[inline]

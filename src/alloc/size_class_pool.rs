@@ -425,8 +425,8 @@ impl SizeClassPool {
     }
 
     /// Finds this thread a page of `class` with a free block, makes it the active one and
-    /// returns it: one of its own pages (after collecting their remote frees), else an
-    /// unowned page it takes over. Its other pages go back to the pool when entirely free,
+    /// returns it: the one of its own pages with the most free blocks (after collecting
+    /// their remote frees), else an unowned page it takes over. Its other pages go back to the pool when entirely free,
     /// or, while another thread is starving in this class, as soon as they have a free block.
     /// It keeps the rest: their blocks are most likely freed by this thread, cheaply.
     #[cold]
@@ -435,23 +435,31 @@ impl SizeClassPool {
         let class = &self.classes[class_index];
         let owned = &mut cache.owned[class_index];
         let pressure = self.pressure.load(Ordering::Relaxed) & 1 << class_index != 0;
-        let mut found = None;
+        // The page with the most free blocks becomes the active one, so the next refill is
+        // as far off as it can be. Of the others, those entirely free go back (or, under
+        // pressure, every one with a free block: then the first page found is kept).
+        let mut found: Option<(u32, u32)> = None;
         let mut i = 0;
         while i < owned.len() {
             let p = owned[i];
             let page = &self.pages[p as usize];
             self.collect(class, p);
-            if page.has_local_free() {
-                if found.is_none() {
-                    found = Some(p);
-                } else if pressure || page.all_free(page::full_mask(class.page_blocks(p - class.first_page))) {
-                    page.release();
-                    owned.swap_remove(i);
-                    continue;
+            let free = page.local_free_count();
+            if free > 0 {
+                match found {
+                    Some((_, most)) if pressure || free <= most => {
+                        if pressure || page.all_free(page::full_mask(class.page_blocks(p - class.first_page))) {
+                            page.release();
+                            owned.swap_remove(i);
+                            continue;
+                        }
+                    }
+                    _ => found = Some((p, free)),
                 }
             }
             i += 1;
         }
+        let mut found = found.map(|(p, _)| p);
         if found.is_none() {
             found = self.acquire(class, thread_cache::token());
             owned.extend(found);
@@ -935,6 +943,33 @@ mod tests {
             }
         }
         assert_eq!(pool.class_stats()[0].peak, 6);
+    }
+
+    #[test]
+    fn refill_takes_the_own_page_with_the_most_free_blocks() {
+        let pool = SizeClassPool::new(&[(8, 256)]); // 4 pages of 64 blocks
+        let blocks: Vec<_> = (0..192).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        let page_of = |p: NonNull<u8>| blocks.iter().position(|&b| b == p).map(|i| i / 64);
+        // SAFETY: ours, each freed once.
+        unsafe {
+            for i in std::iter::once(0).chain(64..74) {
+                pool.free(blocks[i]);
+            }
+        }
+        // The active page (the third) is full: the refill picks the second page (10 free
+        // blocks) over the first (1).
+        let p = pool.alloc(Layout::new::<u8>());
+        assert_eq!(page_of(p), Some(1));
+        // SAFETY: ours, each freed once.
+        unsafe {
+            pool.free(p);
+            for (i, &b) in blocks.iter().enumerate() {
+                if i != 0 && !(64..74).contains(&i) {
+                    pool.free(b);
+                }
+            }
+        }
+        assert_eq!(pool.stats().live, 0);
     }
 
     #[test]
