@@ -145,37 +145,73 @@ struct Shared {
 
 /// One thread's counts in one class: written only by that thread (relaxed load + store),
 /// read by anyone.
+///
+/// `held`, the number of slots not free in the thread's lanes (invariant 4 of [`Lanes`]), is
+/// `allocations + offset` (wrapping): an allocation only bumps `allocations`, and only frees
+/// and lanes changing hands touch `offset`. The peak is not updated on every allocation:
+/// between two refills `held` grows only by allocations (a lane is taken over only in a
+/// refill), so `mark + allocations`, with `mark` the `offset` of the last refill, bounds
+/// `held` from above until the next one. A refill folds that bound into `peak`, and readers
+/// fold in the current one. With no frees in between the bound is exact; otherwise it
+/// overstates the peak by at most the slots freed since the last refill.
+///
+/// These are statistics, not part of the lane protocol (the bitmap is the state), so they
+/// are `std`'s atomics even under loom, which then need not explore their orderings.
 #[derive(Debug, Default)]
 pub(crate) struct LaneCounts {
-    allocations: AtomicU64,
-    /// `peak << 32 | held`: `held` is the number of slots not free in the thread's lanes
-    /// (invariant 4 of [`Lanes`]), `peak` the most it has been.
-    held: AtomicU64,
+    allocations: std::sync::atomic::AtomicU64,
+    offset: std::sync::atomic::AtomicU64,
+    mark: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
 }
 
 impl LaneCounts {
     #[inline(always)]
     fn take(&self) {
         self.allocations.store(self.allocations.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        self.add_held(1);
     }
 
     #[inline(always)]
     fn add_held(&self, n: u64) {
-        let held = self.held.load(Ordering::Relaxed) + n;
-        let peak = (held >> 32).max(held & 0xFFFF_FFFF);
-        self.held.store(peak << 32 | held & 0xFFFF_FFFF, Ordering::Relaxed);
+        self.offset.store(self.offset.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
     #[inline(always)]
     fn sub_held(&self, n: u64) {
-        self.held.store(self.held.load(Ordering::Relaxed) - n, Ordering::Relaxed);
+        self.offset.store(self.offset.load(Ordering::Relaxed).wrapping_sub(n), Ordering::Relaxed);
     }
 
-    /// Allocations, slots held now, and the most held at once.
+    /// The upper bound of `held` since the last refill (0 if a reader's loads were torn).
+    fn bound(&self) -> u64 {
+        let bound = self.mark.load(Ordering::Relaxed).wrapping_add(self.allocations.load(Ordering::Relaxed));
+        if bound > u64::MAX / 2 {
+            0
+        } else {
+            bound
+        }
+    }
+
+    /// At a refill (owner only): folds the bound since the last refill into the peak and
+    /// starts the next one from the `held` of now.
+    fn refilled(&self) {
+        let peak = self.peak.load(Ordering::Relaxed).max(self.bound());
+        self.peak.store(peak, Ordering::Relaxed);
+        self.mark.store(self.offset.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Allocations, slots held now (exact for the owner) and the most held at once (an upper
+    /// bound, see the type's docs).
     fn read(&self) -> (u64, u64, u64) {
-        let held = self.held.load(Ordering::Relaxed);
-        (self.allocations.load(Ordering::Relaxed), held & 0xFFFF_FFFF, held >> 32)
+        let allocations = self.allocations.load(Ordering::Relaxed);
+        let held = allocations.wrapping_add(self.offset.load(Ordering::Relaxed));
+        (allocations, held, self.peak.load(Ordering::Relaxed).max(self.bound()))
+    }
+
+    /// Starts over (owner only, when its lanes go back).
+    fn clear(&self) {
+        for counter in [&self.allocations, &self.offset, &self.mark, &self.peak] {
+            counter.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -340,6 +376,7 @@ impl Lanes {
                 if cache.mine & self.lane_bit(w) != 0 && self.bits.load(w) != u64::MAX {
                     cache.active = w as u32;
                     cache.active_lane = self.lane_bit(w);
+                    counts.refilled();
                     return (self.take_active(cache, counts), raced);
                 }
             }
@@ -363,6 +400,7 @@ impl Lanes {
             cache.mine |= 1 << l;
             cache.active = w as u32;
             cache.active_lane = 1 << l;
+            counts.refilled();
             return (self.take_active(cache, counts), raced);
         }
         *cache = LaneCache { mine: cache.mine, ..LaneCache::default() };
@@ -470,8 +508,7 @@ impl Lanes {
         shared.loose_peak = shared.loose_peak.max(shared.loose);
         shared.allocations += allocations;
         shared.peaks += peak;
-        counts.allocations.store(0, Ordering::Relaxed);
-        counts.held.store(0, Ordering::Relaxed);
+        counts.clear();
         *cache = LaneCache::default();
         raced
     }

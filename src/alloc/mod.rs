@@ -39,7 +39,7 @@
 //!
 //! | allocator | for | alloc / free cost | per-block overhead | threads | when full (`try_` calls) |
 //! |---|---|---|---|---|---|
-//! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget, from any thread | class lookup + thread-cache lookup + bit scan of the thread's own page / a plain bit set on the page's owner thread, one atomic `fetch_or` on any other | 32 B per page of up to 64 blocks, ½ byte per block (+ up to 2× rounding) | `Sync` (per-thread pages, no lock) | next larger class (a *fallback*), then `OutOfMemory` |
+//! | [`SizeClassPool`] | general-purpose blocks 8 B – 1 MiB out of a fixed budget, from any thread | thread-cache lookup + bit scan of the thread's own page / a page lookup (one table load) + a plain bit set on the page's owner thread, one atomic `fetch_or` on any other | 64 B per page of up to 64 blocks, 1 byte per block, + 4 B per 512 B of region (+ up to 2× rounding) | `Sync` (per-thread pages, no lock) | next larger class (a *fallback*), then `OutOfMemory` |
 //! | [`SmallObjectAllocator`] | many small objects (8–128 B): parsers, scripts, nodes | thread-cache lookup + bit scan of the thread's own bitmap word / a plain bit clear in a lane the thread owns, a lock on any other | exactly 1 bit | `Sync` (per-thread lanes, no lock on the owner's path) | the system allocator (a *fallback*), counted |
 //! | [`StackAllocator`] | nested lifetimes: level data, loading | bump / free everything above a [`Marker`] | alignment padding only | `Send` | `OutOfMemory` |
 //! | [`DoubleEndedStack`] | two stacks sharing one budget (e.g. level + temp) | bump at either end; the lower end's last block grows in place | padding only | `Send` | `OutOfMemory` when the ends would meet |

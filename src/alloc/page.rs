@@ -10,11 +10,13 @@ use crate::sync::{AtomicU64, Ordering};
 /// The owner of a page that no thread owns.
 pub(crate) const UNOWNED: u64 = 0;
 
-/// The state of up to 64 consecutive blocks of one size class.
+/// The state of up to 64 consecutive blocks of one size class, and where they are (fixed at
+/// creation, so a free finds everything it needs in the page's one cache line).
 ///
 /// Invariants:
 /// 1. `owner` is [`UNOWNED`] or the token of the one thread that owns the page
-///    (`thread_cache::token`). Only the owner stores to `free` and `stats`, always as a
+///    (`thread_cache::token`). Only the owner stores to `free`, `allocations` and `taken`,
+///    always as a
 ///    relaxed load followed by a relaxed store: no other thread stores to them, so no update
 ///    is lost. A thread takes an unowned page with an `Acquire` compare-exchange and gives it
 ///    up with a `Release` store of `UNOWNED`, so each owner sees the last owner's stores.
@@ -24,16 +26,27 @@ pub(crate) const UNOWNED: u64 = 0;
 ///    freeing thread's `Release` `fetch_or`, so the block's last writes happen before it is
 ///    handed out again). A block is handed out exactly when both bits are clear.
 /// 3. Bits at or above the page's block count are never set in `free` or `remote`.
-/// 4. `stats` is `allocations << 16 | peak << 8 | used`: `used` counts the blocks handed
-///    out plus those freed remotely and not yet collected (so it bounds the blocks in use
-///    from above, and remote frees and claims need not touch it), and `peak` is the most
-///    `used` has been.
-#[repr(C, align(32))]
+/// 4. `allocations` counts the blocks the owners took from `free`. Bit `i` of `taken` is set
+///    once block `i` has been taken. The owner always takes the lowest free bit, so when it
+///    takes block `i` every block below `i` is handed out or freed remotely and not yet
+///    collected: the highest bit of `taken`, plus one, is exactly the most blocks that were
+///    ever outside `free` at once (the page's peak, an upper bound of its blocks in use),
+///    without a compare on each allocation.
+#[repr(C, align(64))]
 pub(crate) struct Page {
     owner: AtomicU64,
     free: AtomicU64,
     remote: AtomicU64,
-    stats: AtomicU64,
+    allocations: AtomicU64,
+    taken: AtomicU64,
+    /// Region offset of block 0.
+    start: usize,
+    /// Blocks are `1 << shift` bytes.
+    shift: u8,
+    /// The page's size class (its index in the pool).
+    class: u8,
+    /// Blocks in the page, 1 to 64.
+    blocks: u8,
 }
 
 /// The mask of a page of `blocks` blocks (1 to 64).
@@ -44,14 +57,44 @@ pub(crate) fn full_mask(blocks: u32) -> u64 {
 }
 
 impl Page {
-    /// An unowned page whose `blocks` blocks are all free.
-    pub(crate) fn new(blocks: u32) -> Page {
+    /// An unowned page whose `blocks` blocks are all free, the first at region offset `start`,
+    /// each `1 << shift` bytes, in class `class`.
+    pub(crate) fn new(blocks: u32, start: usize, shift: u32, class: usize) -> Page {
         Page {
+            start,
+            shift: shift as u8,
+            class: u8::try_from(class).expect("at most 64 classes"),
+            blocks: blocks as u8,
             owner: AtomicU64::new(UNOWNED),
             free: AtomicU64::new(full_mask(blocks)),
             remote: AtomicU64::new(0),
-            stats: AtomicU64::new(0),
+            allocations: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
         }
+    }
+
+    /// Region offset of block 0.
+    #[inline(always)]
+    pub(crate) fn start(&self) -> usize {
+        self.start
+    }
+
+    /// Blocks are `1 << shift()` bytes.
+    #[inline(always)]
+    pub(crate) fn shift(&self) -> u32 {
+        u32::from(self.shift)
+    }
+
+    /// The page's size class.
+    #[inline(always)]
+    pub(crate) fn class(&self) -> usize {
+        usize::from(self.class)
+    }
+
+    /// Blocks in the page.
+    #[inline(always)]
+    pub(crate) fn blocks(&self) -> u32 {
+        u32::from(self.blocks)
     }
 
     /// The page's owner now (a hint for other threads; exact for the owner itself, since
@@ -85,6 +128,12 @@ impl Page {
         self.free.load(Ordering::Relaxed) != 0
     }
 
+    /// Blocks the owner can hand out without collecting (owner only).
+    #[inline]
+    pub(crate) fn local_free_count(&self) -> u32 {
+        self.free.load(Ordering::Relaxed).count_ones()
+    }
+
     /// Whether every block of a page with this `full` mask is free locally (owner only,
     /// after a collect).
     #[inline]
@@ -101,15 +150,15 @@ impl Page {
             return None;
         }
         self.free.store(mask & (mask - 1), Ordering::Relaxed);
-        self.count_take();
+        self.count_take(mask);
         Some(mask.trailing_zeros())
     }
 
+    /// Counts the take of the lowest bit of `mask` (invariant 4).
     #[inline(always)]
-    fn count_take(&self) {
-        let stats = self.stats.load(Ordering::Relaxed) + (1 << 16) + 1;
-        let new_peak = (stats & 0xff > (stats >> 8) & 0xff) as u64;
-        self.stats.store(stats + (new_peak << 8), Ordering::Relaxed);
+    fn count_take(&self, mask: u64) {
+        self.allocations.store(self.allocations.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.taken.store(self.taken.load(Ordering::Relaxed) | mask & mask.wrapping_neg(), Ordering::Relaxed);
     }
 
     /// Takes the lowest free block (owner only) and returns its bit index, with the mask of
@@ -127,7 +176,7 @@ impl Page {
             self.drop_remote(doubles);
         }
         self.free.store(mask & (mask - 1), Ordering::Relaxed);
-        self.count_take();
+        self.count_take(mask);
         Some((mask.trailing_zeros(), doubles))
     }
 
@@ -143,7 +192,6 @@ impl Page {
     pub(crate) fn untake(&self, bit: u32) {
         let mask = self.free.load(Ordering::Relaxed);
         self.free.store(mask | 1 << bit, Ordering::Relaxed);
-        self.stats.store(self.stats.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
     }
 
     /// Frees block `bit` on the owner's thread. `fill` runs after the double-free check and
@@ -156,7 +204,6 @@ impl Page {
         }
         fill();
         self.free.store(mask | 1 << bit, Ordering::Relaxed);
-        self.stats.store(self.stats.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -206,7 +253,6 @@ impl Page {
         let remote = self.remote.swap(0, Ordering::Acquire);
         let mask = self.free.load(Ordering::Relaxed);
         let mut fresh = remote & !mask;
-        self.stats.store(self.stats.load(Ordering::Relaxed) - fresh.count_ones() as u64, Ordering::Relaxed);
         while fresh != 0 {
             on_freed(fresh.trailing_zeros());
             fresh &= fresh - 1;
@@ -223,8 +269,8 @@ impl Page {
     /// Blocks handed out from this page over its life, and the most in use at once (an
     /// upper bound: a remote free counts as in use until collected).
     pub(crate) fn counts(&self) -> (u64, u32) {
-        let stats = self.stats.load(Ordering::Relaxed);
-        (stats >> 16, ((stats >> 8) & 0xff) as u32)
+        let taken = self.taken.load(Ordering::Relaxed);
+        (self.allocations.load(Ordering::Relaxed), u64::BITS - taken.leading_zeros())
     }
 }
 
@@ -244,7 +290,7 @@ mod tests {
 
     #[test]
     fn owner_and_remote_frees() {
-        let page = Page::new(3);
+        let page = Page::new(3, 0, 3, 0);
         assert!(page.try_acquire(7));
         assert!(!page.try_acquire(8), "owned");
         assert_eq!(
@@ -264,7 +310,7 @@ mod tests {
         assert_eq!(page.counts(), (3, 3));
         assert_eq!(page.take(), Some((1, 0)));
         assert_eq!(page.free_remote(1), Ok(()));
-        assert_eq!(Page::new(2).steal_remote(), None);
+        assert_eq!(Page::new(2, 0, 3, 0).steal_remote(), None);
         assert_eq!(page.steal_remote(), Some(1), "claimed by any thread");
         assert_eq!(page.free_count(), 1);
         page.release();
@@ -273,7 +319,7 @@ mod tests {
 
     #[test]
     fn racing_double_free_shows_at_collection() {
-        let page = Page::new(64);
+        let page = Page::new(64, 0, 3, 0);
         assert!(page.try_acquire(1));
         let (bit, _) = page.take().unwrap();
         // The remote free lands first, the owner's check ran before it (the race).

@@ -4,14 +4,14 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::page::{self, Page, UNOWNED};
 use super::region::{self, Region, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::stats::SharedCounters;
-use super::thread_cache::{self, ClassCache, PoolCache, NO_PAGE, NO_TOKEN, POOL_CACHES};
+use super::thread_cache::{self, PoolCache, NO_PAGE, NO_TOKEN};
 use super::AllocStats;
 use crate::{Error, Result};
 
@@ -41,31 +41,32 @@ pub const DEFAULT_CLASSES: [(usize, usize); 18] = [
 
 /// "No class is large enough" in the size lookup table.
 const NO_CLASS: u8 = u8::MAX;
-/// The granule of the address-to-class table.
-const CHUNK: usize = 4096;
+/// The granule of the address-to-page table: every page starts on a granule boundary and
+/// spans at least one (or is the last of its class), so one table load finds the page of
+/// any address.
+const GRANULE_SHIFT: u32 = 9;
+const GRANULE: usize = 1 << GRANULE_SHIFT;
 
 /// One size class: `count` blocks of `block_size` bytes at `start` in the region, in pages
 /// of `1 << page_shift` blocks (the last page may hold fewer).
 struct Class {
+    /// Offset of the class's first block in the region; a multiple of [`GRANULE`] and of
+    /// `min(block_size, 4096)`.
+    start: usize,
     block_size: usize,
     /// `block_size == 1 << shift`.
     shift: u32,
-    /// Offset of the class's first block in the region; a multiple of `min(block_size, 4096)`.
-    start: usize,
     count: u32,
     /// Blocks per page: `1 << page_shift`, at most 64, and small enough that the class has
-    /// about 16 pages (so a few threads each owning a page leave the rest to others).
+    /// about 16 pages (so a few threads each owning a page leave the rest to others), but at
+    /// least a [`GRANULE`] of bytes.
     page_shift: u32,
     /// The class's first page in the pool's page table, and how many it has.
     first_page: u32,
     pages: u32,
+
     /// Where the next search for an unowned page starts (a hint, so searches spread out).
     cursor: AtomicU32,
-    /// Set by a thread that found no block in this class (or any larger one); cleared when
-    /// a thread takes over an unowned page again. While it is set, owners free into their
-    /// own pages through the remote mask too (where a starving thread can claim the block)
-    /// and hand back every page with a free block when they run dry.
-    pressure: AtomicBool,
 }
 
 impl Class {
@@ -73,6 +74,12 @@ impl Class {
     #[inline]
     fn page_blocks(&self, p: u32) -> u32 {
         (self.count - (p << self.page_shift)).min(1 << self.page_shift)
+    }
+
+    /// Region offset of the first block of page `p` (an index into the pool's page table).
+    #[inline]
+    fn page_offset(&self, p: u32) -> usize {
+        self.start + (((p - self.first_page) as usize) << (self.page_shift + self.shift))
     }
 }
 
@@ -96,13 +103,15 @@ pub struct SizeClassStats {
 /// with a per-thread fast path.
 ///
 /// - **Allocate**: the smallest class whose block size is at least `max(size, align, 8)`.
-///   Each class is cut into pages of up to 64 blocks; a thread takes pages for itself and
+///   Each class is cut into pages of up to 64 blocks (and at least 512 bytes, unless the
+///   class is smaller); a thread takes pages for itself and
 ///   allocates from them with no atomic read-modify-write and no lock (a bit scan of the
 ///   page's free mask). If the class has no page this thread can use, the next larger class
 ///   serves the request and it counts as a *fallback*; if every larger class is empty too,
 ///   the request fails with [`Error::OutOfMemory`]. The pool never grows.
-/// - **Free**: the address alone finds the class and page (classes are contiguous address
-///   ranges). On the page's owner thread a free sets a bit with a plain store; on any other
+/// - **Free**: the address alone finds the page: one load from a table with an entry per
+///   512 bytes of region (every page starts on such a boundary), and the page's one cache
+///   line says where its blocks are and who owns it. On the page's owner thread a free sets a bit with a plain store; on any other
 ///   thread it sets a bit in the page's *remote* mask with one atomic `fetch_or`, and the
 ///   owner collects those with one swap when its page runs out. A pointer that is not a
 ///   block start gives [`Error::NotBlockStart`], one outside the region
@@ -127,14 +136,17 @@ pub struct SizeClassStats {
 ///   over an unowned page again. So under a tight budget shared by threads, an allocation
 ///   can fail while other threads' pages hold free blocks, and succeed when retried after
 ///   those threads have freed or allocated; size shared pools with some slack.
-/// - **Alignment**: classes are laid out largest first from a 4096-aligned base, so each
-///   block is aligned to `min(block size, 4096)`; a request for alignment `a` simply uses a
-///   class of at least `a` bytes.
-/// - **Overhead**: 32 bytes per page (owner, local and remote free masks, counts): half a
-///   byte per block for full pages. The allocator never writes into a handed-out or free
-///   block (except the debug fill), so no link can be corrupted. Internal fragmentation is
-///   up to half a block (power-of-two rounding). Each thread that uses the pool keeps a small
-///   cache (a few words per class) in a thread-local.
+/// - **Alignment**: classes are laid out largest first from a 4096-aligned base, each
+///   starting on a 512-byte boundary, so each block is aligned to `min(block size, 4096)`;
+///   a request for alignment `a` simply uses a class of at least `a` bytes.
+/// - **Overhead**: 64 bytes per page (one cache line: owner, local and remote free masks,
+///   counts, and where its blocks are): one byte per block for full pages; 4 bytes per 512
+///   bytes of region for the address-to-page table; under 512 bytes of padding before each
+///   class (address space in the region, not in [`capacity`](Self::capacity)). The
+///   allocator never writes into a handed-out or free block (except the debug fill), so no
+///   link can be corrupted. Internal fragmentation is up to half a block (power-of-two
+///   rounding). Each thread that uses the pool keeps a small cache (a page index per class
+///   and the list of its pages) in a thread-local.
 /// - **Debug builds** fill freed blocks with `0xDD` and check the fill on allocation
 ///   ([`Error::UseAfterFree`]).
 /// - **Drop** logs blocks still handed out as leaks (`log::warn!`). Dropping the pool while
@@ -170,11 +182,18 @@ pub struct SizeClassPool {
     /// Keys this pool's thread caches; never repeats.
     id: u64,
     /// `by_log2[k]`: index of the first class with `block_size >= 1 << k`, or `NO_CLASS`.
-    by_log2: [u8; 64],
-    /// For each 4 KiB chunk of the region, the class holding the chunk's first byte: the
-    /// free path's class lookup (one load, and rarely a step to a smaller class that starts
-    /// inside the chunk).
-    chunk_class: Box<[u8]>,
+    by_log2: [u8; 65],
+    /// For each [`GRANULE`] of the region, the page it belongs to, or `NO_PAGE` for the
+    /// padding between classes: the free path's page lookup.
+    granule_page: Box<[u32]>,
+    /// Bit `i` is set by a thread that found no block in class `i` (or any larger one), and
+    /// cleared when a thread takes over an unowned page of the class again. While it is set,
+    /// owners free into their own pages of the class through the remote mask too (where a
+    /// starving thread can claim the block) and hand back every page with a free block when
+    /// they run dry.
+    pressure: AtomicU64,
+    /// Bytes in all blocks (the region also holds the padding between classes).
+    capacity: usize,
     counters: SharedCounters,
     /// Blocks handed out by [`steal`](Self::steal) (not counted by any page).
     stolen: AtomicU64,
@@ -204,6 +223,7 @@ impl SizeClassPool {
             assert!(w[0].0 != w[1].0, "two size classes of {} bytes", w[0].0);
         }
         let mut offset = 0usize;
+        let mut capacity = 0usize;
         let mut built = Vec::with_capacity(spec.len());
         for &(block_size, count) in &spec {
             assert!(
@@ -211,41 +231,53 @@ impl SizeClassPool {
                 "size class block size {block_size} must be a power of two >= 8"
             );
             assert!(count < u32::MAX as usize, "size class count {count} is too large");
-            debug_assert_eq!(offset % block_size.min(MAX_ALIGN), 0, "class start misaligned");
+            // Classes start on granules (so one table entry names one class), aligned to their
+            // blocks (so every block is aligned to `min(block_size, 4096)`).
+            offset = offset
+                .checked_next_multiple_of(GRANULE.max(block_size.min(MAX_ALIGN)))
+                .expect("size class pool too large");
             let bytes = block_size.checked_mul(count).expect("size class pool too large");
-            // About 16 pages per class, 1 to 64 blocks each.
-            let per_page = (count / 16).clamp(1, 64);
+            capacity += bytes;
+            // About 16 pages per class, 1 to 64 blocks each, and at least a granule a page.
+            let per_page = (count / 16).max(GRANULE >> block_size.trailing_zeros()).clamp(1, 64);
             let page_shift = usize::BITS - 1 - per_page.leading_zeros();
             built.push(Class {
+                start: offset,
                 block_size,
                 shift: block_size.trailing_zeros(),
-                start: offset,
                 count: count as u32,
                 page_shift,
                 first_page: 0,
                 pages: count.div_ceil(1 << page_shift) as u32,
                 cursor: AtomicU32::new(0),
-                pressure: AtomicBool::new(false),
             });
             offset = offset.checked_add(bytes).expect("size class pool too large");
         }
         built.reverse(); // ascending block size
         let mut pages = Vec::new();
-        for class in built.iter_mut() {
+        let mut granule_page = vec![NO_PAGE; offset.div_ceil(GRANULE)];
+        for (i, class) in built.iter_mut().enumerate() {
             class.first_page = u32::try_from(pages.len()).expect("too many pages");
-            pages.extend((0..class.pages).map(|p| Page::new(class.page_blocks(p))));
+            for rel in 0..class.pages {
+                let p = class.first_page + rel;
+                assert!(p != NO_PAGE, "too many pages");
+                let start = class.page_offset(p);
+                let blocks = class.page_blocks(rel);
+                granule_page[start / GRANULE..(start + ((blocks as usize) << class.shift)).div_ceil(GRANULE)].fill(p);
+                pages.push(Page::new(blocks, start, class.shift, i));
+            }
         }
-        let mut by_log2 = [NO_CLASS; 64];
+        let mut by_log2 = [NO_CLASS; 65];
         for (k, slot) in by_log2.iter_mut().enumerate() {
             if let Some(i) = built.iter().position(|c| c.shift as usize >= k) {
                 *slot = i as u8;
             }
         }
-        let chunk_class =
-            (0..offset.div_ceil(CHUNK)).map(|chunk| built.partition_point(|c| c.start > chunk * CHUNK) as u8).collect();
         SizeClassPool {
             region: Region::new(offset),
-            chunk_class,
+            granule_page: granule_page.into_boxed_slice(),
+            pressure: AtomicU64::new(0),
+            capacity,
             classes: built.into_boxed_slice(),
             pages: pages.into(),
             id: thread_cache::next_allocator_id(),
@@ -257,7 +289,7 @@ impl SizeClassPool {
 
     /// Bytes in all blocks of all classes.
     pub fn capacity(&self) -> usize {
-        self.region.len()
+        self.capacity
     }
 
     /// Allocates a block for `layout`.
@@ -300,27 +332,24 @@ impl SizeClassPool {
         if align > MAX_ALIGN {
             return Err(self.failed(Error::UnsupportedAlignment { align, max: MAX_ALIGN }));
         }
-        let need = layout.size().max(align).max(8);
-        let k = need.next_power_of_two().trailing_zeros() as usize;
+        // `k = log2` of `max(size, align, 8)` rounded up to a power of two; `align >= 1`, so
+        // the subtraction cannot wrap, and `k <= 64`.
+        let k = (usize::BITS - ((layout.size().max(align) - 1) | 7).leading_zeros()) as usize;
         let first = self.by_log2[k];
-        if first == NO_CLASS {
-            return Err(self.out_of_memory(layout.size(), k));
-        }
-        let first = first as usize;
         // SAFETY: the closure only reads and writes page masks and counts: it calls nothing
         // that could reach the thread cache again.
         let fast = unsafe {
-            thread_cache::with_last_cache(&POOL_CACHES, self.id, |cache| {
-                let active = cache.classes[first].active;
-                if active == NO_PAGE {
-                    return None;
-                }
-                let bit = self.pages[active as usize].take_clean()?;
-                Some((active, bit))
+            thread_cache::with_last_cache(self.id, |cache: &mut PoolCache| {
+                // Indexed by a `u8`, so no bounds check; `active[NO_CLASS]` is always
+                // `NO_PAGE`, which is past the page table's end.
+                let p = cache.active[usize::from(first)];
+                let page = self.pages.get(p as usize)?;
+                let bit = page.take_clean()?;
+                Some((p, bit, page.start() + ((bit as usize) << page.shift()), page.shift()))
             })
         };
-        if let Some((p, bit)) = fast {
-            return self.hand_out(&self.classes[first], p, (bit, 0));
+        if let Some((p, bit, offset, shift)) = fast {
+            return self.hand_out(p, bit, offset, 1 << shift);
         }
         self.alloc_slow(layout, first, k)
     }
@@ -329,11 +358,15 @@ impl SizeClassPool {
     /// classes, the uncached path, claiming a remote free, and the error.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self, layout: Layout, first: usize, k: usize) -> Result<NonNull<u8>> {
+    fn alloc_slow(&self, layout: Layout, first: u8, k: usize) -> Result<NonNull<u8>> {
+        if first == NO_CLASS {
+            return Err(self.out_of_memory(layout.size(), k));
+        }
+        let first = usize::from(first);
         let make = || PoolCache::new(self.id, &self.pages, self.classes.len());
-        let cached = thread_cache::with_cache(&POOL_CACHES, self.id, make, |cache| {
+        let cached = thread_cache::with_cache(self.id, make, |cache: &mut PoolCache| {
             for i in first..self.classes.len() {
-                if let Some(ptr) = self.alloc_cached(i, &mut cache.classes[i])? {
+                if let Some(ptr) = self.alloc_cached(i, cache)? {
                     if i != first {
                         self.counters.fallback();
                     }
@@ -356,7 +389,7 @@ impl SizeClassPool {
     fn steal(&self, first: usize) -> Option<NonNull<u8>> {
         // Ask the owners to free through the remote masks, where this (or a later) call can
         // claim their blocks.
-        self.classes[first].pressure.store(true, Ordering::Relaxed);
+        self.pressure.fetch_or(1 << first, Ordering::Relaxed);
         for (i, class) in self.classes.iter().enumerate().skip(first) {
             for rel in 0..class.pages {
                 if let Some(bit) = self.pages[(class.first_page + rel) as usize].steal_remote() {
@@ -374,54 +407,64 @@ impl SizeClassPool {
     /// Takes a block of class `i` through this thread's cache for the class, or `None` if no
     /// page of the class has a free block this thread can take.
     #[inline(always)]
-    fn alloc_cached(&self, i: usize, cache: &mut ClassCache) -> Result<Option<NonNull<u8>>> {
+    fn alloc_cached(&self, i: usize, cache: &mut PoolCache) -> Result<Option<NonNull<u8>>> {
         let class = &self.classes[i];
-        if cache.active != NO_PAGE {
-            let page = &self.pages[cache.active as usize];
-            if let Some(taken) = page.take() {
-                return self.hand_out(class, cache.active, taken).map(Some);
+        let active = cache.active[i];
+        if active != NO_PAGE {
+            if let Some(taken) = self.pages[active as usize].take() {
+                return self.hand_out_taken(class, active, taken).map(Some);
             }
         }
-        match self.refill(class, cache) {
+        match self.refill(i, cache) {
             Some(p) => {
                 let taken = self.pages[p as usize].take().expect("refill returns a page with a free block");
-                self.hand_out(class, p, taken).map(Some)
+                self.hand_out_taken(class, p, taken).map(Some)
             }
             None => Ok(None),
         }
     }
 
     /// Finds this thread a page of `class` with a free block, makes it the active one and
-    /// returns it: one of its own pages (after collecting their remote frees), else an
-    /// unowned page it takes over. Its other pages go back to the pool when entirely free,
+    /// returns it: the one of its own pages with the most free blocks (after collecting
+    /// their remote frees), else an unowned page it takes over. Its other pages go back to the pool when entirely free,
     /// or, while another thread is starving in this class, as soon as they have a free block.
     /// It keeps the rest: their blocks are most likely freed by this thread, cheaply.
     #[cold]
     #[inline(never)]
-    fn refill(&self, class: &Class, cache: &mut ClassCache) -> Option<u32> {
-        let pressure = class.pressure.load(Ordering::Relaxed);
-        let mut found = None;
+    fn refill(&self, class_index: usize, cache: &mut PoolCache) -> Option<u32> {
+        let class = &self.classes[class_index];
+        let owned = &mut cache.owned[class_index];
+        let pressure = self.pressure.load(Ordering::Relaxed) & 1 << class_index != 0;
+        // The page with the most free blocks becomes the active one, so the next refill is
+        // as far off as it can be. Of the others, those entirely free go back (or, under
+        // pressure, every one with a free block: then the first page found is kept).
+        let mut found: Option<(u32, u32)> = None;
         let mut i = 0;
-        while i < cache.owned.len() {
-            let p = cache.owned[i];
+        while i < owned.len() {
+            let p = owned[i];
             let page = &self.pages[p as usize];
             self.collect(class, p);
-            if page.has_local_free() {
-                if found.is_none() {
-                    found = Some(p);
-                } else if pressure || page.all_free(page::full_mask(class.page_blocks(p - class.first_page))) {
-                    page.release();
-                    cache.owned.swap_remove(i);
-                    continue;
+            let free = page.local_free_count();
+            if free > 0 {
+                match found {
+                    Some((_, most)) if pressure || free <= most => {
+                        if pressure || page.all_free(page::full_mask(class.page_blocks(p - class.first_page))) {
+                            page.release();
+                            owned.swap_remove(i);
+                            continue;
+                        }
+                    }
+                    _ => found = Some((p, free)),
                 }
             }
             i += 1;
         }
+        let mut found = found.map(|(p, _)| p);
         if found.is_none() {
             found = self.acquire(class, thread_cache::token());
-            cache.owned.extend(found);
+            owned.extend(found);
         }
-        cache.active = found.unwrap_or(NO_PAGE);
+        cache.active[class_index] = found.unwrap_or(NO_PAGE);
         found
     }
 
@@ -440,8 +483,9 @@ impl SizeClassPool {
                 self.collect(class, p);
                 if page.has_local_free() {
                     class.cursor.store(rel + 1, Ordering::Relaxed);
-                    if class.pressure.load(Ordering::Relaxed) {
-                        class.pressure.store(false, Ordering::Relaxed);
+                    let bit = 1 << self.pages[p as usize].class();
+                    if self.pressure.load(Ordering::Relaxed) & bit != 0 {
+                        self.pressure.fetch_and(!bit, Ordering::Relaxed);
                     }
                     return Some(p);
                 }
@@ -460,7 +504,7 @@ impl SizeClassPool {
         for (i, class) in self.classes.iter().enumerate().skip(first) {
             if let Some(p) = self.acquire(class, token) {
                 let taken = self.pages[p as usize].take().expect("acquire returns a page with a free block");
-                let result = self.hand_out(class, p, taken);
+                let result = self.hand_out_taken(class, p, taken);
                 self.pages[p as usize].release();
                 if i != first {
                     self.counters.fallback();
@@ -487,19 +531,25 @@ impl SizeClassPool {
         }
     }
 
-    /// Returns block `bit` of page `p`, just taken, after the use-after-free check; reports
-    /// the page's blocks found freed twice (`doubles`, see [`Page::take`]).
+    /// [`hand_out`](Self::hand_out) for block `bit` of page `p` of `class`, just taken;
+    /// reports the page's blocks found freed twice (`doubles`, see [`Page::take`]).
     #[inline(always)]
-    fn hand_out(&self, class: &Class, p: u32, (bit, doubles): (u32, u64)) -> Result<NonNull<u8>> {
+    fn hand_out_taken(&self, class: &Class, p: u32, (bit, doubles): (u32, u64)) -> Result<NonNull<u8>> {
         if doubles != 0 {
             self.double_free_raced(class, (p - class.first_page) << class.page_shift, doubles);
         }
-        let index = ((p - class.first_page) << class.page_shift) + bit;
-        let block = self.block(class, index);
+        self.hand_out(p, bit, class.page_offset(p) + ((bit as usize) << class.shift), class.block_size)
+    }
+
+    /// Returns the block at region offset `offset`, bit `bit` of page `p`, just taken, after
+    /// the use-after-free check.
+    #[inline(always)]
+    fn hand_out(&self, p: u32, bit: u32, offset: usize, block_size: usize) -> Result<NonNull<u8>> {
+        let block = self.region.at(offset);
         // SAFETY: the block was free until `take` just now: `block_size` bytes nobody else
         // references, initialised by the region's fill or the last free's.
-        if !unsafe { region::freed_intact(block, class.block_size) } {
-            return Err(self.corrupted(class, p, bit, block));
+        if !unsafe { region::freed_intact(block, block_size) } {
+            return Err(self.corrupted(p, bit, block, block_size));
         }
         Ok(block)
     }
@@ -560,16 +610,16 @@ impl SizeClassPool {
     #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        let (class, index) = self.locate(addr)?;
-        let page = &self.pages[(class.first_page + (index >> class.page_shift)) as usize];
-        let bit = index & ((1 << class.page_shift) - 1);
-        let token = thread_cache::token();
-        let local = page.owner() == token && token != NO_TOKEN && !class.pressure.load(Ordering::Relaxed);
+        let (page, offset, bit) = self.locate(addr)?;
+        // No page is owned by `NO_TOKEN` (see `acquire`), so a thread without a token frees
+        // remotely.
+        let local = page.owner() == thread_cache::token_if_any()
+            && self.pressure.load(Ordering::Relaxed) & 1 << page.class() == 0;
         let freed = if local {
             page.free_local(bit, || {
                 // SAFETY: the block was handed out and, by the caller's contract, is no longer
-                // used; the pool's own pointer covers its `block_size` bytes.
-                unsafe { region::fill_freed(self.block(class, index), class.block_size) }
+                // used; the pool's own pointer covers its `1 << shift` bytes.
+                unsafe { region::fill_freed(self.region.at(offset), 1 << page.shift()) }
             })
         } else {
             page.free_remote(bit)
@@ -613,29 +663,25 @@ impl SizeClassPool {
         unsafe { self.try_free(ptr) }
     }
 
-    /// Finds the class and block index of `addr`, checking it starts a block.
+    /// Finds the page of `addr`, its region offset and its bit in the page, checking it
+    /// starts a block.
     #[inline(always)]
-    fn locate(&self, addr: usize) -> Result<(&Class, u32)> {
-        if !self.region.contains(addr) {
-            return Err(Error::ForeignPointer { addr });
+    fn locate(&self, addr: usize) -> Result<(&Page, usize, u32)> {
+        let offset = addr.wrapping_sub(self.region.addr());
+        // Outside the region, or padding between classes (`NO_PAGE` is past the table's end).
+        let page = self.granule_page.get(offset >> GRANULE_SHIFT).and_then(|&p| self.pages.get(p as usize));
+        let Some(page) = page else { return Err(Error::ForeignPointer { addr }) };
+        // Pages start on granules, so `offset >= start` and this does not wrap.
+        let rel = offset - page.start();
+        let bit = rel >> page.shift();
+        if bit >= page.blocks() as usize {
+            return Err(Error::ForeignPointer { addr }); // the padding after a class's end
         }
-        let offset = addr - self.region.addr();
-        // Starts descend with the class index: find the first class starting at or below
-        // `offset`. The chunk's entry is that class for the chunk's first byte; a smaller
-        // class may start later in the same chunk.
-        let mut i = self.chunk_class[offset / CHUNK] as usize;
-        while i > 0 && self.classes[i - 1].start <= offset {
-            i -= 1;
+        let block_rel = bit << page.shift();
+        if block_rel != rel {
+            return Err(Error::NotBlockStart { addr, block_start: addr - (rel - block_rel) });
         }
-        let class = &self.classes[i];
-        let rel = offset - class.start;
-        let index = rel >> class.shift;
-        debug_assert!(index < class.count as usize, "class ranges cover the region");
-        if rel & (class.block_size - 1) != 0 {
-            let block_start = self.region.addr() + class.start + (index << class.shift);
-            return Err(Error::NotBlockStart { addr, block_start });
-        }
-        Ok((class, index as u32))
+        Ok((page, offset, bit as u32))
     }
 
     /// Whether `ptr` lies inside the pool's region.
@@ -668,7 +714,7 @@ impl SizeClassPool {
     pub fn metadata_bytes(&self) -> usize {
         self.pages.len() * size_of::<Page>()
             + self.classes.len() * size_of::<Class>()
-            + self.chunk_class.len()
+            + self.granule_page.len() * size_of::<u32>()
             + size_of::<Self>()
     }
 
@@ -680,7 +726,7 @@ impl SizeClassPool {
         let in_use = per_class.iter().map(|c| (c.blocks - c.free) * c.block_size).sum();
         let peak = per_class.iter().map(|c| c.peak * c.block_size).sum();
         let allocations = per_class.iter().map(|c| c.allocations).sum::<u64>() + self.stolen.load(Ordering::Relaxed);
-        self.counters.snapshot_with(self.region.len(), in_use, peak, live, allocations)
+        self.counters.snapshot_with(self.capacity, in_use, peak, live, allocations)
     }
 
     #[cold]
@@ -722,9 +768,9 @@ impl SizeClassPool {
     /// next call hands it out.
     #[cold]
     #[inline(never)]
-    fn corrupted(&self, class: &Class, p: u32, bit: u32, block: NonNull<u8>) -> Error {
+    fn corrupted(&self, p: u32, bit: u32, block: NonNull<u8>, block_size: usize) -> Error {
         // SAFETY: the block was free until just now and is not handed out: nobody references it.
-        unsafe { region::fill_freed(block, class.block_size) };
+        unsafe { region::fill_freed(block, block_size) };
         self.pages[p as usize].untake(bit);
         self.failed(region::use_after_free("SizeClassPool", block.as_ptr() as usize))
     }
@@ -751,7 +797,7 @@ impl Drop for SizeClassPool {
 impl fmt::Debug for SizeClassPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SizeClassPool")
-            .field("capacity", &self.region.len())
+            .field("capacity", &self.capacity)
             .field("pages", &self.pages.len())
             .field("classes", &self.class_stats())
             .finish()
@@ -857,6 +903,103 @@ mod tests {
             assert_eq!(pool.try_free(q.add(64)), Err(Error::DoubleFree { addr: q.as_ptr() as usize + 64 }));
             pool.free(q);
         }
+    }
+
+    #[test]
+    fn padding_between_classes_is_foreign() {
+        // The 16-byte class fills bytes 0..16; the 8-byte class starts on the next granule.
+        let pool = SizeClassPool::new(&[(8, 3), (16, 1)]);
+        assert_eq!(pool.capacity(), 40);
+        let a = pool.alloc(Layout::new::<u64>());
+        let base = a.as_ptr() as usize - GRANULE;
+        for addr in [base + 16, base + GRANULE - 8, a.as_ptr() as usize + 24, a.as_ptr() as usize + 32] {
+            let p = NonNull::new(addr as *mut u8).unwrap();
+            // SAFETY: not blocks of the pool: refused before memory is touched.
+            assert_eq!(unsafe { pool.try_free(p) }, Err(Error::ForeignPointer { addr }));
+        }
+        // SAFETY: ours, freed once.
+        unsafe { pool.free(a) };
+    }
+
+    #[test]
+    fn peak_is_the_most_blocks_out_at_once() {
+        let pool = SizeClassPool::new(&[(8, 64)]);
+        let blocks: Vec<_> = (0..5).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        // SAFETY: ours, each freed once.
+        unsafe {
+            for &p in &blocks[1..4] {
+                pool.free(p);
+            }
+        }
+        let again: Vec<_> = (0..3).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        let st = pool.stats();
+        assert_eq!((st.in_use, st.peak, st.allocations), (5 * 8, 5 * 8, 8));
+        let extra = pool.alloc(Layout::new::<u8>());
+        assert_eq!(pool.stats().peak, 6 * 8);
+        // SAFETY: ours, each freed once.
+        unsafe {
+            for p in again.into_iter().chain([blocks[0], blocks[4], extra]) {
+                pool.free(p);
+            }
+        }
+        assert_eq!(pool.class_stats()[0].peak, 6);
+    }
+
+    #[test]
+    fn refill_takes_the_own_page_with_the_most_free_blocks() {
+        let pool = SizeClassPool::new(&[(8, 256)]); // 4 pages of 64 blocks
+        let blocks: Vec<_> = (0..192).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        let page_of = |p: NonNull<u8>| blocks.iter().position(|&b| b == p).map(|i| i / 64);
+        // SAFETY: ours, each freed once.
+        unsafe {
+            for i in std::iter::once(0).chain(64..74) {
+                pool.free(blocks[i]);
+            }
+        }
+        // The active page (the third) is full: the refill picks the second page (10 free
+        // blocks) over the first (1).
+        let p = pool.alloc(Layout::new::<u8>());
+        assert_eq!(page_of(p), Some(1));
+        // SAFETY: ours, each freed once.
+        unsafe {
+            pool.free(p);
+            for (i, &b) in blocks.iter().enumerate() {
+                if i != 0 && !(64..74).contains(&i) {
+                    pool.free(b);
+                }
+            }
+        }
+        assert_eq!(pool.stats().live, 0);
+    }
+
+    #[test]
+    fn thread_local_destroyed_after_the_caches_allocates_and_frees() {
+        use std::cell::RefCell;
+        use std::sync::Arc;
+        struct Late(Arc<SizeClassPool>);
+        impl Drop for Late {
+            fn drop(&mut self) {
+                let p = self.0.alloc(Layout::new::<u8>());
+                // SAFETY: ours, freed once.
+                unsafe { self.0.free(p) };
+            }
+        }
+        std::thread_local!(static LATE: RefCell<Option<Late>> = const { RefCell::new(None) });
+        let pool = Arc::new(SizeClassPool::new(&[(8, 4)]));
+        let shared = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            // Registered before the pool's caches, so destroyed after them: `Late`'s drop
+            // runs with the caches gone and must not reach them.
+            LATE.with(|late| late.borrow_mut().take());
+            let p = shared.alloc(Layout::new::<u8>());
+            // SAFETY: ours, freed once.
+            unsafe { shared.free(p) };
+            LATE.with(|late| *late.borrow_mut() = Some(Late(shared)));
+        })
+        .join()
+        .unwrap();
+        let st = pool.stats();
+        assert_eq!((st.live, st.allocations), (0, 2));
     }
 
     #[test]

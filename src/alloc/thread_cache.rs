@@ -49,20 +49,15 @@ pub(crate) fn next_allocator_id() -> u64 {
 
 /// What a thread keeps for one allocator. Dropping an entry gives back what the thread owns
 /// in the allocator (if it is still alive).
-pub(crate) trait CacheEntry {
+pub(crate) trait CacheEntry: Sized + 'static {
     /// The allocator's id.
     fn id(&self) -> u64;
     /// Whether the allocator still exists (entries of dropped allocators are removed).
     fn is_alive(&self) -> bool;
-}
-
-/// The pages one thread owns in one size class of one pool.
-#[derive(Debug)]
-pub(crate) struct ClassCache {
-    /// The page allocations come from first, or [`NO_PAGE`]. It is in `owned`.
-    pub(crate) active: u32,
-    /// Every page of the class this thread owns (indices into the pool's page table).
-    pub(crate) owned: Vec<u32>,
+    /// This thread's list of entries of this kind.
+    fn caches() -> &'static LocalKey<Caches<Self>>;
+    /// This thread's fast check for entries of this kind.
+    fn fast() -> &'static LocalKey<Fast<Self>>;
 }
 
 /// One thread's cache for one size-class pool.
@@ -70,7 +65,13 @@ pub(crate) struct PoolCache {
     pool: u64,
     /// The pool's page table, to give the pages back when the thread exits.
     pages: Weak<[Page]>,
-    pub(crate) classes: Box<[ClassCache]>,
+    /// Per class (index as in the pool, at most 64 classes): the page allocations come from
+    /// first (one of `owned`), or [`NO_PAGE`]. Inline, so the fast path reads it with no
+    /// pointer to follow, and one entry per `u8`, so a class index needs no bounds check
+    /// (the entries past the pool's classes stay `NO_PAGE`).
+    pub(crate) active: [u32; 256],
+    /// Per class: every page of the class this thread owns (indices into the page table).
+    pub(crate) owned: Box<[Vec<u32>]>,
 }
 
 impl PoolCache {
@@ -79,7 +80,8 @@ impl PoolCache {
         PoolCache {
             pool,
             pages: Arc::downgrade(pages),
-            classes: (0..classes).map(|_| ClassCache { active: NO_PAGE, owned: Vec::new() }).collect(),
+            active: [NO_PAGE; 256],
+            owned: (0..classes).map(|_| Vec::new()).collect(),
         }
     }
 }
@@ -92,6 +94,14 @@ impl CacheEntry for PoolCache {
     fn is_alive(&self) -> bool {
         self.pages.strong_count() > 0
     }
+
+    fn caches() -> &'static LocalKey<Caches<Self>> {
+        &POOL_CACHES
+    }
+
+    fn fast() -> &'static LocalKey<Fast<Self>> {
+        &POOL_FAST
+    }
 }
 
 impl Drop for PoolCache {
@@ -99,8 +109,8 @@ impl Drop for PoolCache {
         // The pool may be gone (its pages with it), or alive on another thread: hand the
         // pages back so other threads can take them over.
         if let Some(pages) = self.pages.upgrade() {
-            for class in self.classes.iter() {
-                for &p in &class.owned {
+            for owned in self.owned.iter() {
+                for &p in owned {
                     pages[p as usize].release();
                 }
             }
@@ -110,7 +120,7 @@ impl Drop for PoolCache {
 
 impl fmt::Debug for PoolCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolCache").field("pool", &self.pool).field("classes", &self.classes).finish()
+        f.debug_struct("PoolCache").field("pool", &self.pool).field("owned", &self.owned).finish()
     }
 }
 
@@ -122,21 +132,44 @@ impl fmt::Debug for PoolCache {
 /// 2. `last` is null or one of `entries`, the one for allocator `last_pool`.
 /// 3. While `busy` is set, exactly one `&mut E` derived from `entries` is live (the one
 ///    handed to [`with_cache`]'s closure); nothing else touches `entries` meanwhile.
-/// 4. `fast_pool` is `last_pool` while `busy` is clear and 0 (no allocator's id) while it is
-///    set, so the fast path needs one compare for both conditions.
-pub(crate) struct Caches<E> {
+/// 4. The thread's [`Fast`] of this kind holds (`last_pool`, `last`) while `busy` is clear,
+///    and id 0 (no allocator's) while it is set and once the list has dropped, so the fast
+///    path needs one compare for all three conditions.
+pub(crate) struct Caches<E: CacheEntry> {
     busy: Cell<bool>,
-    fast_pool: Cell<u64>,
     last_pool: Cell<u64>,
     last: Cell<*mut E>,
     entries: UnsafeCell<Vec<NonNull<E>>>,
+}
+
+/// The fast path's copy of a [`Caches`]' last entry (its invariant 4). A thread-local of its
+/// own with no destructor, so reading it is a plain thread-local load, with no check that
+/// the thread's locals are still alive.
+pub(crate) struct Fast<E> {
+    pool: Cell<u64>,
+    entry: Cell<*mut E>,
+}
+
+impl<E> Fast<E> {
+    const fn new() -> Fast<E> {
+        Fast { pool: Cell::new(0), entry: Cell::new(std::ptr::null_mut()) }
+    }
+
+    fn set(&self, pool: u64, entry: *mut E) {
+        self.pool.set(pool);
+        self.entry.set(entry);
+    }
+}
+
+/// Sets the thread's [`Fast`] of kind `E` (if its thread-local is still there).
+fn set_fast<E: CacheEntry>(pool: u64, entry: *mut E) {
+    let _ = E::fast().try_with(|fast| fast.set(pool, entry));
 }
 
 impl<E: CacheEntry> Caches<E> {
     const fn new() -> Caches<E> {
         Caches {
             busy: Cell::new(false),
-            fast_pool: Cell::new(0),
             last_pool: Cell::new(0),
             last: Cell::new(std::ptr::null_mut()),
             entries: UnsafeCell::new(Vec::new()),
@@ -177,8 +210,10 @@ impl<E: CacheEntry> Caches<E> {
     }
 }
 
-impl<E> Drop for Caches<E> {
+impl<E: CacheEntry> Drop for Caches<E> {
     fn drop(&mut self) {
+        // Invariant 4: the fast path must not reach the entries freed below.
+        set_fast::<E>(0, std::ptr::null_mut());
         for entry in self.entries.get_mut().drain(..) {
             // SAFETY: invariant 1: each entry is freed once, here.
             drop(unsafe { Box::from_raw(entry.as_ptr()) });
@@ -188,12 +223,12 @@ impl<E> Drop for Caches<E> {
 
 /// Clears `busy` (and opens the fast path again, invariant 4) when the closure returns or
 /// unwinds.
-struct Unbusy<'a, E>(&'a Caches<E>);
+struct Unbusy<'a, E: CacheEntry>(&'a Caches<E>);
 
-impl<E> Drop for Unbusy<'_, E> {
+impl<E: CacheEntry> Drop for Unbusy<'_, E> {
     fn drop(&mut self) {
         self.0.busy.set(false);
-        self.0.fast_pool.set(self.0.last_pool.get());
+        set_fast(self.0.last_pool.get(), self.0.last.get());
     }
 }
 
@@ -206,18 +241,24 @@ pub(crate) type LocalKey<T> = loom::thread::LocalKey<T>;
 
 #[cfg(not(loom))]
 std::thread_local! {
-    static TOKEN: Cell<u64> = const { Cell::new(0) };
+    /// This thread's token, [`NO_TOKEN`] until it is first needed.
+    static TOKEN: Cell<u64> = const { Cell::new(NO_TOKEN) };
     /// This thread's size-class pool caches.
     pub(crate) static POOL_CACHES: Caches<PoolCache> = const { Caches::new() };
     /// This thread's small-object allocator caches.
     pub(crate) static SMALL_CACHES: Caches<SmallCache> = const { Caches::new() };
+    /// The fast checks of those two.
+    pub(crate) static POOL_FAST: Fast<PoolCache> = const { Fast::new() };
+    pub(crate) static SMALL_FAST: Fast<SmallCache> = const { Fast::new() };
 }
 
 #[cfg(loom)]
 loom::thread_local! {
-    static TOKEN: Cell<u64> = Cell::new(0);
+    static TOKEN: Cell<u64> = Cell::new(NO_TOKEN);
     pub(crate) static POOL_CACHES: Caches<PoolCache> = Caches::new();
     pub(crate) static SMALL_CACHES: Caches<SmallCache> = Caches::new();
+    pub(crate) static POOL_FAST: Fast<PoolCache> = Fast::new();
+    pub(crate) static SMALL_FAST: Fast<SmallCache> = Fast::new();
 }
 
 /// This thread's token (assigned on first use), or [`NO_TOKEN`] once its thread-locals are
@@ -226,7 +267,7 @@ loom::thread_local! {
 pub(crate) fn token() -> u64 {
     TOKEN
         .try_with(|t| match t.get() {
-            0 => {
+            NO_TOKEN => {
                 let token = NEXT_TOKEN
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1).filter(|&n| n != NO_TOKEN))
                     .unwrap_or_else(|_| panic!("thread tokens exhausted"));
@@ -238,8 +279,16 @@ pub(crate) fn token() -> u64 {
         .unwrap_or(NO_TOKEN)
 }
 
-/// The fast path: runs `f` on this thread's cache (in `caches`) for allocator `pool` if it
-/// is the allocator used last and no other call is inside a cache of that kind; `None`
+/// This thread's token if it has one, else [`NO_TOKEN`], without assigning one: enough to
+/// ask "does this thread own that page?", since a thread owns pages only after [`token`]
+/// gave it a token, and no page is owned by `NO_TOKEN`.
+#[inline(always)]
+pub(crate) fn token_if_any() -> u64 {
+    TOKEN.try_with(Cell::get).unwrap_or(NO_TOKEN)
+}
+
+/// The fast path: runs `f` on this thread's cache of kind `E` for allocator `pool` if it is
+/// the allocator used last and no other call is inside a cache of that kind; `None`
 /// otherwise (take [`with_cache`] then).
 ///
 /// # Safety
@@ -247,43 +296,39 @@ pub(crate) fn token() -> u64 {
 /// `f` must not call anything that could reach this module again (no allocation through
 /// the global allocator, no logging, no user code): it runs without setting `busy`.
 #[inline(always)]
-pub(crate) unsafe fn with_last_cache<E: CacheEntry + 'static, R>(
-    caches: &'static LocalKey<Caches<E>>,
-    pool: u64,
-    f: impl FnOnce(&mut E) -> Option<R>,
-) -> Option<R> {
-    caches
-        .try_with(|caches| {
-            // Invariant 4: equal only when `busy` is clear and `pool` was used last.
-            if caches.fast_pool.get() != pool {
+pub(crate) unsafe fn with_last_cache<E: CacheEntry, R>(pool: u64, f: impl FnOnce(&mut E) -> Option<R>) -> Option<R> {
+    E::fast()
+        .try_with(|fast| {
+            // Invariant 4: equal only when `busy` is clear, the list is alive and `pool` was
+            // used last.
+            if fast.pool.get() != pool {
                 return None;
             }
-            // SAFETY: invariants 1–3: `last` is the live entry for `pool`; `busy` is clear, so
-            // no other reference to it exists, and `f` cannot create one (the caller's
+            // SAFETY: invariants 1–4: `entry` is the live entry for `pool`; `busy` is clear,
+            // so no other reference to it exists, and `f` cannot create one (the caller's
             // contract) before this one ends.
-            f(unsafe { &mut *caches.last.get() })
+            f(unsafe { &mut *fast.entry.get() })
         })
         .ok()
         .flatten()
 }
 
-/// Runs `f` on this thread's cache (in `caches`) for allocator `pool`, made by `make` if
+/// Runs `f` on this thread's cache of kind `E` for allocator `pool`, made by `make` if
 /// missing, or returns `None` when there is none to use: the thread's locals are being
 /// destroyed, or this is a nested call (the allocator used as the global allocator while the
 /// cache list itself allocates). The caller then takes the uncached path.
 #[inline]
-pub(crate) fn with_cache<E: CacheEntry + 'static, R>(
-    caches: &'static LocalKey<Caches<E>>,
+pub(crate) fn with_cache<E: CacheEntry, R>(
     pool: u64,
     make: impl FnOnce() -> E,
     f: impl FnOnce(&mut E) -> R,
 ) -> Option<R> {
-    caches
+    E::caches()
         .try_with(|caches| {
             if caches.busy.replace(true) {
                 return None;
             }
-            caches.fast_pool.set(0);
+            set_fast::<E>(0, std::ptr::null_mut());
             let _unbusy = Unbusy(caches);
             let cache = if caches.last_pool.get() == pool {
                 caches.last.get()
