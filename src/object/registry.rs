@@ -90,6 +90,7 @@ impl Registry {
         }
     }
 
+    #[inline]
     fn type_slot(type_id: TypeId) -> usize {
         struct IdHasher(u64);
         impl Hasher for IdHasher {
@@ -110,6 +111,7 @@ impl Registry {
         (hasher.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % TYPE_TABLE
     }
 
+    #[inline]
     fn store_index_of(&self, type_id: TypeId) -> Option<u32> {
         let mut at = Self::type_slot(type_id);
         loop {
