@@ -79,6 +79,12 @@ impl Page {
         self.start
     }
 
+    /// Region offset of block `bit`.
+    #[inline(always)]
+    pub(crate) fn block_offset(&self, bit: u32) -> usize {
+        self.start + ((bit as usize) << self.shift)
+    }
+
     /// Blocks are `1 << shift()` bytes.
     #[inline(always)]
     pub(crate) fn shift(&self) -> u32 {

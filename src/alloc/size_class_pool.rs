@@ -345,7 +345,7 @@ impl SizeClassPool {
                 let p = cache.active[usize::from(first)];
                 let page = self.pages.get(p as usize)?;
                 let bit = page.take_clean()?;
-                Some((p, bit, page.start() + ((bit as usize) << page.shift()), page.shift()))
+                Some((p, bit, page.block_offset(bit), page.shift()))
             })
         };
         if let Some((p, bit, offset, shift)) = fast {
@@ -538,7 +538,8 @@ impl SizeClassPool {
         if doubles != 0 {
             self.double_free_raced(class, (p - class.first_page) << class.page_shift, doubles);
         }
-        self.hand_out(p, bit, class.page_offset(p) + ((bit as usize) << class.shift), class.block_size)
+        let page = &self.pages[p as usize];
+        self.hand_out(p, bit, page.block_offset(bit), 1 << page.shift())
     }
 
     /// Returns the block at region offset `offset`, bit `bit` of page `p`, just taken, after

@@ -243,18 +243,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             // has a header.
             let header = unsafe { block::read_header(ptr) };
             if header.is_counted_only() {
-                let tag = TagId(header.tag());
-                if !t.is_slow(tag) {
-                    if let Some(slot) = t.threads.slot() {
-                        if slot.free(tag.index(), layout.size() as isize) {
-                            t.flush(slot, tag);
-                        }
-                        // SAFETY: the caller's contract; the header says counted only.
-                        return unsafe { self.free_counted(ptr, layout) };
-                    }
-                }
-                t.uncount(tag, layout.size(), ptr as usize);
-                // SAFETY: as above.
+                // The thread's slot if the tag is not slow, else the shared counters.
+                t.uncount(TagId(header.tag()), layout.size(), ptr as usize);
+                // SAFETY: the caller's contract; the header says counted only.
                 return unsafe { self.free_counted(ptr, layout) };
             }
             if header.is_recorded_only() {
