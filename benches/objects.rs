@@ -133,6 +133,12 @@ fn manager_on_global() -> ObjectManager {
     ObjectManager::builder().allocator(mmobject::allocator_api2::alloc::Global).build()
 }
 
+/// A manager owned by the calling thread (the bench's): its clones and drops
+/// there go through the owner's reservation (`owner_thread`).
+fn owned() -> ObjectManager {
+    ObjectManager::builder().owner_thread(true).build()
+}
+
 /// Walks a precomputed pick table, wrapping around.
 struct Cursor<'a> {
     picks: &'a [u32],
@@ -255,7 +261,12 @@ fn o1_frame(c: &mut Criterion) {
     group.throughput(Throughput::Elements(FRAME_CHURN as u64));
     group.sample_size(30).warm_up_time(Duration::from_millis(700)).measurement_time(Duration::from_secs(2));
 
-    for (name, mut mm) in [("mmobject", ObjectManager::new()), ("mmobject_global_alloc", manager_on_global())] {
+    let managers = [
+        ("mmobject", ObjectManager::new()),
+        ("mmobject_owner", owned()),
+        ("mmobject_global_alloc", manager_on_global()),
+    ];
+    for (name, mut mm) in managers {
         let mut handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| mm.create(Obj(payload(i)))).collect();
         let mut cursor = Cursor::new(&picks);
         group.bench_function(name, |b| {
@@ -406,6 +417,14 @@ fn o2_clone_drop(c: &mut Criterion) {
     });
     // A type that may hold handles: its drops go through the candidate-root
     // path (a compare-exchange; the object is queued once, on the first drop).
+    let owner = owned();
+    let owned_handle = owner.create(Obj(payload(1)));
+    group.bench_function("mmobject_owner", |b| {
+        cpu_iter(b, || {
+            let clone = black_box(&owned_handle).clone();
+            drop(black_box(clone));
+        })
+    });
     let node = mm.create(CycleNode { next: None, payload: payload(1) });
     group.bench_function("mmobject_may_hold_handles", |b| {
         cpu_iter(b, || {
@@ -421,7 +440,7 @@ fn o2_clone_drop(c: &mut Criterion) {
         })
     });
     group.finish();
-    drop((handle, node));
+    drop((handle, node, owned_handle));
 }
 
 /// `iters` calls of `routine` on a thread of their own, timed in that
@@ -460,6 +479,16 @@ fn o2b_clone_drop_other_thread(c: &mut Criterion) {
             drop(black_box(clone));
         })
     });
+    // The manager owned by the bench's thread: the worker's drops are the
+    // other side's compare-exchange (which may flag a check).
+    let owner = owned();
+    let owned_handle = owner.create(Obj(payload(1)));
+    group.bench_function("mmobject_owner", |b| {
+        cpu_iter_on_worker(b, || {
+            let clone = black_box(&owned_handle).clone();
+            drop(black_box(clone));
+        })
+    });
     let arc = Arc::new(payload(1));
     group.bench_function("arc", |b| {
         cpu_iter_on_worker(b, || {
@@ -468,7 +497,7 @@ fn o2b_clone_drop_other_thread(c: &mut Criterion) {
         })
     });
     group.finish();
-    drop(handle);
+    drop((handle, owned_handle));
 }
 
 // ---- O3 ---------------------------------------------------------------------
@@ -781,11 +810,10 @@ fn o6_threads(c: &mut Criterion) {
     group.throughput(Throughput::Elements(WORKERS as u64));
     group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(4));
 
-    {
-        let mut mm = ObjectManager::new();
+    for (name, mut mm) in [("mmobject", ObjectManager::new()), ("mmobject_owner", owned())] {
         let set: Vec<Handle<Obj>> = (0..SHARED_SET).map(|i| mm.create(Obj(payload(i)))).collect();
         let mut made = Vec::with_capacity(O6_FRAME);
-        group.bench_function("mmobject", |b| {
+        group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 contended(&set, iters, || {
                     for n in 0..O6_FRAME {
@@ -827,6 +855,7 @@ fn o1b_load(c: &mut Criterion) {
         (handles, mm)
     };
     group.bench_function("mmobject", |b| cpu_iter_with_setup(b, ObjectManager::new, load));
+    group.bench_function("mmobject_owner", |b| cpu_iter_with_setup(b, owned, load));
     group.bench_function("mmobject_global_alloc", |b| cpu_iter_with_setup(b, manager_on_global, load));
     group.bench_function("slotmap_insert", |b| {
         cpu_iter_with_setup(b, SlotMap::<DefaultKey, Payload>::new, |mut map| {
@@ -853,6 +882,7 @@ fn o1c_unload(c: &mut Criterion) {
         drop(mm);
     };
     group.bench_function("mmobject", |b| cpu_iter_with_setup(b, || loaded(ObjectManager::new()), unload));
+    group.bench_function("mmobject_owner", |b| cpu_iter_with_setup(b, || loaded(owned()), unload));
     group.bench_function("mmobject_global_alloc", |b| cpu_iter_with_setup(b, || loaded(manager_on_global()), unload));
     group.bench_function("slotmap_remove", |b| {
         cpu_iter_with_setup(

@@ -12,30 +12,30 @@
 //!
 //! A segment is cut into *chunks*: 4 MiB, aligned to 4 MiB (more for a type
 //! whose slot is larger). Each chunk starts with a 2 KiB prefix holding its
-//! header (the store's shared part, the chunk's first local index and the
-//! manager id) on one of 32 cache lines chosen by the chunk's address, then
+//! header (the store's shared part, the chunk's first local index, the
+//! manager id and its owner thread) on one of 32 cache lines chosen by the chunk's address, then
 //! its slots. Masking a slot's address finds the header (see
 //! `object/layout.rs`, which also gives the measurements behind the sizes).
 //! A small segment is allocated at its own size, but at that alignment: the
 //! cost is address space the allocator may reserve, not memory touched.
 //!
-//! A slot is an 8-byte header followed by `UnsafeCell<MaybeUninit<T>>`:
+//! A slot is a 16-byte header followed by `UnsafeCell<MaybeUninit<T>>`:
 //!
 //! | field | bytes | meaning |
 //! |---|---|---|
-//! | `word` | 4 | live: the strong count, plus `PURPLE` while a candidate root; dead or free: `LINK_FLAG \| next` |
+//! | `word` | 4 | live: the strong count, plus `PURPLE` while a candidate root (or, in other stores, `CHECK` while a check is queued); dead or free: `LINK_FLAG \| next` |
 //! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention) |
+//! | `reserve` | 4 | the owner thread's reservation of counts, plus `PENDING` (see "Owner-thread counts") |
+//! | `site` | 4 | the number of the creation site in the store's site table |
 //!
 //! The same word is the count while the object is referenced and the list
-//! link once it is not. That keeps the header at 8 bytes without a separate
-//! link field, and it makes "is this object dead?" the same load as "what is
-//! its count?". A 64-byte object takes a 72-byte slot, as in `slotmap`.
-//!
-//! The creation site (`&'static Location` of the `create` call, 8 bytes) is
-//! the other half of the 16 bytes of metadata per object. It lives in an
-//! array after the last slot, in the same segment allocation: `create` writes it
-//! once, and only the leak report and forensics read it, so it stays out of
-//! the lines that iteration and reads walk.
+//! link once it is not: no separate link field, and "is this object dead?"
+//! is the same load as "what is its count?". The creation site (the
+//! `&'static Location` of the `create` call) is a 4-byte number into a
+//! per-store table (`object/creation_sites.rs`: a 64-entry open-addressed
+//! table that `create` reads without a lock, then a locked map), so the
+//! metadata stays at 16 bytes per object. A 64-byte object takes an 80-byte
+//! slot.
 //!
 //! # Reading through handles
 //!
@@ -121,8 +121,51 @@
 //!   it the handle no longer keeps the store alive. Raw releases do the same.
 //!   See "Candidate roots" under leak forensics.
 //! - **Upgrade** (and `add_ref_raw`): a CAS loop that only increments a count
-//!   that is non-zero and not a link, after checking the generation. A dead
-//!   object is never revived.
+//!   that is non-zero and not a link, after checking the generation (and
+//!   that the object is not `PENDING`). A destroyed object is never revived.
+//!   On the owner thread of a manager that has one, see below.
+//!
+//! # Owner-thread counts
+//!
+//! A manager built with `owner_thread(true)` has an owner: the building
+//! thread, whose token every chunk header carries. The protocol is in
+//! `object/owner_counts.rs`; in short:
+//!
+//! - The owner keeps a *reservation* per object in `reserve`: counts that
+//!   are in `word` but held by no handle. A clone on the owner takes one
+//!   from it (a plain load and store), or adds a batch of 8 to the word with
+//!   one locked add when it is empty; a drop on the owner of an object it
+//!   holds a reservation on puts the count back (returning all but 8 past 16).
+//!   A drop on the owner of an object it holds no reservation on decrements
+//!   the word, as elsewhere. So `count - reservation` handles exist.
+//! - When an owner drop leaves the word holding only the reservation, no
+//!   handle is left: the owner sets `PENDING` (dead for `upgrade`, weak reads
+//!   and iteration) and queues a *check* in its ring of last drops.
+//! - A drop on another thread is one compare-exchange on the word. To zero
+//!   it is the last drop, as above. If it leaves at most 16, which may be
+//!   the reservation alone, it also sets `CHECK` (unless set) and queues a
+//!   check. The flag goes in the same exchange, since after it the handle
+//!   no longer keeps the store alive.
+//! - Rings carry checks to a per-store queue. Collection on the owner
+//!   decides each: dead if the word's count equals the reservation, and
+//!   then linked onto the dead list and destroyed in the same call. The
+//!   test is exact under `&mut ObjectManager`: no `upgrade` runs, the owner
+//!   reads its own reservation, and any handle another thread holds came
+//!   from a count already in the word that the owner can see (every drop it
+//!   sees follows the clone or creation it undoes).
+//! - Other threads cannot read a reservation exactly, so for them an object
+//!   is live while its word holds a count and it is not `PENDING`: when the
+//!   last handle of an object the owner holds counts on goes on another
+//!   thread, weak reads and other threads' `upgrade` may still succeed until
+//!   the owner's next collection (an `upgrade` then keeps it alive).
+//!   `upgrade` on the owner reads its reservation and fails at once.
+//! - A collection on another thread leaves the checks queued (and logs a
+//!   warning once); so does shutdown there, which then keeps the memory of
+//!   such objects' stores, as for outliving handles. That is why the owner is
+//!   opt-in: a manager that moves to another thread to be collected must not
+//!   have one.
+//! - Stores whose objects may hold handles count every handle in the word
+//!   (their drops mark candidate roots with the bit that is `CHECK` elsewhere).
 //!
 //! Nothing that takes `&ObjectManager` can turn an occupied slot vacant: only
 //! collection and shutdown do, and they take `&mut`. So a generation check
@@ -286,8 +329,12 @@
 //! still referenced from outside the manager, or its last handle is being
 //! dropped on another thread at this very moment (its count is zero but it
 //! is not listed yet: every ring was drained just before, so only a drop
-//! racing shutdown is in this state). In either case a handle may still touch the slot's
-//! header and the store's dead list, so that store's memory is leaked on
+//! racing shutdown is in this state). The same goes for a slot whose `CHECK`
+//! is still set (a check on its way from a drop racing shutdown), and, on
+//! another thread than a manager's owner, for an object whose count may be
+//! all the owner's reservation (on the owner, shutdown decides its checks
+//! first, as collection does). In each case a handle may still touch the slot's
+//! header and the store's shared part, so that store's memory is leaked on
 //! purpose, and the report says how many bytes. Otherwise everything is freed.
 //!
 //! # Soundness
@@ -334,7 +381,9 @@
 //!
 //! | counter | bound | at the bound |
 //! |---|---|---|
-//! | strong count | 2^29 | `clone` panics after undoing its add; `upgrade`, `try_upgrade` and `add_ref_raw` refuse (`RefCountOverflow`), changing nothing |
+//! | strong count | 2^29 | `clone` panics after undoing its add (the owner's batch of 8 as well); `upgrade`, `try_upgrade` and `add_ref_raw` refuse (`RefCountOverflow`), changing nothing |
+//! | owner reservation | 16 counts | a drop that would pass it gives all but 8 back to the word |
+//! | creation-site numbers | 64 without a lock, then a locked map in the store's allocator | a site the allocator refuses room for shows as an "unknown" line in `object/store.rs` |
 //! | slot generation | below 2^31 | the slot is *retired*: it keeps the even generation 2^31, which no key carries, and is never reused. A stale key can therefore never validate again, and keys stay below slotmap's `SecondaryMap` version limit |
 //! | manager id | 2^18 - 1 (262,143) managers per process (handles carry the id in 18 bits) | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
 //! | manager-wide index | 2^24 slots | `try_create` returns `CapacityExceeded` |

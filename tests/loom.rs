@@ -1,7 +1,10 @@
 //! Loom models of the lock-free parts:
 //!
 //! - objects: the dead-list push on the last drop and the per-thread ring
-//!   that carries it, `upgrade` racing the last drop, concurrent `create`
+//!   that carries it, `upgrade` racing the last drop, the owner thread's
+//!   reservations (its drops and a worker's racing to the last, a worker's
+//!   drop racing the owner's collection, a worker's `upgrade` racing the
+//!   owner's last drop), concurrent `create`
 //!   popping the free list, the owner's run of fresh slots racing another
 //!   creator, a refused segment racing a served one, loaders creating while
 //!   the owner collects or shuts down, and a candidate root's drop racing the
@@ -118,6 +121,88 @@ fn upgrade_never_revives() {
         }
         assert_eq!(mm.dead_count(), 1);
         let mut mm = Arc::try_unwrap(mm).expect("the upgrader is done");
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// A manager whose model thread (the one that builds it) owns it.
+fn owned() -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(1).owner_thread(true).build()
+}
+
+/// The owner drops its handle (into its reservation) while a worker drops
+/// the clone the owner made: whichever is last, the owner's collection
+/// finds the object dead once, and nothing is destroyed before.
+#[test]
+fn owner_and_worker_drop_the_last_two_handles() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = owned();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let sent = h.clone(); // from the owner's reservation
+        let worker = thread::spawn(move || drop(sent));
+        drop(h);
+        worker.join().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "no drop runs outside collection");
+        assert_eq!(mm.dead_count(), 1);
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(mm.collect_garbage().objects, 0, "collected once");
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// A worker drops its handle while the owner collects (the check of an
+/// object the owner holds counts on races the drop that queues it): the
+/// object dies once, at a collection after the drop, never before.
+#[test]
+fn a_worker_drop_races_the_owners_collection() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = owned();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let sent = h.clone();
+        drop(h); // the owner keeps only its reservation
+        let worker = thread::spawn(move || drop(sent));
+        let first = mm.collect_garbage().objects;
+        worker.join().unwrap();
+        let second = mm.collect_garbage().objects;
+        assert_eq!(first + second, 1, "collected once");
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// An `upgrade` on a worker races the owner's last drop of an object it
+/// holds counts on: the upgrade wins (and the object outlives the owner's
+/// collection) or fails; a destroyed object is never revived.
+#[test]
+fn a_worker_upgrade_races_the_owners_last_drop() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = Arc::new(owned());
+        let h = mm.create(Texture { id: 7, token: DropToken(Arc::clone(&drops)) });
+        drop(h.clone()); // gives the owner a reservation
+        let weak = h.downgrade();
+        let mm2 = Arc::clone(&mm);
+        let upgrader = thread::spawn(move || {
+            let up = mm2.upgrade(weak);
+            if let Some(up) = &up {
+                assert_eq!(mm2[up].id, 7);
+            }
+            up
+        });
+        drop(h);
+        let up = upgrader.join().unwrap();
+        let mut mm = Arc::try_unwrap(mm).expect("the upgrader is done");
+        match up {
+            Some(up) => {
+                assert_eq!(mm.collect_garbage().objects, 0, "the upgraded handle keeps it alive");
+                assert_eq!(mm[&up].id, 7);
+                drop(up);
+            }
+            None => assert!(mm.upgrade(weak).is_none()),
+        }
         assert_eq!(mm.collect_garbage().objects, 1);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     });

@@ -925,9 +925,9 @@ fn zero_sized_and_over_aligned_objects() {
     }
     if cfg!(target_pointer_width = "64") {
         let report = mm.report();
-        // The 8-byte header, the value, and the 8-byte creation site beside the slot.
-        assert_eq!(report.get("Marker").unwrap().slot_bytes, 8 + 8);
-        assert_eq!(report.get("Aligned").unwrap().slot_bytes, 128 + 8, "the value starts on its own alignment");
+        // The 16-byte header (count, generation, owner reservation, creation-site number), then the value.
+        assert_eq!(report.get("Marker").unwrap().slot_bytes, 16);
+        assert_eq!(report.get("Aligned").unwrap().slot_bytes, 128, "the value starts on its own alignment");
     }
     drop((markers, aligned));
     let stats = mm.collect_garbage();

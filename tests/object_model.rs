@@ -151,9 +151,12 @@ struct Harness {
 }
 
 impl Harness {
-    fn new() -> Self {
+    /// With `owner_thread`, this (the test's) thread owns the manager: its
+    /// clones and drops go through the owner's reservations, and the model
+    /// must not see a difference.
+    fn new(owner_thread: bool) -> Self {
         Harness {
-            mm: ObjectManager::builder().report_leaks(false).segment_base(2).build(),
+            mm: ObjectManager::builder().report_leaks(false).segment_base(2).owner_thread(owner_thread).build(),
             log: Arc::default(),
             objs: Vec::new(),
             strong: Vec::new(),
@@ -449,8 +452,11 @@ proptest! {
     })]
 
     #[test]
-    fn manager_matches_the_model(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 40 } else { 120 })) {
-        let mut h = Harness::new();
+    fn manager_matches_the_model(
+        ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 40 } else { 120 }),
+        owner_thread in proptest::bool::ANY,
+    ) {
+        let mut h = Harness::new(owner_thread);
         for op in &ops {
             h.apply(op);
             h.check();

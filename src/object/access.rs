@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 use crate::sync::Ordering;
 use crate::{Error, Result};
 
+use super::layout::Chunks;
 use super::manager::fail;
 use super::slot::{AddRefError, Slot};
 use super::store::Store;
@@ -173,8 +174,14 @@ impl ObjectManager {
 
     /// A new strong handle from a weak one, while the object is live.
     ///
-    /// A dead object is never revived: once the last strong handle is gone
-    /// this returns `None`, even before the object is collected.
+    /// A destroyed object is never revived. Once the last strong handle is
+    /// gone this returns `None`, even before the object is collected, with
+    /// one exception when the manager has an [owner
+    /// thread](super::ObjectManagerBuilder::owner_thread): if that last
+    /// handle was dropped on another thread while the owner held counts on
+    /// the object, threads other than the owner may still upgrade it until
+    /// the owner's next collection (the object then stays alive), and weak
+    /// reads may still see it.
     ///
     /// # Panics
     ///
@@ -199,8 +206,10 @@ impl ObjectManager {
     pub fn try_upgrade<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<Handle<T>> {
         let slot = self.weak_slot_ptr(weak)?;
         let key = weak.key();
-        // SAFETY: a published slot lives as long as its store.
-        match unsafe { slot.as_ref() }.header.try_add_ref(key.generation()) {
+        // SAFETY: a weak handle's slot is a published segment's, with its
+        // provenance, so its chunk header may be read; the slot lives as long as its store.
+        let (chunk, header) = unsafe { (Chunks::<T>::header(slot), &slot.as_ref().header) };
+        match header.add_ref(key.generation(), chunk.owner_thread, chunk.cyclable) {
             Ok(()) => {
                 // SAFETY: we just counted a reference to this occupied slot.
                 Ok(unsafe { Handle::from_counted(slot, HandleOrigin::Upgraded, Location::caller()) })

@@ -40,6 +40,7 @@ pub struct ObjectManagerBuilder {
     alloc: Option<StoreAlloc>,
     alloc_for: Vec<(TypeId, StoreAlloc)>,
     destroy_events: bool,
+    owner_thread: bool,
 }
 
 impl Default for ObjectManagerBuilder {
@@ -53,6 +54,7 @@ impl Default for ObjectManagerBuilder {
             alloc: None,
             alloc_for: Vec::new(),
             destroy_events: false,
+            owner_thread: false,
         }
     }
 }
@@ -221,6 +223,56 @@ impl ObjectManagerBuilder {
         self
     }
 
+    /// Makes the thread that builds the manager its *owner* (default: off).
+    ///
+    /// Handle clones and drops on the owner thread then cost plain loads and
+    /// stores instead of an atomic read-modify-write: the owner keeps a small
+    /// reservation of counts per object, and collection checks the objects
+    /// whose last handle may be gone (see `BENCHMARKS.md`, O2, for the
+    /// numbers). Turn it on when the manager stays on the thread that builds
+    /// it and calls [`collect_garbage`](super::ObjectManager::collect_garbage)
+    /// each frame, as a game's main thread does.
+    ///
+    /// Keep it off if the manager moves to another thread to be collected.
+    /// Only the owner can read its reservations, so a collection on another
+    /// thread leaves the objects whose count is all a reservation (their last
+    /// handle went while the owner held counts on them) for a collection on
+    /// the owner thread, or for shutdown, and logs a warning once.
+    ///
+    /// What else changes: when the last handle of an object is dropped on
+    /// another thread while the owner holds counts on it, weak reads may
+    /// still see the object until the owner's next collection, and so may
+    /// `upgrade` on threads other than the owner (the object then stays
+    /// alive). When the last handle goes on the owner thread, everything
+    /// fails at once, as without an owner. Objects of types that may hold
+    /// handles (see [`CycleCollector`](crate::CycleCollector)) are always
+    /// counted atomically.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Entity { hp: u32 }
+    ///
+    /// // This thread runs the frames: its clones and drops are plain loads and stores.
+    /// let mut mm = ObjectManager::builder().owner_thread(true).build();
+    /// let e = mm.create(Entity { hp: 3 });
+    /// let weak = e.downgrade();
+    /// let copies: Vec<_> = (0..100).map(|_| e.clone()).collect();
+    /// assert_eq!(e.ref_count(), 101);
+    /// drop(copies);
+    /// drop(e);
+    /// assert!(mm.upgrade(weak).is_none());
+    /// assert_eq!(mm.dead_count(), 1);
+    /// assert_eq!(mm.collect_garbage().objects, 1);
+    /// ```
+    pub fn owner_thread(mut self, on: bool) -> Self {
+        self.owner_thread = on;
+        self
+    }
+
     /// Creates the manager.
     ///
     /// # Panics
@@ -236,6 +288,7 @@ impl ObjectManagerBuilder {
             max_objects: self.max_objects_per_type,
             tracker: self.tracker,
             first_generation: self.first_generation.unwrap_or_else(|| first_generation_of(id)),
+            owner: if self.owner_thread { crate::sync::thread_token() } else { 0 },
             alloc: self.alloc.unwrap_or_else(StoreAlloc::default_segments),
             alloc_for: self.alloc_for,
         };

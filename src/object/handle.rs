@@ -13,6 +13,7 @@ use super::handle_sites::HandleOrigin;
 use super::handle_sites::HandleSite;
 use super::index_space::INDEX_BITS;
 use super::layout::Chunks;
+use super::owner_counts::Released;
 use super::shared::{reserve_raw_ref, StoreShared};
 use super::slot::{Slot, COUNT_MASK, MAX_REFS, PURPLE};
 use super::{MMObject, ObjectKey, VisitHandles};
@@ -21,7 +22,9 @@ use super::{MMObject, ObjectKey, VisitHandles};
 ///
 /// A handle is one word, like `Rc` (so `Option<Handle<T>>` is 8 bytes too):
 /// its slot's address, with its manager's id beside it on 64-bit targets.
-/// Cloning adds a reference (one relaxed atomic add); dropping removes one.
+/// Cloning adds a reference (one relaxed atomic add, or on the manager's
+/// [owner thread](crate::object::ObjectManagerBuilder::owner_thread) a plain
+/// load and store); dropping removes one.
 /// Dropping the last handle never runs `T::drop` on the spot: the object
 /// becomes *dead*, and the next
 /// [`collect_garbage`](crate::ObjectManager::collect_garbage) destroys it.
@@ -291,9 +294,13 @@ impl<T> Clone for Handle<T> {
     #[inline]
     #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
-        let old = self.slot().header.word.fetch_add(1, AtomicOrdering::Relaxed);
-        if old & COUNT_MASK >= MAX_REFS {
-            refcount_overflow(&self.slot().header.word);
+        if self.on_owner_thread() {
+            self.slot().header.owner_clone();
+        } else {
+            let old = self.slot().header.word.fetch_add(1, AtomicOrdering::Relaxed);
+            if old & COUNT_MASK >= MAX_REFS {
+                refcount_overflow(&self.slot().header.word);
+            }
         }
         #[allow(unused_mut)]
         let mut handle = Handle { ..*self };
@@ -318,15 +325,52 @@ impl<T> Drop for Handle<T> {
         if self.cyclable() {
             return self.drop_cyclable();
         }
-        let word = &self.slot().header.word;
-        if word.fetch_sub(1, AtomicOrdering::Release) != 1 {
+        let header = &self.slot().header;
+        let owner = self.chunk().owner_thread;
+        if owner != 0 {
+            if owner != crate::sync::thread_token() {
+                return self.drop_remote();
+            }
+            let released = header.owner_release();
+            if released != Released::Kept {
+                super::last_drops::record_released(self.shared(), self.local(), &header.word, released);
+            }
             return;
         }
-        super::last_drops::record(self.shared(), self.local(), word);
+        if header.word.fetch_sub(1, AtomicOrdering::Release) == 1 {
+            super::last_drops::record(self.shared(), self.local(), &header.word);
+        }
     }
 }
 
 impl<T> Handle<T> {
+    /// True if the calling thread owns the handle's manager: its clones and
+    /// drops then go through the owner's reservation (see `owner_counts.rs`).
+    /// Never for stores whose objects may hold handles.
+    #[inline]
+    fn on_owner_thread(&self) -> bool {
+        if self.cyclable() {
+            return false;
+        }
+        let owner = self.chunk().owner_thread;
+        owner != 0 && owner == crate::sync::thread_token()
+    }
+
+    /// `drop` on another thread than the owner of a manager that has one:
+    /// a check is queued when the owner's reservation may be all that is
+    /// left (see `owner_counts.rs`).
+    #[inline(never)]
+    fn drop_remote(&mut self) {
+        // Read before the count goes: the store's shared part outlives a
+        // queued entry (shutdown counts the slot as held meanwhile), but the
+        // chunk header is only ours while we hold the count.
+        let (shared, local, header) = (self.shared(), self.local(), &self.slot().header);
+        let released = header.release_remote();
+        if released != Released::Kept {
+            super::last_drops::record_released(shared, local, &header.word, released);
+        }
+    }
+
     /// `drop` for a type whose objects may hold handles: a drop that leaves
     /// references behind makes the object a candidate root for the
     /// [`CycleCollector`](crate::CycleCollector) (see `candidates.rs`).

@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use crate::sync::Ordering;
 
 use super::layout::{segment_first, segment_len, Chunks, MAX_SEGMENTS};
-use super::slot::{is_count, Slot};
+use super::slot::Slot;
 use super::store::Store;
 use super::{MMObject, ObjectKey, WeakHandle};
 
@@ -95,7 +95,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 let slot = unsafe { slot_ptr.as_ref() };
                 // Live: an odd generation, then a count (see `SlotHeader::is_live`).
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 0 || !is_count(slot.header.word.load(Ordering::Acquire)) {
+                if generation & 1 == 0 || !slot.header.is_referenced() {
                     continue;
                 }
                 self.yielded += 1;
@@ -124,7 +124,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 // SAFETY: as above: an initialised slot of a live segment.
                 let slot = unsafe { slot_ptr.as_ref() };
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 1 && is_count(slot.header.word.load(Ordering::Acquire)) {
+                if generation & 1 == 1 && slot.header.is_referenced() {
                     let key = ObjectKey::new(first_index + offset, generation);
                     yielded += 1;
                     acc = f(acc, WeakHandle::new(slot_ptr, key, self.manager), slot);

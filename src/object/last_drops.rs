@@ -29,6 +29,7 @@ use std::ptr::NonNull;
 
 use crate::sync::{fence, AtomicU32, AtomicUsize, Mutex, Ordering, UnsafeCell};
 
+use super::owner_counts::Released;
 use super::shared::StoreShared;
 use super::slot::{LINK_FLAG, NIL};
 
@@ -39,13 +40,16 @@ pub(crate) const CAPACITY: usize = 256;
 #[cfg(loom)]
 pub(crate) const CAPACITY: usize = 2;
 
-/// One recorded slot: its store's shared part, its local index, and its
-/// header word (whose count is 0).
+/// One recorded slot: its store's shared part, its local index, its header
+/// word, and what the drop found: a count of 0 (`dead`), or a check for the
+/// owner's collection to decide (see `owner_counts.rs`; `local` may then
+/// carry [`FLAGGED`]).
 #[derive(Clone, Copy)]
 struct Entry {
     shared: NonNull<StoreShared>,
     word: NonNull<AtomicU32>,
     local: u32,
+    dead: bool,
 }
 
 /// One thread's ring of last drops.
@@ -58,9 +62,10 @@ struct Entry {
 ///   drainer read them and pushed their slots (`Release`).
 ///   `drained <= recorded <= drained + CAPACITY`, so entry `i` lives in cell
 ///   `i % CAPACITY` from its write until `drained` passes it.
-/// - Every entry names a slot whose count its thread took to zero: no other
-///   thread writes that slot's word until the entry is drained, and the
-///   store's shared part stays allocated until then (module docs).
+/// - Every dead entry names a slot whose count its thread took to zero: no
+///   other thread writes that slot's word until the entry is drained. The
+///   store's shared part of every entry stays allocated until it is drained
+///   (module docs).
 pub(crate) struct LastDrops {
     entries: Box<[UnsafeCell<MaybeUninit<Entry>>]>,
     recorded: AtomicUsize,
@@ -115,11 +120,16 @@ impl LastDrops {
         let drained = self.drained.load(Ordering::Relaxed);
         let recorded = self.recorded.load(Ordering::Acquire);
         let mut chain: Option<Chain> = None;
+        let mut checks = Checks::default();
         for i in drained..recorded {
             // SAFETY: `i` is below `recorded` (read with `Acquire`, so its
             // write is visible) and at or above `drained`, which only we may
             // move: the cell holds entry `i` and its thread does not touch it.
             let entry = self.entries[i % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() });
+            if !entry.dead {
+                checks.add(entry);
+                continue;
+            }
             chain = Some(match chain {
                 Some(chain) if chain.shared == entry.shared => chain.link(entry),
                 other => {
@@ -133,6 +143,7 @@ impl LastDrops {
         if let Some(done) = chain {
             done.push();
         }
+        checks.flush();
         self.drained.store(recorded, Ordering::Release);
     }
 }
@@ -165,6 +176,66 @@ impl Chain {
     }
 }
 
+/// Checks drained from a ring, queued on their stores a batch at a time
+/// (one lock per batch of one store; no allocation in a drain).
+struct Checks {
+    shared: Option<NonNull<StoreShared>>,
+    locals: [u32; 64],
+    len: usize,
+}
+
+impl Default for Checks {
+    fn default() -> Self {
+        Checks { shared: None, locals: [0; 64], len: 0 }
+    }
+}
+
+impl Checks {
+    fn add(&mut self, entry: Entry) {
+        if self.shared != Some(entry.shared) || self.len == self.locals.len() {
+            self.flush();
+            self.shared = Some(entry.shared);
+        }
+        self.locals[self.len] = entry.local;
+        self.len += 1;
+    }
+
+    fn flush(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            // SAFETY: the store's shared part outlives its entries (`LastDrops` invariants).
+            unsafe { shared.as_ref() }.queue_checks(&self.locals[..self.len]);
+            self.len = 0;
+        }
+    }
+}
+
+/// Queues what a release of the slot `local` found ([`Released::entry`]):
+/// a last drop (see [`record`]), or a check for the owner's next collection
+/// (see `owner_counts.rs`), through the calling thread's ring, or straight
+/// onto the store's queue if the thread has none.
+///
+/// Out of line: every handle drop inlines the test that leads here.
+#[inline(never)]
+pub(crate) fn record_released(shared: &StoreShared, local: u32, word: &AtomicU32, released: Released) {
+    let Some((local, dead)) = released.entry(local) else { return };
+    if dead {
+        return record(shared, local, word);
+    }
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local, dead: false };
+    let recorded = MINE.try_with(|mine| match mine.ring() {
+        Some(ring) => {
+            // SAFETY: `ring` is this thread's own, and the store's shared
+            // part outlives the entry (see `release_remote`).
+            unsafe { ring.as_ref().record(entry) };
+            true
+        }
+        None => false,
+    });
+    if !matches!(recorded, Ok(true)) {
+        shared.queue_checks(&[local]);
+    }
+}
+
 /// Queues the slot `local`, whose count the caller just took to zero with a
 /// `Release` decrement, for collection: through the calling thread's ring,
 /// or straight onto the dead list if the thread has none (it is exiting, or
@@ -178,7 +249,7 @@ impl Chain {
 #[inline(never)]
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     fence(Ordering::Acquire);
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local };
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local, dead: true };
     let recorded = MINE.try_with(|mine| match mine.ring() {
         Some(ring) => {
             // SAFETY: `ring` is this thread's own, and the caller took the

@@ -27,14 +27,9 @@
 //! The price is address space, not memory: a small segment is allocated at
 //! its own size, but aligned to 4 MiB, and the allocator may reserve (not
 //! touch) up to 4 MiB more to align it.
-//!
-//! A segment's creation sites follow its last slot, in the same allocation:
-//! past the slots, where no slot address can mask to.
 
 use std::alloc::Layout;
-use std::cell::UnsafeCell;
 use std::marker::PhantomData;
-use std::panic::Location;
 use std::ptr::{self, NonNull};
 
 use allocator_api2::alloc::Allocator;
@@ -42,7 +37,7 @@ use allocator_api2::alloc::Allocator;
 use crate::Error;
 
 use super::shared::StoreShared;
-use super::slot::{SiteCell, Slot, SlotHeader};
+use super::slot::{Slot, SlotHeader};
 use super::store_alloc::StoreAlloc;
 use super::MMObject;
 
@@ -86,10 +81,13 @@ pub(crate) fn segment_first(segment: usize, base_bits: u32) -> u32 {
 /// `shared` is the store's shared part (which outlives every handle),
 /// `first_local` the local index of the chunk's first slot, and `manager_id`
 /// the store's manager (a copy of `shared.manager_id`, one load closer),
-/// and `cyclable` a copy of `shared.cyclable` (read by every handle drop).
+/// `cyclable` a copy of `shared.cyclable` (read by every handle drop), and
+/// `owner_thread` the manager's owner thread's token, or 0 (read by every
+/// handle clone and drop, see `owner_counts.rs`).
 #[repr(C)]
 pub(crate) struct ChunkHeader {
     pub(crate) shared: NonNull<StoreShared>,
+    pub(crate) owner_thread: u64,
     pub(crate) first_local: u32,
     pub(crate) manager_id: u32,
     pub(crate) cyclable: bool,
@@ -132,26 +130,24 @@ impl<T> Chunks<T> {
     };
 
     /// The memory of a segment of `len` slots: whole chunks, then a last
-    /// chunk that ends after its last slot, then the `len` creation sites;
-    /// and the byte offset of the sites. `None` if it does not fit in `isize`.
-    pub(crate) fn segment_layout(len: u32) -> Option<(Layout, usize)> {
+    /// chunk that ends after its last slot. `None` if it does not fit in `isize`.
+    pub(crate) fn segment_layout(len: u32) -> Option<Layout> {
         debug_assert!(len > 0);
         let full = ((len - 1) / Self::SLOTS) as usize;
         let last = (len - full as u32 * Self::SLOTS) as usize;
         let size = full.checked_mul(Self::BYTES)?.checked_add(Self::PREFIX + last * Self::SLOT)?;
-        let slots = Layout::from_size_align(size, Self::BYTES).ok()?;
-        slots.extend(Layout::array::<SiteCell>(len as usize).ok()?).ok()
+        Layout::from_size_align(size, Self::BYTES).ok()
     }
 
-    /// Segment bytes per slot, for reports: the slot and its creation site
+    /// Segment bytes per slot, for reports: the header and the value
     /// (chunk headers and the last chunk's padding are not counted).
     pub(crate) fn slot_bytes() -> usize {
-        Self::SLOT + std::mem::size_of::<SiteCell>()
+        Self::SLOT
     }
 
-    /// Bytes a segment of `len` slots takes, with its site array.
+    /// Bytes a segment of `len` slots takes.
     pub(crate) fn segment_bytes(len: u32) -> usize {
-        Self::segment_layout(len).map_or(usize::MAX, |(layout, _)| layout.size())
+        Self::segment_layout(len).map_or(usize::MAX, |layout| layout.size())
     }
 
     /// Slot `offset` of the segment at `base`.
@@ -258,10 +254,9 @@ impl<T> Chunks<T> {
     }
 }
 
-/// A segment's memory: its slots (in chunks), then their creation sites.
+/// A segment's memory: its slots, in chunks.
 pub(crate) struct Segment<T> {
     pub(crate) base: NonNull<u8>,
-    pub(crate) sites: NonNull<SiteCell>,
     /// Which slots `base` holds (invariant, as every slot type here).
     _type: PhantomData<fn(T) -> T>,
 }
@@ -270,6 +265,8 @@ pub(crate) struct Segment<T> {
 pub(crate) struct SegmentOwner {
     pub(crate) shared: NonNull<StoreShared>,
     pub(crate) manager_id: u32,
+    /// The manager's owner thread, or 0.
+    pub(crate) owner_thread: u64,
     /// The local index of the segment's first slot.
     pub(crate) first_local: u32,
 }
@@ -291,7 +288,7 @@ pub(crate) fn allocate_segment<T: MMObject>(
         bytes: Chunks::<T>::segment_bytes(len),
         allocator: alloc.name(),
     };
-    let (layout, sites_offset) = Chunks::<T>::segment_layout(len).ok_or_else(|| refused("a new segment"))?;
+    let layout = Chunks::<T>::segment_layout(len).ok_or_else(|| refused("a new segment"))?;
     let base = alloc.allocate(layout).map_err(|_| refused("a new segment"))?.cast::<u8>();
     // Handles keep 48 bits of a slot's address (`Handle`'s and `WeakHandle`'s layouts).
     // User-space addresses lie below 2^47 on x86-64 and below 2^48 on
@@ -302,14 +299,12 @@ pub(crate) fn allocate_segment<T: MMObject>(
         unsafe { alloc.deallocate(base, layout) };
         return Err(refused("a new segment (it came back above 2^48, past what handles can address)"));
     }
-    // SAFETY: the sites start `sites_offset` bytes into the new allocation.
-    let sites = unsafe { base.add(sites_offset).cast::<SiteCell>() };
-    let unknown = UnsafeCell::new(Location::caller());
     for chunk in 0..len.div_ceil(Chunks::<T>::SLOTS) {
         let header = ChunkHeader {
             shared: owner.shared,
             first_local: owner.first_local + chunk * Chunks::<T>::SLOTS,
             manager_id: owner.manager_id,
+            owner_thread: owner.owner_thread,
             // SAFETY: the store's shared part is valid while it makes segments.
             cyclable: unsafe { owner.shared.as_ref() }.cyclable,
         };
@@ -323,20 +318,19 @@ pub(crate) fn allocate_segment<T: MMObject>(
         }
     }
     for offset in 0..len {
-        // SAFETY: `offset < len`, so the header and the site are inside the
-        // new allocations. Only the header is written of the slot: the value
+        // SAFETY: `offset < len`, so the header is inside the new
+        // allocation. Only the header is written of the slot: the value
         // is a `MaybeUninit`, and building a whole `Slot<T>` on the stack
         // would cost a `T`-sized frame.
         unsafe {
             let slot = Chunks::<T>::slot(base, offset).as_ptr();
             ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
-            sites.as_ptr().add(offset as usize).write(UnsafeCell::new(*unknown.get()));
             // Loom's cell keeps state of its own (std's is plain memory).
             #[cfg(loom)]
             Slot::<T>::value_ptr(slot).write(Slot::<T>::empty_value());
         }
     }
-    Ok(Segment { base, sites, _type: PhantomData })
+    Ok(Segment { base, _type: PhantomData })
 }
 
 /// Drops and frees a segment made by [`allocate_segment`].
@@ -347,11 +341,11 @@ pub(crate) fn allocate_segment<T: MMObject>(
 /// slot value may be initialised any more, and nothing may use the segment
 /// afterwards.
 pub(crate) unsafe fn free_segment<T>(alloc: &StoreAlloc, base: NonNull<u8>, len: u32) {
-    let (layout, _) = Chunks::<T>::segment_layout(len).expect("the layout was valid when the segment was allocated");
+    let layout = Chunks::<T>::segment_layout(len).expect("the layout was valid when the segment was allocated");
     // SAFETY: the caller guarantees the segment holds `len` slots from
     // `alloc` with these layouts that nothing else uses; a slot's drop glue
     // only drops its header (the value is a `MaybeUninit`, destroyed earlier
-    // by the manager), and the sites and chunk headers need no drop.
+    // by the manager), and the chunk headers need no drop.
     unsafe {
         for offset in 0..len {
             ptr::drop_in_place(Chunks::<T>::slot(base, offset).as_ptr());
@@ -384,16 +378,15 @@ mod tests {
     fn chunk_geometry() {
         type Big = [u8; 5_000_000];
         assert_eq!(Chunks::<[u64; 8]>::BYTES, 4 << 20);
-        assert_eq!(Chunks::<[u64; 8]>::SLOTS, ((4 << 20) - 2048) / 72);
+        assert_eq!(Chunks::<[u64; 8]>::SLOTS, ((4 << 20) - 2048) / 80);
         assert_eq!(Chunks::<Big>::BYTES, 8 << 20);
         assert_eq!(Chunks::<Big>::SLOTS, 1);
         #[repr(align(4096))]
         struct Page(#[allow(dead_code)] u8);
         assert_eq!(Chunks::<Page>::PREFIX, 4096);
         assert_eq!(Chunks::<Page>::SLOTS, ((4 << 20) - 4096) / 8192);
-        let (layout, sites) = Chunks::<[u64; 8]>::segment_layout(Chunks::<[u64; 8]>::SLOTS + 1).unwrap();
-        assert_eq!(sites, (4 << 20) + 2048 + 72);
-        assert_eq!(layout.size(), sites + 8 * (Chunks::<[u64; 8]>::SLOTS as usize + 1));
+        let layout = Chunks::<[u64; 8]>::segment_layout(Chunks::<[u64; 8]>::SLOTS + 1).unwrap();
+        assert_eq!(layout.size(), (4 << 20) + 2048 + 80);
         assert_eq!(layout.align(), 4 << 20);
     }
 
@@ -425,7 +418,7 @@ mod tests {
     fn runs_stop_at_chunk_ends() {
         type T = [u64; 8];
         let slots = Chunks::<T>::SLOTS;
-        let (layout, _) = Chunks::<T>::segment_layout(slots + 5).unwrap();
+        let layout = Chunks::<T>::segment_layout(slots + 5).unwrap();
         // SAFETY: the layout has a non-zero size.
         let base = NonNull::new(unsafe { std::alloc::alloc(layout) }).unwrap();
         let header = Chunks::<T>::PREFIX;

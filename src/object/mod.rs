@@ -4,15 +4,17 @@
 //!
 //! Each [`MMObject`] type gets one store inside the [`ObjectManager`]: a
 //! generational slot map whose slots live in segments that never move (segment
-//! `k` holds `base << k` slots). A slot is an 8-byte header (count or list
-//! link, generation) followed by the value; each segment keeps its objects'
-//! creation sites in an array of its own, for reports.
+//! `k` holds `base << k` slots). A slot is a 16-byte header (count or list
+//! link, generation, the owner thread's reservation, the number of the
+//! creation site in the store's table of sites) followed by the value.
 //!
 //! - A [`Handle`] is one word: its slot's address, with its manager's id
 //!   beside it (so a read checks the id without a load); the slot's address
 //!   finds its store (segments are cut into aligned chunks with a header each). Clone
 //!   is one relaxed atomic add; drop is one atomic sub, and the last drop
-//!   pushes the slot onto its store's lock-free dead list.
+//!   pushes the slot onto its store's lock-free dead list. On a manager's
+//!   [owner thread](ObjectManagerBuilder::owner_thread) they are plain loads
+//!   and stores against a per-object reservation of counts.
 //! - [`ObjectManager::collect_garbage`] swaps each dead list empty and destroys
 //!   what it held, looping until cascades settle: O(dead), never O(live).
 //! - A [`WeakHandle`] is a key, a manager id and its slot's address, in 16
@@ -23,6 +25,7 @@ mod access;
 mod builder;
 mod candidates;
 mod collect;
+mod creation_sites;
 mod forensics;
 mod forensics_budget;
 mod forensics_graph;
@@ -38,6 +41,7 @@ mod leak;
 mod leak_render;
 mod loader;
 mod manager;
+mod owner_counts;
 mod raw;
 mod registry;
 mod release;

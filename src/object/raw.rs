@@ -52,7 +52,8 @@ impl ObjectManager {
         let (store, local, header) = self.resolve_raw(raw)?;
         let mut raw_refs = store.shared().raw_refs.lock();
         reserve_raw_ref(&mut raw_refs, store.type_name())?;
-        match header.try_add_ref(raw.generation()) {
+        let shared = store.shared();
+        match header.add_ref(raw.generation(), shared.owner_thread, shared.cyclable) {
             Ok(()) => {
                 *raw_refs.entry(local).or_insert(0) += 1;
                 drop(raw_refs);
@@ -89,8 +90,8 @@ impl ObjectManager {
         let shared = store.shared();
         let note = || shared.note_candidate(local);
         let note_candidate = shared.cyclable.then_some(&note as &dyn Fn() -> bool);
-        match header.try_release(raw.generation(), note_candidate) {
-            Ok(last) => {
+        match header.try_release(raw.generation(), note_candidate, shared.owner_thread) {
+            Ok(released) => {
                 *count -= 1;
                 if *count == 0 {
                     raw_refs.remove(&local);
@@ -98,8 +99,10 @@ impl ObjectManager {
                 drop(raw_refs);
                 #[cfg(feature = "handle-sites")]
                 store.shared().handle_sites.lock().remove_raw(raw.index());
-                if last {
-                    store.shared().release_last(local, &header.word);
+                match released.entry(local) {
+                    None => {}
+                    Some((_, true)) => shared.release_last(local, &header.word),
+                    Some((check, false)) => shared.queue_checks(&[check]),
                 }
                 Ok(())
             }

@@ -45,6 +45,8 @@ pub(crate) struct RegistryConfig {
     pub(crate) max_objects: u32,
     pub(crate) tracker: Option<&'static Tracker>,
     pub(crate) first_generation: u32,
+    /// The owner thread's token (see `owner_counts.rs`), or 0 for none.
+    pub(crate) owner: u64,
     /// Where store memory comes from, and the per-type overrides.
     pub(crate) alloc: StoreAlloc,
     pub(crate) alloc_for: Vec<(TypeId, StoreAlloc)>,
@@ -168,6 +170,7 @@ impl Registry {
             base_bits: self.config.base_bits,
             max_objects: self.config.max_objects,
             first_generation: self.config.first_generation,
+            owner: self.config.owner,
             tracker: self.config.tracker,
         };
         let alloc_for = self.config.alloc_for.iter().find(|(type_id, _)| *type_id == TypeId::of::<T>());

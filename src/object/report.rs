@@ -19,8 +19,8 @@ pub struct TypeReport {
     pub dead_pending: usize,
     /// Sum of `size()` over live and dead-pending objects.
     pub bytes: usize,
-    /// Segment bytes per slot: the 8-byte header plus `size_of::<T>()` (with
-    /// padding), and 8 bytes for the creation site beside it.
+    /// Segment bytes per slot: the 16-byte header plus `size_of::<T>()` (with
+    /// padding).
     pub slot_bytes: usize,
     /// Objects ever created.
     pub created: u64,

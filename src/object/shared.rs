@@ -56,8 +56,17 @@ pub(crate) struct StoreShared {
     /// references behind then queues a candidate root (also in every chunk
     /// header, one load closer to a handle).
     pub(crate) cyclable: bool,
+    /// The manager's owner thread's token, or 0 for none (see `owner_counts.rs`).
+    pub(crate) owner_thread: u64,
     /// Candidate roots for cycle collection (see `candidates.rs`).
     pub(crate) candidates: sync::Mutex<Candidates>,
+    /// Local indices of the objects whose last handle may be gone while
+    /// the owner thread holds counts on them: checks for the owner's next
+    /// collection (see `owner_counts.rs`). An index may appear twice.
+    checks: sync::Mutex<allocator_api2::vec::Vec<u32, StoreAlloc>>,
+    /// Set once a collection on another thread than the owner left checks
+    /// queued, and said so.
+    pub(crate) warned_not_owner: std::sync::atomic::AtomicBool,
     /// The manager-wide index of each segment's first slot.
     segment_start: [AtomicU32; MAX_SEGMENTS],
     /// Outstanding raw references, by local slot index. Raw calls check it, so
@@ -75,6 +84,7 @@ impl StoreShared {
         base_bits: u32,
         type_name: &'static str,
         cyclable: bool,
+        owner_thread: u64,
         alloc: StoreAlloc,
     ) -> Self {
         StoreShared {
@@ -85,7 +95,10 @@ impl StoreShared {
             base_bits,
             type_name,
             cyclable,
+            owner_thread,
             candidates: sync::Mutex::new(Candidates::new(alloc.clone())),
+            checks: sync::Mutex::new(allocator_api2::vec::Vec::new_in(alloc.clone())),
+            warned_not_owner: std::sync::atomic::AtomicBool::new(false),
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
             #[cfg(feature = "handle-sites")]
             handle_sites: Mutex::new(super::handle_sites::HandleSites::new(alloc.clone())),
@@ -129,6 +142,54 @@ impl StoreShared {
     #[cold]
     pub(crate) fn note_candidate(&self, local: u32) -> bool {
         self.candidates.lock().push(local)
+    }
+
+    /// Queues checks of the slots `locals` for the owner's next collection.
+    ///
+    /// If the store's allocator refuses room, the checks are dropped and an
+    /// error is logged: those objects are then reclaimed only at shutdown.
+    pub(crate) fn queue_checks(&self, locals: &[u32]) {
+        let mut checks = self.checks.lock();
+        if checks.try_reserve(locals.len()).is_err() {
+            drop(checks);
+            log::error!(
+                target: "mmobject",
+                "no memory to queue {} check(s) of released {} objects: they will be reclaimed at shutdown",
+                locals.len(),
+                self.type_name
+            );
+            return;
+        }
+        checks.extend_from_slice(locals);
+    }
+
+    /// Takes every queued check.
+    pub(crate) fn take_checks(&self) -> allocator_api2::vec::Vec<u32, StoreAlloc> {
+        let mut checks = self.checks.lock();
+        let alloc = checks.allocator().clone();
+        std::mem::replace(&mut *checks, allocator_api2::vec::Vec::new_in(alloc))
+    }
+
+    /// Puts back checks a collection could not decide (it ran on another
+    /// thread than the owner), ahead of any queued since.
+    pub(crate) fn requeue_checks(&self, mut kept: allocator_api2::vec::Vec<u32, StoreAlloc>) {
+        let mut checks = self.checks.lock();
+        if kept.try_reserve(checks.len()).is_ok() {
+            kept.extend_from_slice(&checks);
+            *checks = kept;
+        } else {
+            drop(checks);
+            self.queue_checks(&kept);
+        }
+    }
+
+    /// Calls `f` with every queued check's local index, once each.
+    pub(crate) fn for_each_check(&self, mut f: impl FnMut(u32)) {
+        let flagged = super::owner_counts::FLAGGED;
+        let mut locals: std::vec::Vec<u32> = self.checks.lock().iter().map(|&check| check & !flagged).collect();
+        locals.sort_unstable();
+        locals.dedup();
+        locals.into_iter().for_each(&mut f);
     }
 
     /// Pushes an already linked chain `first ..= last` back onto the dead stack.

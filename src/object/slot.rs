@@ -1,14 +1,10 @@
-//! One object slot: an 8-byte header and the value. (Its creation site lives
-//! beside it, in the segment's site array: only reports read it.)
+//! One object slot: a 16-byte header and the value.
 
-use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::panic::Location;
-
-/// Where an object was created, kept per slot in its segment's site array.
-pub(crate) type SiteCell = UnsafeCell<&'static Location<'static>>;
 
 use crate::sync::{self, AtomicU32, Ordering};
+
+use super::owner_counts::{Released, PENDING, RESERVE_COUNT};
 
 /// Set in [`SlotHeader::word`] when the word holds a list link instead of a count.
 pub(crate) const LINK_FLAG: u32 = 1 << 31;
@@ -19,6 +15,11 @@ pub(crate) const NIL: u32 = LINK_FLAG - 1;
 /// collector last looked at it, and its store's candidate buffer names it
 /// (see `candidates.rs`). Only stores of types that may hold handles set it.
 pub(crate) const PURPLE: u32 = 1 << 30;
+/// The same bit in the other stores (whose handles the owner thread may
+/// count in [`SlotHeader::reserve`]): set while a check of the object is
+/// queued because a drop on another thread left a count the owner's
+/// reservation could make up alone (see `owner_counts.rs`).
+pub(crate) const CHECK: u32 = PURPLE;
 /// The count bits of a count word.
 pub(crate) const COUNT_MASK: u32 = PURPLE - 1;
 /// Clones past this count panic: far above any real use, and far enough
@@ -40,7 +41,7 @@ pub(crate) fn is_count(word: u32) -> bool {
 /// So a stale key can never validate again, however often a slot is reused.
 pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 
-/// The per-object metadata in the slot: 8 bytes, aligned to 8 so that slot
+/// The per-object metadata in the slot: 16 bytes, aligned to 8 so that slot
 /// addresses leave three low bits free for a [`Handle`](super::Handle)'s tag
 /// (see its layout).
 ///
@@ -53,15 +54,27 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   (`&mut ObjectManager`).
 /// - `word`, while the slot is occupied and referenced, is the strong count
 ///   (no [`LINK_FLAG`]), with [`PURPLE`] set while the object is a candidate
-///   root. Its count bits are 0 only between the last release and the
+///   root, or in other stores [`CHECK`] while a check of it is queued. The
+///   count includes the owner thread's reservation, `reserve`'s count bits
+///   (see `owner_counts.rs`): so handles number `count - reservation`. Its
+///   count bits are 0 only between the last release and the
 ///   slot's push onto its store's dead list (while it waits in a ring of last
 ///   drops, see `last_drops.rs`); then only the ring's drainer writes it. Once the slot is on the dead list, or vacant on
 ///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
 ///   the next slot in that list (or [`NIL`]).
+/// - `reserve` is written only by the manager's owner thread (loads and
+///   stores, never a read-modify-write), or with no handle to the object
+///   left (collection, shutdown, a vacant slot): its count bits never exceed
+///   the word's, and are 0 while the slot is vacant.
+/// - `site` is the number of the object's creation site in its store's
+///   table (`creation_sites.rs`), written before the generation is
+///   published, like the value.
 #[repr(C, align(8))]
 pub(crate) struct SlotHeader {
     pub(crate) word: AtomicU32,
     pub(crate) generation: AtomicU32,
+    pub(crate) reserve: AtomicU32,
+    pub(crate) site: AtomicU32,
 }
 
 /// A slot: the header, then the value, initialised exactly while the generation is odd.
@@ -154,33 +167,60 @@ pub(crate) enum SlotState {
 impl SlotHeader {
     pub(crate) fn vacant(generation: u32) -> Self {
         debug_assert!(generation & 1 == 0, "a vacant generation is even");
-        SlotHeader { word: AtomicU32::new(LINK_FLAG | NIL), generation: AtomicU32::new(generation) }
+        SlotHeader {
+            word: AtomicU32::new(LINK_FLAG | NIL),
+            generation: AtomicU32::new(generation),
+            reserve: AtomicU32::new(0),
+            site: AtomicU32::new(0),
+        }
     }
 
     /// Reads the slot's state. `Acquire` on the generation pairs with the
     /// `Release` store that publishes a new object in `create`.
+    ///
+    /// An object whose count is all the owner thread's reservation has no
+    /// handle left: it is dead, waiting for the check that collection makes
+    /// (exact on the owner thread; on others the reservation is read as it
+    /// stands, which may be behind, see `owner_counts.rs`).
     pub(crate) fn state(&self) -> SlotState {
         if self.generation.load(Ordering::Acquire) & 1 == 0 {
             return SlotState::Vacant;
         }
-        match self.word.load(Ordering::Acquire) {
-            w if is_count(w) => SlotState::Live(w & COUNT_MASK),
+        let word = self.word.load(Ordering::Acquire);
+        if !is_count(word) {
+            return SlotState::Dead;
+        }
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        match (word & COUNT_MASK).saturating_sub(reserve & RESERVE_COUNT) {
+            n if n > 0 && reserve & PENDING == 0 => SlotState::Live(n),
             _ => SlotState::Dead,
         }
     }
 
-    /// True if the slot is occupied by the object with this generation and it is referenced.
+    /// True if the slot is occupied by the object with this generation, it
+    /// is referenced, and its owner thread has not seen its last handle go.
     ///
-    /// See [`is_count`] for the word's test.
+    /// See [`is_count`] for the word's test. (Only the owner thread can tell
+    /// an object whose count is all its reservation from a live one; other
+    /// threads see it live until collection, see `owner_counts.rs`.)
     #[inline]
     pub(crate) fn is_live(&self, generation: u32) -> bool {
-        self.generation.load(Ordering::Acquire) == generation && is_count(self.word.load(Ordering::Acquire))
+        self.generation.load(Ordering::Acquire) == generation && self.is_referenced()
+    }
+
+    /// The second half of [`is_live`](Self::is_live), for a generation
+    /// already read odd: a count, and not [`PENDING`].
+    #[inline]
+    pub(crate) fn is_referenced(&self) -> bool {
+        is_count(self.word.load(Ordering::Acquire)) && self.reserve.load(Ordering::Relaxed) & PENDING == 0
     }
 
     /// Adds a reference if the object with `generation` is live: the count only
-    /// rises from a non-zero value, so a dead object is never revived.
+    /// rises from a non-zero value, so a dead object is never revived; nor
+    /// is one whose owner thread saw its last handle go ([`PENDING`]).
     pub(crate) fn try_add_ref(&self, generation: u32) -> Result<(), AddRefError> {
-        if self.generation.load(Ordering::Acquire) != generation {
+        if self.generation.load(Ordering::Acquire) != generation || self.reserve.load(Ordering::Relaxed) & PENDING != 0
+        {
             return Err(AddRefError::Stale);
         }
         let mut word = self.word.load(Ordering::Relaxed);
@@ -199,21 +239,30 @@ impl SlotHeader {
     }
 
     /// Drops a reference taken through a raw handle, refusing to go below
-    /// zero, and marks a candidate root as [`release_marking`](Self::release_marking)
-    /// does. Returns true if this was the last reference (the caller must
-    /// push the slot onto the dead list).
+    /// zero. With `note_candidate`, marks a candidate root as
+    /// [`release_marking`](Self::release_marking) does; else, in a manager
+    /// with an owner thread (`owner_thread`), releases as a handle drop on
+    /// the calling thread does (see `owner_counts.rs`).
     pub(crate) fn try_release(
         &self,
         generation: u32,
         note_candidate: Option<&dyn Fn() -> bool>,
-    ) -> Result<bool, ReleaseError> {
+        owner_thread: u64,
+    ) -> Result<Released, ReleaseError> {
         if self.generation.load(Ordering::Acquire) != generation {
             return Err(ReleaseError::Stale);
         }
         if !is_count(self.word.load(Ordering::Relaxed)) {
             return Err(ReleaseError::NoReferences);
         }
-        Ok(self.release_marking(note_candidate) & COUNT_MASK == 1)
+        Ok(match note_candidate {
+            Some(_) if self.release_marking(note_candidate) & COUNT_MASK == 1 => Released::Last,
+            Some(_) => Released::Kept,
+            None if owner_thread == crate::sync::thread_token() => self.owner_release(),
+            None if owner_thread != 0 => self.release_remote(),
+            None if self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK == 1 => Released::Last,
+            None => Released::Kept,
+        })
     }
 
     /// Drops one reference the caller holds, and returns the word before.
@@ -276,10 +325,13 @@ impl SlotHeader {
         is_count(word) && word & PURPLE != 0
     }
 
-    /// The strong count, or 0 for a dead or vacant slot.
+    /// The strong count (handles and raw handles), or 0 for a dead or
+    /// vacant slot: the word's count less the owner thread's reservation
+    /// (exact on the owner thread; on others the reservation may be read
+    /// behind while the owner clones or drops).
     pub(crate) fn ref_count(&self) -> u32 {
         match self.word.load(Ordering::Relaxed) {
-            w if is_count(w) => w & COUNT_MASK,
+            w if is_count(w) => (w & COUNT_MASK).saturating_sub(self.reserve.load(Ordering::Relaxed) & RESERVE_COUNT),
             _ => 0,
         }
     }
@@ -302,10 +354,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_is_8_bytes() {
-        assert_eq!(std::mem::size_of::<SlotHeader>(), 8);
-        assert_eq!(std::mem::size_of::<Slot<[u64; 8]>>(), 8 + 64);
-        assert_eq!(std::mem::size_of::<SiteCell>(), 8);
+    fn header_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<SlotHeader>(), 16);
+        assert_eq!(std::mem::size_of::<Slot<[u64; 8]>>(), 16 + 64);
     }
 
     #[test]
@@ -316,9 +367,9 @@ mod tests {
         assert_eq!(h.try_add_ref(3), Ok(()));
         assert_eq!(h.ref_count(), 2);
         assert_eq!(h.try_add_ref(5), Err(AddRefError::Stale));
-        assert_eq!(h.try_release(3, None), Ok(false));
-        assert_eq!(h.try_release(3, None), Ok(true));
-        assert_eq!(h.try_release(3, None), Err(ReleaseError::NoReferences));
+        assert_eq!(h.try_release(3, None, 0), Ok(Released::Kept));
+        assert_eq!(h.try_release(3, None, 0), Ok(Released::Last));
+        assert_eq!(h.try_release(3, None, 0), Err(ReleaseError::NoReferences));
         assert_eq!(h.try_add_ref(3), Err(AddRefError::Stale));
         h.word.store(LINK_FLAG | 7, Ordering::Relaxed);
         assert_eq!(h.state(), SlotState::Dead);
@@ -360,12 +411,12 @@ mod tests {
         };
         assert_eq!(h.release_marking(Some(&note)), 3);
         assert_eq!((h.ref_count(), h.is_purple(), queued.get()), (2, true, 1));
-        assert_eq!(h.try_release(3, Some(&note)), Ok(false));
+        assert_eq!(h.try_release(3, Some(&note), 0), Ok(Released::Kept));
         assert_eq!((h.ref_count(), h.is_purple(), queued.get()), (1, true, 1), "queued once");
         assert!(h.take_purple());
         assert!(!h.take_purple(), "taken once");
         // The last reference never marks: the object dies instead.
-        assert_eq!(h.try_release(3, Some(&note)), Ok(true));
+        assert_eq!(h.try_release(3, Some(&note), 0), Ok(Released::Last));
         assert_eq!((h.ref_count(), h.is_purple(), queued.get()), (0, false, 1));
         // A full candidate buffer leaves the flag clear.
         h.word.store(2, Ordering::Relaxed);

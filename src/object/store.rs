@@ -24,14 +24,16 @@ use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::track::StackTrace;
 use crate::Error;
 
+use super::creation_sites::CreationSites;
 use super::fresh::{FreshRun, RUN};
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
+use super::owner_counts::FLAGGED;
 use super::report::TypeReport;
 use super::shared::StoreShared;
-use super::slot::{is_count, SiteCell, Slot, SlotHeader, SlotState, COUNT_MASK, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
 use super::{CollectStats, Destroyed, LeakEntry, MMObject, ObjectKey};
@@ -45,6 +47,8 @@ pub(crate) struct StoreConfig {
     pub(crate) max_objects: u32,
     /// The generation new slots start at (even, below [`GENERATION_LIMIT`]).
     pub(crate) first_generation: u32,
+    /// The owner thread's token (see `owner_counts.rs`), or 0 for none.
+    pub(crate) owner: u64,
     /// Where to report the type's bytes, if anywhere.
     pub(crate) tracker: Option<&'static crate::track::Tracker>,
 }
@@ -61,8 +65,6 @@ pub(crate) struct StoreConfig {
 ///   `alloc` by [`allocate_segment`]; once published it never changes.
 ///   Everything the store allocates goes back to `alloc`, the same
 ///   allocator, unless `leaked` is set.
-/// - `sites[k]` is the segment's creation-site array, written before
-///   `segments[k]` is published, and never again.
 /// - Every local index below `len` names a slot that is occupied, on the dead
 ///   list, on the free list (or is about to be, inside `create`), retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
@@ -86,8 +88,8 @@ pub(crate) struct StoreConfig {
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
     segments: [AtomicPtr<u8>; MAX_SEGMENTS],
-    /// Each segment's creation sites.
-    sites: [AtomicPtr<SiteCell>; MAX_SEGMENTS],
+    /// The numbered creation sites of the store's objects.
+    sites: CreationSites,
     /// The segments hold `T`s behind untyped pointers: the store owns them,
     /// and is invariant in `T` as its handles are.
     _type: std::marker::PhantomData<fn(T) -> T>,
@@ -153,14 +155,17 @@ impl<T: MMObject> Store<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::StoreOutOfMemory`] if `alloc` refuses the store's shared part.
+    /// [`Error::StoreOutOfMemory`] if `alloc` refuses the store's shared
+    /// part or its creation-site table.
     pub(crate) fn new(config: StoreConfig, index_space: Arc<IndexSpace>, alloc: StoreAlloc) -> Result<Self, Error> {
+        let sites = CreationSites::new(alloc.clone(), T::TYPE_NAME)?;
         let shared = StoreShared::new(
             config.manager_id,
             config.store_index,
             config.base_bits,
             T::TYPE_NAME,
             T::may_hold_handles(),
+            config.owner,
             alloc.clone(),
         );
         let layout = Layout::new::<StoreShared>();
@@ -177,7 +182,7 @@ impl<T: MMObject> Store<T> {
         Ok(Store {
             shared: shared_ptr,
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
-            sites: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            sites,
             _type: std::marker::PhantomData,
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
@@ -242,33 +247,15 @@ impl<T: MMObject> Store<T> {
         Some(unsafe { Chunks::run_back(base, offset) })
     }
 
-    /// The slot `local` (as [`slot_ptr`](Self::slot_ptr) gives it) and its
-    /// creation site, if its segment exists.
-    #[inline]
-    fn slot_and_site(&self, local: u32) -> Option<(NonNull<Slot<T>>, &SiteCell)> {
-        if local >= MAX_INDEX {
-            return None;
-        }
-        let (segment, offset) = locate(local, self.config.base_bits);
-        let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
-        // Written before the segment was published (which the load above saw).
-        let sites = self.sites[segment].load(Ordering::Relaxed);
-        // SAFETY: a published segment came from `allocate_segment` with
-        // `segment_len(segment)` slots and as many sites (at `sites`), and
-        // `offset` is below that by construction of `locate`.
-        unsafe { Some((Chunks::slot(base, offset), &*sites.add(offset as usize))) }
-    }
-
     /// The creation site of the occupied slot `local`.
     ///
     /// # Safety
     ///
     /// The slot's generation must have been read as odd (with `Acquire`).
     pub(crate) unsafe fn site(&self, local: u32) -> &'static Location<'static> {
-        let (_, site) = self.slot_and_site(local).expect("an occupied slot's segment is published");
-        // SAFETY: the site was written before the generation was published
-        // (caller), and is written again only after the slot is freed.
-        unsafe { *site.get() }
+        let slot = self.slot(local).expect("an occupied slot's segment is published");
+        // Written before the generation was published (caller).
+        self.sites.site(slot.header.site.load(Ordering::Relaxed)).unwrap_or_else(unknown_site)
     }
 
     /// The link to the tracker, if the manager has one.
@@ -326,16 +313,13 @@ impl<T: MMObject> Store<T> {
         if let Some((tracking, bytes)) = charged {
             tracking.placed(local, bytes);
         }
-        let (slot_ptr, site_cell) = self.slot_and_site(local).expect("an allocated slot's segment is published");
+        let slot_ptr = self.slot_ptr(local).expect("an allocated slot's segment is published");
         // SAFETY: a published segment's slots are initialised and live as long as the store.
         let slot = unsafe { slot_ptr.as_ref() };
         // SAFETY: the slot was popped from the free list or freshly bumped, so
-        // this thread owns it (and its site) exclusively until it publishes
-        // the generation below.
-        unsafe {
-            slot.write_value(value);
-            *site_cell.get() = site;
-        }
+        // this thread owns it exclusively until it publishes the generation below.
+        unsafe { slot.write_value(value) };
+        slot.header.site.store(self.sites.number(site).unwrap_or(u32::MAX), Ordering::Relaxed);
         slot.header.word.store(1, Ordering::Relaxed);
         let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
         debug_assert!(generation & 1 == 1, "a vacant slot's generation is even");
@@ -472,7 +456,12 @@ impl<T: MMObject> Store<T> {
         let base_bits = self.config.base_bits;
         let len = segment_len(segment, base_bits);
         let first_local = segment_first(segment, base_bits);
-        let owner = SegmentOwner { shared: self.shared, manager_id: self.config.manager_id, first_local };
+        let owner = SegmentOwner {
+            shared: self.shared,
+            manager_id: self.config.manager_id,
+            owner_thread: self.config.owner,
+            first_local,
+        };
         let memory = allocate_segment::<T>(&self.alloc, len, self.config.first_generation, &owner)?;
         let slots = first_local as usize + len as usize;
         let tables = match &self.tracking {
@@ -497,8 +486,7 @@ impl<T: MMObject> Store<T> {
             }
         };
         self.shared().set_segment_start(segment, start);
-        self.sites[segment].store(memory.sites.as_ptr(), Ordering::Relaxed);
-        // Release: publishes the initialised slots, the sites and the segment start.
+        // Release: publishes the initialised slots and the segment start.
         self.segments[segment].store(memory.base.as_ptr(), Ordering::Release);
         Ok(())
     }
@@ -543,11 +531,17 @@ impl<T: MMObject> Store<T> {
         ObjectKey::new(self.shared().global_index(local), generation)
     }
 
-    /// Objects on the dead list, counted by walking it: O(dead), after
-    /// every thread's last drops are drained onto the dead lists.
+    /// Objects on the dead list, counted by walking it, and those whose
+    /// queued check finds them dead (see `owner_counts.rs`): O(dead +
+    /// checks), after every thread's last drops are drained.
     pub(crate) fn dead_count(&self) -> usize {
         super::last_drops::drain_all();
         let mut count = 0;
+        self.shared().for_each_check(|local| {
+            if self.slot(local).is_some_and(|slot| slot.header.awaits_check()) {
+                count += 1;
+            }
+        });
         let mut at = self.shared().peek_dead();
         while at != NIL {
             count += 1;
@@ -589,6 +583,7 @@ impl<T: MMObject> Store<T> {
             // SAFETY: the caller holds `&mut ObjectManager`.
             unsafe { self.release_fresh(true) };
         }
+        self.decide_checks();
         if *budget == 0 {
             return 0;
         }
@@ -665,6 +660,46 @@ impl<T: MMObject> Store<T> {
             }
         }
         requeue.freed.destroyed as usize
+    }
+
+    /// Decides the queued checks (see `owner_counts.rs`): the dead go onto
+    /// the dead list, in one chain. On another thread than the owner the
+    /// reservations cannot be read, so the checks stay queued.
+    ///
+    /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
+    fn decide_checks(&self) {
+        let shared = self.shared();
+        let checks = shared.take_checks();
+        if checks.is_empty() {
+            return;
+        }
+        if self.config.owner != crate::sync::thread_token() {
+            if !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    target: "mmobject",
+                    "collect_garbage ran on a thread that does not own object manager #{}: released {} objects \
+                     wait for a collection on the thread that built it, or for shutdown \
+                     (see ObjectManagerBuilder::owner_thread)",
+                    self.config.manager_id,
+                    T::TYPE_NAME
+                );
+            }
+            shared.requeue_checks(checks);
+            return;
+        }
+        let mut chain: Option<(u32, &crate::sync::AtomicU32)> = None;
+        for &check in checks.iter() {
+            let local = check & !FLAGGED;
+            let header = &self.slot(local).expect("checked slots live in published segments").header;
+            if header.decide_check(check & FLAGGED != 0) {
+                let (first, last) = chain.map_or((NIL, &header.word), |(first, last)| (first, last));
+                header.word.store(LINK_FLAG | first, Ordering::Relaxed);
+                chain = Some((local, last));
+            }
+        }
+        if let Some((first, last)) = chain {
+            shared.push_dead_chain(first, last);
+        }
     }
 
     /// Marks a dead slot vacant. Returns false if the slot retired instead
@@ -756,6 +791,12 @@ impl<T> Store<T> {
     fn created(&self) -> u64 {
         self.destroyed.load(Ordering::Relaxed) + self.resident()
     }
+}
+
+/// The site reports show for an object whose own site could not be
+/// numbered (the store's allocator refused room for it): this line.
+fn unknown_site() -> &'static Location<'static> {
+    Location::caller() // the creation site could not be recorded: out of store memory
 }
 
 /// Packs the free list's head and length into one word.
@@ -1064,8 +1105,12 @@ impl<T: MMObject> ErasedStore for Store<T> {
         // SAFETY: the caller holds `&mut ObjectManager` (trait contract).
         unsafe { self.release_fresh(false) };
         // Last drops made before now (`destroy_all`'s cascades among them)
-        // are listed, so they are accounted for below.
+        // are listed, so they are accounted for below; so are the objects
+        // whose checks find them dead (on the owner thread: elsewhere an
+        // object the owner holds counts on stays outliving, and its memory
+        // is kept).
         super::last_drops::drain_all();
+        self.decide_checks();
         let dead = self.shared().take_dead();
         // The counts settle the common case (nothing outlives) without a
         // pass over every slot; debug builds check them against that pass.
@@ -1121,8 +1166,7 @@ impl<T: MMObject> Store<T> {
         // is mid-drop either, since none took the count to zero.
         for (&local, &raw) in self.shared().raw_refs.lock().iter() {
             if let Some(slot) = self.slot(local) {
-                let word = slot.header.word.load(Ordering::Acquire);
-                if is_count(word) && word & COUNT_MASK == raw {
+                if slot.header.ref_count() == raw {
                     accounted[local as usize] = true;
                 }
             }

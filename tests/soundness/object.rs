@@ -111,7 +111,7 @@ fn keys_of_many_managers_work_with_secondary_map_entry() {
 #[test]
 fn refused_segment_is_an_error_and_nothing_is_lost() {
     static TIGHT: SegmentAlloc = SegmentAlloc::with_limit(4096);
-    // A slot: its 8-byte header, the value, its 8-byte creation site.
+    // A slot: its 16-byte header, then the value.
     let slot = std::mem::size_of::<Item>() + 16;
     let mm = ObjectManager::builder().segment_base(2).allocator(&TIGHT).build();
     let a = mm.create(item(1));

@@ -1,0 +1,175 @@
+//! A store's creation sites: each `file:line` that created one of its
+//! objects, numbered, so a slot keeps a 4-byte number instead of an 8-byte
+//! pointer (its header then holds the owner thread's reservation, see
+//! `owner_counts.rs`, and stays 16 bytes).
+//!
+//! The first [`FAST`] sites live in a small open-addressed table, where a
+//! site's number is its position: `create` finds it with a hash and, nearly
+//! always, one load of a cached line, and takes no lock; a site not seen
+//! before is claimed with one compare-exchange. Sites past those (a type
+//! created in very many places) are numbered in a locked map. Reports read
+//! the sites back by number.
+
+use std::panic::Location;
+use std::ptr;
+
+use allocator_api2::vec::Vec;
+use hashbrown::{DefaultHashBuilder, HashMap};
+use parking_lot::Mutex;
+
+use crate::sync::{AtomicPtr, Ordering};
+use crate::Error;
+
+use super::store_alloc::StoreAlloc;
+
+/// Sites numbered without a lock.
+pub(crate) const FAST: usize = 1 << 6;
+
+/// Entries a search of the fast table looks at before the site goes to the
+/// locked map: the table stays sparse for most types, so searches are short.
+const MAX_PROBES: usize = 8;
+
+/// The numbered sites of one store.
+///
+/// # Invariants
+///
+/// - Each entry of `fast` is null or a `&'static Location`, set once (null
+///   to the site) and never changed again; its number is its position.
+/// - `more` numbers other sites from [`FAST`] up: `more.1[n - FAST]` is the
+///   site numbered `n`, and `more.0` maps each site's address to its number.
+///   A site is numbered once: in `fast` or in `more`, never both... except
+///   that a site `more` numbered may later also find a fast entry free,
+///   which only gives it a second number (reports show the same site).
+pub(crate) struct CreationSites {
+    fast: Vec<AtomicPtr<Location<'static>>, StoreAlloc>,
+    more: Mutex<More>,
+}
+
+type More = (HashMap<usize, u32, DefaultHashBuilder, StoreAlloc>, Vec<&'static Location<'static>, StoreAlloc>);
+
+impl CreationSites {
+    /// An empty table, in `alloc`.
+    pub(crate) fn new(alloc: StoreAlloc, type_name: &'static str) -> Result<Self, Error> {
+        let mut fast = Vec::new_in(alloc.clone());
+        if fast.try_reserve_exact(FAST).is_err() {
+            return Err(Error::StoreOutOfMemory {
+                type_name,
+                part: "its creation-site table",
+                bytes: FAST * std::mem::size_of::<AtomicPtr<Location<'static>>>(),
+                allocator: alloc.name(),
+            });
+        }
+        fast.extend((0..FAST).map(|_| AtomicPtr::new(ptr::null_mut())));
+        let more = (HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc.clone()), Vec::new_in(alloc));
+        Ok(CreationSites { fast, more: Mutex::new(more) })
+    }
+
+    /// The number of `site`, given one if it has none yet. `None` only if
+    /// the store's allocator refuses room for a new site's number.
+    #[inline]
+    pub(crate) fn number(&self, site: &'static Location<'static>) -> Option<u32> {
+        let wanted = ptr::from_ref(site).cast_mut();
+        let mut at = home(wanted);
+        for _ in 0..MAX_PROBES {
+            let entry = &self.fast[at];
+            let mut seen = entry.load(Ordering::Acquire);
+            if seen.is_null() {
+                seen = match entry.compare_exchange(ptr::null_mut(), wanted, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(at as u32),
+                    Err(actual) => actual,
+                };
+            }
+            if seen == wanted {
+                return Some(at as u32);
+            }
+            at = (at + 1) % FAST;
+        }
+        self.number_slowly(site)
+    }
+
+    #[cold]
+    fn number_slowly(&self, site: &'static Location<'static>) -> Option<u32> {
+        let mut more = self.more.lock();
+        let (numbers, sites) = &mut *more;
+        if let Some(&number) = numbers.get(&ptr::from_ref(site).addr()) {
+            return Some(number);
+        }
+        numbers.try_reserve(1).ok()?;
+        sites.try_reserve(1).ok()?;
+        let number = (FAST + sites.len()) as u32;
+        numbers.insert(ptr::from_ref(site).addr(), number);
+        sites.push(site);
+        Some(number)
+    }
+
+    /// The site numbered `number`, if one is.
+    pub(crate) fn site(&self, number: u32) -> Option<&'static Location<'static>> {
+        let number = number as usize;
+        match self.fast.get(number) {
+            Some(entry) => {
+                let site = entry.load(Ordering::Acquire);
+                // SAFETY: a non-null entry is a `&'static Location` (type invariant).
+                (!site.is_null()).then(|| unsafe { &*site })
+            }
+            None => self.more.lock().1.get(number - FAST).copied(),
+        }
+    }
+}
+
+impl std::fmt::Debug for CreationSites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let fast = self.fast.iter().filter(|e| !e.load(Ordering::Relaxed).is_null()).count();
+        f.debug_struct("CreationSites").field("sites", &(fast + self.more.lock().1.len())).finish()
+    }
+}
+
+/// Where a site's search starts: a multiplicative hash of its address.
+#[inline]
+fn home(site: *mut Location<'static>) -> usize {
+    const BITS: u32 = FAST.trailing_zeros();
+    ((site.addr() as u64 >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BITS)) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn here() -> &'static Location<'static> {
+        Location::caller()
+    }
+
+    #[test]
+    fn a_site_keeps_its_number_and_reads_back() {
+        let sites = CreationSites::new(StoreAlloc::default_segments(), "T").unwrap();
+        let (first, second) = (here(), here());
+        let (a, b) = (sites.number(first).unwrap(), sites.number(second).unwrap());
+        assert_ne!(a, b);
+        assert_eq!(sites.number(first), Some(a));
+        assert_eq!(sites.site(a).map(ptr::from_ref), Some(ptr::from_ref(first)));
+        assert_eq!(sites.site(b).map(|s| s.line()), Some(second.line()));
+        assert_eq!(sites.site(u32::MAX), None);
+    }
+
+    #[test]
+    fn sites_past_the_fast_table_are_numbered_too() {
+        // Copies of one site at distinct addresses: sites are numbered by address.
+        let storage: std::vec::Vec<Location<'static>> = (0..3 * FAST).map(|_| *here()).collect();
+        let sites = CreationSites::new(StoreAlloc::default_segments(), "T").unwrap();
+        let numbered = |i: usize| {
+            // SAFETY: `storage` is declared before `sites`, so it outlives every use of the table.
+            let site: &'static Location<'static> = unsafe { &*ptr::from_ref(&storage[i]) };
+            (site, sites.number(site).unwrap())
+        };
+        let numbers: std::vec::Vec<_> = (0..storage.len()).map(numbered).collect();
+        let mut distinct: std::vec::Vec<u32> = numbers.iter().map(|&(_, n)| n).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), storage.len(), "one number per site");
+        assert!(distinct.last().is_some_and(|&n| n as usize >= FAST), "some past the fast table");
+        for (i, &(site, number)) in numbers.iter().enumerate() {
+            assert_eq!(numbered(i).1, number, "a site keeps its number");
+            assert_eq!(sites.site(number).map(ptr::from_ref), Some(ptr::from_ref(site)));
+        }
+    }
+}

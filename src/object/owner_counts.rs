@@ -1,0 +1,292 @@
+//! Owner-thread counts: handle clones and drops on the thread that owns the
+//! manager cost plain loads and stores, not a locked read-modify-write.
+//!
+//! Every handle is counted in its slot's atomic word, as `Arc` counts. The
+//! owner thread (the one that built the manager, see
+//! [`owner_thread`](crate::object::ObjectManagerBuilder::owner_thread)) also
+//! keeps a *reservation* per object: counts it added to the word ahead of
+//! need, or kept when one of its handles dropped, so `count - reservation`
+//! handles exist. The reservation lives in the slot's `reserve` word, which
+//! only the owner writes, with plain stores:
+//!
+//! - **A clone on the owner** takes one count from the reservation; with
+//!   none left it adds [`RESERVE_BATCH`] to the word at once (one locked add
+//!   per batch).
+//! - **A drop on the owner** of an object it holds a reservation on puts
+//!   its count in the reservation (returning all but a batch once it passes
+//!   [`RESERVE_MAX`]). If the word then holds nothing but the reservation, no
+//!   handle is left: the owner marks the object [`PENDING`] (dead for
+//!   `upgrade` and weak reads) and queues a *check* of it in its ring of last
+//!   drops. With no reservation (an object the owner never cloned, as most
+//!   objects of a level or a frame) the drop decrements the word, as a drop
+//!   elsewhere does: one locked subtract, and the last drop is known at once.
+//! - **A drop on any other thread** decrements the word with one
+//!   compare-exchange. To zero, it is the last drop, as with `Arc` (the
+//!   owner holds no reservation then). If what is left could be the owner's
+//!   reservation alone (at most `RESERVE_MAX`), the same exchange sets
+//!   [`CHECK`], unless already set, and the thread queues a check.
+//! - **Collection on the owner thread** decides each queued check: the
+//!   object is dead if its count equals the reservation. It clears `CHECK`
+//!   and `PENDING`, and a dead object goes on the dead list and is destroyed
+//!   in the same call.
+//!
+//! **Why the check is exact.** Under `&mut ObjectManager` no `upgrade` runs,
+//! and the owner's reservation is its own. A handle made on another thread
+//! came from a handle that thread held, whose count is in the word; every
+//! drop the owner can see follows the clone or creation it undoes. So a
+//! word read by the owner counts every handle it can know of, and if it
+//! equals the reservation no handle is left anywhere: none can be made
+//! without one. The same argument makes the owner's test at a drop exact,
+//! up to an `upgrade` racing it (see below).
+//!
+//! **What readers see.** Other threads cannot read the reservation exactly
+//! (it changes without synchronisation), so a weak read counts an object
+//! live while its word holds any count and it is not `PENDING`. When the
+//! last handle goes on the owner thread, the object is `PENDING` at once:
+//! `upgrade` and weak reads fail everywhere, as without reservations (an
+//! `upgrade` racing that drop either wins, and the check finds the object
+//! alive, or fails). When the last handle of an object the owner holds a
+//! reservation on goes on another thread, weak reads still succeed until the
+//! owner's next collection, and so does `upgrade` on threads other than the
+//! owner (the object then stays alive); `upgrade` on the owner thread, which
+//! reads its own reservation, fails at once.
+//!
+//! A collection on another thread than the owner cannot read the
+//! reservations, so it leaves the queued checks for the owner's next
+//! collection (and says so once in the log). Objects whose count is all a
+//! reservation are then reclaimed only there, or at shutdown.
+//!
+//! Stores whose objects may hold handles count every handle in the word, as
+//! before: their drops mark candidate roots for the cycle collector (with
+//! the bit that is `CHECK` elsewhere).
+
+use crate::sync::{thread_token, Ordering};
+
+use super::slot::{is_count, AddRefError, SlotHeader, CHECK, COUNT_MASK, MAX_REFS};
+
+/// The reservation's count bits in [`SlotHeader::reserve`].
+pub(crate) const RESERVE_COUNT: u32 = 0xff;
+/// Set in [`SlotHeader::reserve`] once the owner thread saw the object's
+/// last handle go: `upgrade` and weak reads fail from then on, and a check
+/// is queued for collection.
+pub(crate) const PENDING: u32 = 1 << 31;
+/// The most counts a reservation keeps. A drop on another thread that
+/// leaves at most this many queues a check.
+pub(crate) const RESERVE_MAX: u32 = 16;
+/// Counts added to the word at once when the owner clones with an empty
+/// reservation, and kept when a full one gives the rest back.
+pub(crate) const RESERVE_BATCH: u32 = 8;
+
+const _: () = assert!(RESERVE_BATCH <= RESERVE_MAX && RESERVE_MAX < RESERVE_COUNT && RESERVE_BATCH < MAX_REFS);
+
+/// Set in a queued check's local index when the drop that queued it set
+/// [`CHECK`]: that check, and only that one, clears the flag.
+pub(crate) const FLAGGED: u32 = 1 << 31;
+
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// Handles are left.
+    Kept,
+    /// The count reached zero: the caller queues the slot as dead.
+    Last,
+    /// The owner saw its last handle go and set [`PENDING`]: the caller
+    /// queues a check.
+    Pending,
+    /// What is left may be the owner's reservation alone, and this drop set
+    /// [`CHECK`]: the caller queues a check, [`FLAGGED`].
+    Check,
+}
+
+impl Released {
+    /// The entry to queue for slot `local`, if any: `Some((index, dead))`,
+    /// where `dead` says the count reached zero.
+    #[inline]
+    pub(crate) fn entry(self, local: u32) -> Option<(u32, bool)> {
+        match self {
+            Released::Kept => None,
+            Released::Last => Some((local, true)),
+            Released::Pending => Some((local, false)),
+            Released::Check => Some((local | FLAGGED, false)),
+        }
+    }
+}
+
+impl SlotHeader {
+    /// A clone on the owner thread, of a handle it holds.
+    #[inline]
+    pub(crate) fn owner_clone(&self) {
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        if reserve & RESERVE_COUNT != 0 {
+            self.reserve.store(reserve - 1, Ordering::Relaxed);
+        } else {
+            self.reserve_batch();
+        }
+    }
+
+    /// Adds a batch of counts to the word and keeps all but one.
+    ///
+    /// The caller holds a handle, so the word is a count that cannot reach
+    /// zero meanwhile: a plain add suffices.
+    #[inline(never)]
+    fn reserve_batch(&self) {
+        let old = self.word.fetch_add(RESERVE_BATCH, Ordering::Relaxed);
+        if old & COUNT_MASK > MAX_REFS - RESERVE_BATCH {
+            self.word.fetch_sub(RESERVE_BATCH, Ordering::Relaxed);
+            panic!("mmobject: reference count overflow (more than {MAX_REFS} handles to one object)");
+        }
+        // Keeps no `PENDING`: a handle is held.
+        self.reserve.store(RESERVE_BATCH - 1, Ordering::Relaxed);
+    }
+
+    /// A drop on the owner thread. With no reservation (the owner never
+    /// cloned the object: it was made, passed on and dropped, as most are),
+    /// the count goes from the word, and the drop that takes it to zero is
+    /// the last, as with `Arc`. Else the handle's count joins the reservation;
+    /// if no handle is left and the object was not pending already, it is
+    /// now, and the caller queues a check.
+    #[inline]
+    pub(crate) fn owner_release(&self) -> Released {
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        if reserve & RESERVE_COUNT == 0 {
+            return match self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK {
+                1 => Released::Last,
+                _ => Released::Kept,
+            };
+        }
+        let mut kept = (reserve & RESERVE_COUNT) + 1;
+        if kept > RESERVE_MAX {
+            kept = self.return_reserve(kept);
+        }
+        let last = self.word.load(Ordering::Relaxed) & COUNT_MASK == kept && reserve & PENDING == 0;
+        self.reserve.store(kept | reserve & PENDING | if last { PENDING } else { 0 }, Ordering::Relaxed);
+        if last {
+            Released::Pending
+        } else {
+            Released::Kept
+        }
+    }
+
+    /// Gives all but a batch of a full reservation back to the word.
+    /// `Release`, as a drop: another thread's last drop then sees the
+    /// owner's uses of the object (the word keeps a batch, so it is never
+    /// this that reaches zero).
+    #[cold]
+    fn return_reserve(&self, kept: u32) -> u32 {
+        self.word.fetch_sub(kept - RESERVE_BATCH, Ordering::Release);
+        RESERVE_BATCH
+    }
+
+    /// Counts a new reference to the object with `generation`, if it is
+    /// live (an `upgrade`, a raw `add_ref`): on the manager's owner thread
+    /// (`owner_thread`, in a store that is not `cyclable`) from the
+    /// reservation, else as [`try_add_ref`](Self::try_add_ref) does.
+    pub(crate) fn add_ref(&self, generation: u32, owner_thread: u64, cyclable: bool) -> Result<(), AddRefError> {
+        if !cyclable && owner_thread == thread_token() {
+            self.owner_add_ref(generation)
+        } else {
+            self.try_add_ref(generation)
+        }
+    }
+
+    /// An `upgrade` on the owner thread: from the reservation if it has a
+    /// count, else a count added to the word as [`try_add_ref`](Self::try_add_ref) does.
+    /// Exact: an object whose count is all the reservation has no handle
+    /// left (see the module docs), and is not revived.
+    fn owner_add_ref(&self, generation: u32) -> Result<(), AddRefError> {
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        let word = self.word.load(Ordering::Acquire);
+        if self.generation.load(Ordering::Acquire) != generation
+            || reserve & PENDING != 0
+            || !is_count(word)
+            || word & COUNT_MASK == reserve & RESERVE_COUNT
+        {
+            return Err(AddRefError::Stale);
+        }
+        if reserve & RESERVE_COUNT == 0 {
+            return self.try_add_ref(generation);
+        }
+        self.reserve.store(reserve - 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A drop on a thread other than the owner (or a raw handle's release):
+    /// one compare-exchange, which also sets [`CHECK`] if the count left
+    /// could be the owner's reservation alone. `Release`, as in `Arc`'s drop:
+    /// the last releaser's `Acquire` fence (`last_drops::record`, or
+    /// `StoreShared::release_last`) pairs with it, and so does collection's
+    /// `Acquire` load of the word when it decides a check.
+    ///
+    /// The flag goes in the same exchange as the decrement: once the
+    /// caller's count is gone, the slot may be freed (if the manager is
+    /// gone), so nothing may touch it after. Shutdown counts a slot whose
+    /// `CHECK` is still set as held from outside (its check may still be on
+    /// its way to the store), so the store's shared part outlives it.
+    #[inline]
+    pub(crate) fn release_remote(&self) -> Released {
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            debug_assert!(is_count(word), "the caller holds a reference");
+            let count = word & COUNT_MASK;
+            let check = word & CHECK == 0 && count > 1 && count <= RESERVE_MAX + 1;
+            let next = (word - 1) | if check { CHECK } else { 0 };
+            match self.word.compare_exchange_weak(word, next, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) if count == 1 => return Released::Last,
+                Ok(_) if check => return Released::Check,
+                Ok(_) => return Released::Kept,
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Decides a queued check. Returns true if the object is dead: its word
+    /// then holds no count (the caller links it into a dead list).
+    ///
+    /// Only on the owner thread, under `&mut ObjectManager` (see the module
+    /// docs for why the test is then exact). The word is read with `Acquire`,
+    /// so every other thread's use of the object happens before it is destroyed.
+    ///
+    /// A [`FLAGGED`] check clears [`CHECK`]. While `CHECK` is set, the check
+    /// that set it is queued or still on its way (its drop may be racing
+    /// shutdown, and the store's shared part must outlive it): then only
+    /// that check may find the object dead.
+    pub(crate) fn decide_check(&self, flagged: bool) -> bool {
+        let mut word = self.word.load(Ordering::Acquire);
+        if !flagged && is_count(word) && word & CHECK != 0 {
+            return false;
+        }
+        // A compare-exchange, never a `fetch_and`: the word may turn into a
+        // dead-list link meanwhile (a last drop elsewhere), whose bits must
+        // not change.
+        while is_count(word) && word & CHECK != 0 {
+            match self.word.compare_exchange_weak(word, word & !CHECK, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => word &= !CHECK,
+                Err(actual) => word = actual,
+            }
+        }
+        // Vacant, or dead and listed already (a check queued twice).
+        if !is_count(word) {
+            return false;
+        }
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        if word & COUNT_MASK == reserve & RESERVE_COUNT {
+            self.reserve.store(0, Ordering::Relaxed);
+            return true;
+        }
+        if reserve & PENDING != 0 {
+            // Revived by an `upgrade` on another thread: live again.
+            self.reserve.store(reserve & !PENDING, Ordering::Relaxed);
+        }
+        false
+    }
+
+    /// True if the slot holds an object whose queued check would find it
+    /// dead (for `dead_count`: exact on the owner thread).
+    pub(crate) fn awaits_check(&self) -> bool {
+        let word = self.word.load(Ordering::Acquire);
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        self.generation.load(Ordering::Relaxed) & 1 == 1
+            && is_count(word)
+            && (reserve & PENDING != 0 || word & COUNT_MASK == reserve & RESERVE_COUNT)
+    }
+}

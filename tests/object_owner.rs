@@ -1,0 +1,279 @@
+//! A manager with an owner thread (`ObjectManagerBuilder::owner_thread`):
+//! the owner's clones and drops go through its reservations, other threads'
+//! through the atomic word, and collection on the owner decides the objects
+//! whose last handle may be gone. Counts stay exact, no object is destroyed
+//! while a handle lives, and the rules for other threads hold.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use mmobject::{Handle, MMObject, ObjectManager};
+
+mod support;
+use support::{DropToken, Drops};
+
+#[derive(MMObject)]
+struct Entity {
+    id: usize,
+    token: DropToken,
+}
+
+/// An object that records its own destruction, so a thread holding a handle
+/// can check that it is still alive.
+#[derive(MMObject)]
+struct Watched {
+    id: usize,
+    destroyed: Arc<Vec<AtomicBool>>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        assert!(!self.destroyed[self.id].swap(true, Ordering::SeqCst), "destroyed twice");
+    }
+}
+
+fn owned() -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(4).owner_thread(true).build()
+}
+
+#[test]
+fn the_owners_clones_and_drops_keep_exact_counts() {
+    let drops = Drops::new();
+    let mut mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let weak = e.downgrade();
+    let mut copies: Vec<Handle<Entity>> = Vec::new();
+    for n in 1..=100 {
+        copies.push(e.clone());
+        assert_eq!(e.ref_count(), n + 1);
+    }
+    for n in (1..=100).rev() {
+        copies.pop();
+        assert_eq!(e.ref_count(), n);
+    }
+    assert_eq!(mm.dead_count(), 0);
+    assert!(mm.is_alive(weak));
+    drop(e);
+    assert!(mm.upgrade(weak).is_none(), "the owner sees the last drop at once");
+    assert!(!mm.is_alive(weak));
+    assert_eq!((mm.dead_count(), mm.len()), (1, 0));
+    assert_eq!(mm.iter::<Entity>().count(), 0);
+    assert_eq!(drops.count(), 0, "dead, not destroyed");
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!(drops.count(), 1);
+    assert_eq!(mm.dead_count(), 0);
+}
+
+#[test]
+fn a_last_drop_on_another_thread_is_found_by_the_owners_collection() {
+    let drops = Drops::new();
+    let mut mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let weak = e.downgrade();
+    let sent = e.clone(); // from the owner's reservation
+    drop(e);
+    std::thread::spawn(move || drop(sent)).join().unwrap();
+    // The word now holds only the owner's reservation: dead, decided by the owner.
+    assert_eq!(mm.dead_count(), 1);
+    assert!(mm.upgrade(weak).is_none(), "the owner reads its own reservation");
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!(drops.count(), 1);
+    assert!(!mm.is_alive(weak));
+}
+
+#[test]
+fn an_upgrade_on_another_thread_may_keep_a_reserved_object_alive() {
+    let drops = Drops::new();
+    let mut mm = owned();
+    let e = mm.create(Entity { id: 7, token: drops.token() });
+    let weak = e.downgrade();
+    let sent = e.clone();
+    drop(e);
+    let mm_ref = &mm;
+    let revived = std::thread::scope(|s| {
+        s.spawn(move || {
+            drop(sent);
+            // Not the owner: this thread cannot tell the reservation from a
+            // handle, so the object is still live for it until the owner's
+            // next collection, and an upgrade keeps it alive.
+            mm_ref.upgrade(weak)
+        })
+        .join()
+        .unwrap()
+    })
+    .expect("another thread may still upgrade until the owner collects");
+    assert_eq!(mm.collect_garbage().objects, 0, "the check finds a handle");
+    assert_eq!(mm[&revived].id, 7);
+    assert_eq!(revived.ref_count(), 1);
+    drop(revived);
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!(drops.count(), 1);
+}
+
+#[test]
+fn a_collection_on_another_thread_leaves_the_owners_checks_for_the_owner() {
+    let drops = Drops::new();
+    let mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let other = e.clone();
+    drop(other);
+    drop(e); // the last, on the owner, with a reservation: a check
+    let mm = std::thread::spawn(move || {
+        let mut mm = mm;
+        assert_eq!(mm.collect_garbage().objects, 0, "not the owner: the check waits");
+        assert_eq!(mm.dead_count(), 1);
+        mm
+    })
+    .join()
+    .unwrap();
+    let mut mm = mm;
+    assert_eq!(mm.collect_garbage().objects, 1, "back on the owner");
+    assert_eq!(drops.count(), 1);
+    let report = mm.shutdown();
+    assert!(report.is_empty());
+    assert_eq!(report.outliving_handles(), 0);
+}
+
+#[test]
+fn shutdown_on_another_thread_keeps_the_memory_of_reserved_objects() {
+    let drops = Drops::new();
+    let mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    drop(e.clone());
+    drop(e);
+    let report = std::thread::spawn(move || mm.shutdown()).join().unwrap();
+    assert_eq!(drops.count(), 1, "destroyed at shutdown");
+    // The owner's reservation cannot be read from there: the slot may still
+    // be held, so its memory is kept (safe, and said in the report).
+    assert_eq!(report.outliving_handles(), 1);
+}
+
+#[test]
+fn raw_handles_release_through_the_owner_or_another_thread() {
+    let drops = Drops::new();
+    let mut mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let raw = e.clone().into_raw();
+    mm.add_ref_raw(raw).unwrap();
+    assert_eq!(e.ref_count(), 3);
+    mm.release_raw(raw).unwrap();
+    assert_eq!(e.ref_count(), 2);
+    drop(e);
+    let mm_ref = &mm;
+    std::thread::scope(|s| s.spawn(move || mm_ref.release_raw(raw).unwrap()).join().unwrap());
+    assert!(mm.release_raw(raw).is_err(), "given back once");
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!(drops.count(), 1);
+}
+
+#[test]
+fn a_full_reservation_gives_counts_back_and_stays_exact() {
+    let mut mm = owned();
+    let drops = Drops::new();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let workers: Vec<Handle<Entity>> = (0..50).map(|_| e.clone()).collect();
+    let held_elsewhere = std::thread::spawn(move || workers).join().unwrap();
+    assert_eq!(e.ref_count(), 51);
+    // The owner drops what came back: its reservation fills and gives counts back.
+    drop(held_elsewhere);
+    assert_eq!(e.ref_count(), 1);
+    let weak = e.downgrade();
+    drop(e);
+    assert!(mm.upgrade(weak).is_none());
+    assert_eq!(mm.collect_garbage().objects, 1);
+}
+
+#[test]
+#[should_panic(expected = "reference count overflow")]
+fn an_owner_clone_past_the_limit_panics() {
+    let mm = owned();
+    let e = mm.create(Entity { id: 1, token: Drops::new().token() });
+    e.leak_refs_for_tests((1 << 29) - 4);
+    let _clone = e.clone(); // needs a batch of counts the limit refuses
+}
+
+#[test]
+fn handles_dropped_after_the_manager_stay_sound() {
+    let drops = Drops::new();
+    let mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let owners_copy = e.clone();
+    let sent = e.clone();
+    drop(mm);
+    let worker = std::thread::spawn(move || drop(sent));
+    worker.join().unwrap();
+    drop(owners_copy);
+    drop(e);
+    assert_eq!(drops.count(), 1, "destroyed at shutdown, in place");
+}
+
+/// The owner and three workers clone and drop handles to a shared set while
+/// the owner releases its own and collects: no object is ever destroyed
+/// while a thread holds a handle to it, and each is destroyed exactly once.
+#[test]
+fn no_object_dies_while_any_thread_holds_it() {
+    let (objects, rounds, ops) = if cfg!(miri) { (6, 2, 30) } else { (64, 20, 3_000) };
+    let destroyed: Arc<Vec<AtomicBool>> = Arc::new((0..objects * rounds).map(|_| AtomicBool::new(false)).collect());
+    let mut mm = owned();
+    for round in 0..rounds {
+        let set: Vec<(usize, Handle<Watched>)> = (0..objects)
+            .map(|i| {
+                let id = round * objects + i;
+                (id, mm.create(Watched { id, destroyed: Arc::clone(&destroyed) }))
+            })
+            .collect();
+        // The owner clones first, so its reservations are in play.
+        let mut owners: Vec<(usize, Handle<Watched>)> = set.iter().map(|(id, h)| (*id, h.clone())).collect();
+        let shares: Vec<Vec<(usize, Handle<Watched>)>> =
+            (0..3).map(|_| set.iter().map(|(id, h)| (*id, h.clone())).collect()).collect();
+        drop(set);
+        std::thread::scope(|s| {
+            for (worker, mine) in shares.into_iter().enumerate() {
+                let destroyed = Arc::clone(&destroyed);
+                s.spawn(move || {
+                    let mut mine = mine;
+                    let mut held: Vec<(usize, Handle<Watched>)> = Vec::new();
+                    for n in 0..ops {
+                        if mine.is_empty() && held.is_empty() {
+                            break;
+                        }
+                        if !mine.is_empty() {
+                            let (id, h) = &mine[(n * 7 + worker) % mine.len()];
+                            held.push((*id, h.clone()));
+                        }
+                        if held.len() > 4 || mine.is_empty() {
+                            held.swap_remove(n % held.len());
+                        }
+                        if n % 5 == worker && !mine.is_empty() {
+                            mine.swap_remove(n % mine.len());
+                        }
+                        for (id, _) in mine.iter().chain(&held) {
+                            assert!(!destroyed[*id].load(Ordering::SeqCst), "destroyed while held");
+                        }
+                    }
+                });
+            }
+            for n in 0..ops {
+                if n % 10 == 0 {
+                    mm.collect_garbage();
+                }
+                if owners.is_empty() {
+                    continue;
+                }
+                let at = n % owners.len();
+                let copy = owners[at].1.clone();
+                if n % 3 == 0 {
+                    owners.swap_remove(at);
+                }
+                for (id, _) in &owners {
+                    assert!(!destroyed[*id].load(Ordering::SeqCst), "destroyed while the owner holds it");
+                }
+                drop(copy);
+            }
+        });
+        drop(owners);
+        mm.collect_garbage();
+        assert_eq!(mm.len(), 0, "round {round}: everything released is collected");
+    }
+    assert!(destroyed.iter().all(|d| d.load(Ordering::SeqCst)), "each destroyed once");
+}
