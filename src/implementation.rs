@@ -42,9 +42,10 @@
 //! A [`Handle`](crate::Handle) is one word, so `Option<Handle<T>>` is 8
 //! bytes too (16 with the `handle-sites` feature, which adds the handle's
 //! entry in its site table). On 64-bit targets the word is the slot's
-//! address shifted left by 16 bits, with the manager id (18 bits) and the
-//! store's `cyclable` flag below it; elsewhere it is the address alone, and
-//! those two come from the chunk header. Everything else comes from the
+//! address shifted left by 16 bits, with the manager id (17 bits), whether
+//! the store counts through an owner thread's reservations, and the store's
+//! `cyclable` flag below it; elsewhere it is the address alone, and those
+//! come from the chunk header. Everything else comes from the
 //! slot's address:
 //!
 //! - the chunk header, by masking: the store's shared part (dead list,
@@ -84,8 +85,8 @@
 //! in doubling segments cut into chunks took a dozen instructions (a
 //! `leading_zeros`, a table load, a multiply for the chunk, two
 //! multiply-adds), and the read ran at 2.4× `slotmap::get`; see
-//! `BENCHMARKS.md`, O4. The cost of both layouts is two limits: 2^18 - 1
-//! (262,143) managers per process, and segments below 2^48 (a store
+//! `BENCHMARKS.md`, O4. The cost of both layouts is two limits: 2^17 - 1
+//! (131,071) managers per process, and segments below 2^48 (a store
 //! refuses one above, with
 //! [`Error::StoreOutOfMemory`](crate::Error::StoreOutOfMemory)).
 //!
@@ -385,7 +386,7 @@
 //! | owner reservation | 16 counts | a drop that would pass it gives all but 8 back to the word |
 //! | creation-site numbers | 64 without a lock, then a locked map in the store's allocator | a site the allocator refuses room for shows as an "unknown" line in `object/store.rs` |
 //! | slot generation | below 2^31 | the slot is *retired*: it keeps the even generation 2^31, which no key carries, and is never reused. A stale key can therefore never validate again, and keys stay below slotmap's `SecondaryMap` version limit |
-//! | manager id | 2^18 - 1 (262,143) managers per process (handles carry the id in 18 bits) | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
+//! | manager id | 2^17 - 1 (131,071) managers per process (handles carry the id in 17 bits, beside two flags) | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
 //! | manager-wide index | 2^24 slots | `try_create` returns `CapacityExceeded` |
 //! | handle-site ids (`handle-sites`) | wrap at 2^32 | ids still in use are skipped |
 //!

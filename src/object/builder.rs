@@ -277,10 +277,10 @@ impl ObjectManagerBuilder {
     ///
     /// # Panics
     ///
-    /// Panics once a process has built 2^18 - 1 (262,143) managers. Manager
+    /// Panics once a process has built 2^17 - 1 (131,071) managers. Manager
     /// ids are never reused, because a handle of a dropped manager must never
     /// pass another manager's check, and handles carry their manager's id in
-    /// 18 bits (so that a read checks it without a load).
+    /// 17 bits (so that a read checks it without a load).
     pub fn build(self) -> ObjectManager {
         let id = next_manager_id();
         let config = RegistryConfig {
@@ -288,7 +288,12 @@ impl ObjectManagerBuilder {
             max_objects: self.max_objects_per_type,
             tracker: self.tracker,
             first_generation: self.first_generation.unwrap_or_else(|| first_generation_of(id)),
-            owner: if self.owner_thread { crate::sync::thread_token() } else { 0 },
+            owner: if self.owner_thread {
+                super::owner_counts::claim(id);
+                crate::sync::thread_token()
+            } else {
+                0
+            },
             alloc: self.alloc.unwrap_or_else(StoreAlloc::default_segments),
             alloc_for: self.alloc_for,
         };

@@ -69,8 +69,10 @@ use super::{MMObject, ObjectKey, VisitHandles};
 ///
 /// On 64-bit targets `tagged` is the slot's address shifted left by 16 bits
 /// (segments lie below 2^48, and slots are 8-byte aligned, so bits 0..19
-/// are free), with the manager id in bits 0..18 and the store's `cyclable`
-/// flag in bit 18. A read checks the manager id and a drop tests the flag
+/// are free), with the manager id in bits 0..17, in bit 17 whether the
+/// store counts through an owner thread's reservations (its manager has an
+/// owner and it is not `cyclable`), and the store's `cyclable` flag in bit
+/// 18. A read checks the manager id, and a clone or drop tests the flags,
 /// without loading the chunk header: in a loop of reads that miss the cache,
 /// each load per read costs about as much as the read's own miss (see
 /// `BENCHMARKS.md`, O3). Elsewhere `tagged` is the slot's address, and both
@@ -166,14 +168,32 @@ impl<T> Handle<T> {
         unsafe { Chunks::header(self.slot_ptr()) }
     }
 
-    /// True if the store's objects may hold handles (a drop then records
-    /// candidate roots, see `candidates.rs`).
+    /// How this thread counts the handle's clones and drops.
     #[inline]
-    fn cyclable(&self) -> bool {
+    fn counting(&self) -> Counting {
         #[cfg(target_pointer_width = "64")]
-        return self.tagged.as_ptr().addr() & CYCLABLE_TAG != 0;
+        {
+            let tag = self.tagged.as_ptr().addr();
+            if tag & (CYCLABLE_TAG | OWNED_TAG) == 0 {
+                Counting::Atomic
+            } else if tag & CYCLABLE_TAG != 0 {
+                Counting::Cyclable
+            } else if super::owner_counts::owns(self.manager_id()) {
+                Counting::Owner
+            } else {
+                Counting::Remote
+            }
+        }
         #[cfg(not(target_pointer_width = "64"))]
-        return self.chunk().cyclable;
+        {
+            let chunk = self.chunk();
+            match chunk.owner_thread {
+                _ if chunk.cyclable => Counting::Cyclable,
+                0 => Counting::Atomic,
+                owner if owner == crate::sync::thread_token() => Counting::Owner,
+                _ => Counting::Remote,
+            }
+        }
     }
 
     #[inline]
@@ -294,7 +314,7 @@ impl<T> Clone for Handle<T> {
     #[inline]
     #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
-        if self.on_owner_thread() {
+        if self.counting() == Counting::Owner {
             self.slot().header.owner_clone();
         } else {
             let old = self.slot().header.word.fetch_add(1, AtomicOrdering::Relaxed);
@@ -322,40 +342,39 @@ impl<T> Drop for Handle<T> {
     fn drop(&mut self) {
         #[cfg(feature = "handle-sites")]
         self.unregister_site();
-        if self.cyclable() {
-            return self.drop_cyclable();
-        }
         let header = &self.slot().header;
-        let owner = self.chunk().owner_thread;
-        if owner != 0 {
-            if owner != crate::sync::thread_token() {
-                return self.drop_remote();
+        match self.counting() {
+            Counting::Atomic => {
+                if header.word.fetch_sub(1, AtomicOrdering::Release) == 1 {
+                    super::last_drops::record(self.shared(), self.local(), &header.word);
+                }
             }
-            let released = header.owner_release();
-            if released != Released::Kept {
-                super::last_drops::record_released(self.shared(), self.local(), &header.word, released);
-            }
-            return;
-        }
-        if header.word.fetch_sub(1, AtomicOrdering::Release) == 1 {
-            super::last_drops::record(self.shared(), self.local(), &header.word);
+            Counting::Owner => match header.owner_release() {
+                Released::Kept => {}
+                Released::Last => super::last_drops::record(self.shared(), self.local(), &header.word),
+                released => super::last_drops::record_released(self.shared(), self.local(), &header.word, released),
+            },
+            Counting::Remote => self.drop_remote(),
+            Counting::Cyclable => self.drop_cyclable(),
         }
     }
 }
 
-impl<T> Handle<T> {
-    /// True if the calling thread owns the handle's manager: its clones and
-    /// drops then go through the owner's reservation (see `owner_counts.rs`).
-    /// Never for stores whose objects may hold handles.
-    #[inline]
-    fn on_owner_thread(&self) -> bool {
-        if self.cyclable() {
-            return false;
-        }
-        let owner = self.chunk().owner_thread;
-        owner != 0 && owner == crate::sync::thread_token()
-    }
+/// How a handle's clones and drops count (from its tag bits, and for a
+/// manager with an owner, the calling thread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    /// One atomic add or subtract on the word (a manager without an owner).
+    Atomic,
+    /// On the owner thread: through its reservation (see `owner_counts.rs`).
+    Owner,
+    /// On another thread than the owner: a compare-exchange that may queue a check.
+    Remote,
+    /// A store whose objects may hold handles: drops mark candidate roots.
+    Cyclable,
+}
 
+impl<T> Handle<T> {
     /// `drop` on another thread than the owner of a manager that has one:
     /// a check is queued when the owner's reservation may be all that is
     /// left (see `owner_counts.rs`).
@@ -477,7 +496,7 @@ impl<T> super::HeapSize for Handle<T> {
 ///   placed above 2^48), and the key's index bits 0..16 in bits 48..64 (on
 ///   64-bit targets);
 /// - `word`: the generation in bits 0..32, the index bits 16..24 in bits
-///   32..40, and the manager id (18 bits) in bits 40..64.
+///   32..40, and the manager id (17 bits) in bits 40..64.
 pub struct WeakHandle<T> {
     slot: NonNull<u8>,
     word: u64,
@@ -506,13 +525,17 @@ pub(crate) const ADDRESS_BITS: u32 = 48;
 #[cfg(target_pointer_width = "64")]
 const ADDRESS_MASK: usize = (1 << ADDRESS_BITS) - 1;
 
-/// The largest manager id: ids are 18 bits, so that a [`Handle`] carries
+/// The largest manager id: ids are 17 bits, so that a [`Handle`] carries
 /// its manager's id beside its slot's address (see its layout).
-pub(crate) const MAX_MANAGER_ID: u32 = (1 << 18) - 1;
+pub(crate) const MAX_MANAGER_ID: u32 = (1 << 17) - 1;
 
 /// The bits of a [`Handle`]'s `tagged` below the slot's address.
 #[cfg(target_pointer_width = "64")]
 const TAG_BITS: u32 = 16;
+/// Set in a [`Handle`]'s `tagged` if its manager has an owner thread and
+/// its store counts through the owner's reservations (see `owner_counts.rs`).
+#[cfg(target_pointer_width = "64")]
+const OWNED_TAG: usize = 1 << 17;
 /// The store's `cyclable` flag in a [`Handle`]'s `tagged`.
 #[cfg(target_pointer_width = "64")]
 const CYCLABLE_TAG: usize = 1 << 18;
@@ -528,9 +551,14 @@ unsafe fn tag_slot<T>(slot: NonNull<Slot<T>>) -> NonNull<u8> {
     {
         // SAFETY: the caller's contract: the chunk header is initialised.
         let chunk = unsafe { Chunks::header(slot) };
-        debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 18 bits");
+        debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 17 bits");
         debug_assert!(slot.as_ptr().addr() >> ADDRESS_BITS == 0 && slot.as_ptr().addr() % 8 == 0);
-        let tag = chunk.manager_id as usize | if chunk.cyclable { CYCLABLE_TAG } else { 0 };
+        let flag = match (chunk.cyclable, chunk.owner_thread != 0) {
+            (true, _) => CYCLABLE_TAG,
+            (false, true) => OWNED_TAG,
+            (false, false) => 0,
+        };
+        let tag = chunk.manager_id as usize | flag;
         let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr << TAG_BITS | tag);
         // SAFETY: a slot's address is not zero, so neither is this.
         unsafe { NonNull::new_unchecked(tagged) }
@@ -716,7 +744,7 @@ mod tests {
         for (address, index, generation, manager) in [
             (highest, (1 << INDEX_BITS) - 1, u32::MAX, MAX_MANAGER_ID),
             (8, 0, 1, 1),
-            (0x1234_5678_9ab8, 0x00ab_cdef, 0x8000_0001, 0x2_0001),
+            (0x1234_5678_9ab8, 0x00ab_cdef, 0x8000_0001, 0x1_0001),
         ] {
             let slot = NonNull::new(std::ptr::without_provenance_mut::<Slot<u8>>(address)).unwrap();
             let weak = WeakHandle::<u8>::new(slot, ObjectKey::new(index, generation), manager);

@@ -79,6 +79,28 @@ pub(crate) const RESERVE_BATCH: u32 = 8;
 
 const _: () = assert!(RESERVE_BATCH <= RESERVE_MAX && RESERVE_MAX < RESERVE_COUNT && RESERVE_BATCH < MAX_REFS);
 
+// The id of the manager the calling thread owns, the last one it built
+// with an owner (0 for none). Handles test it against the id they carry
+// (no load of their chunk header): a thread that built several owned
+// managers counts the others' handles as any other thread does (correct,
+// only slower: it still owns their reservations, which nobody else writes).
+#[cfg(not(loom))]
+std::thread_local!(static OWNED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
+#[cfg(loom)]
+loom::thread_local!(static OWNED: std::cell::Cell<u32> = std::cell::Cell::new(0));
+
+/// True if the calling thread owns the manager with id `manager_id`.
+#[inline]
+pub(crate) fn owns(manager_id: u32) -> bool {
+    OWNED.with(|owned| owned.get() == manager_id)
+}
+
+/// Makes the calling thread the owner of the manager with id `manager_id`
+/// (it is the thread that builds it).
+pub(crate) fn claim(manager_id: u32) {
+    OWNED.with(|owned| owned.set(manager_id));
+}
+
 /// Set in a queued check's local index when the drop that queued it set
 /// [`CHECK`]: that check, and only that one, clears the flag.
 pub(crate) const FLAGGED: u32 = 1 << 31;
