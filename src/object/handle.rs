@@ -380,9 +380,9 @@ impl<T> Handle<T> {
     /// left (see `owner_counts.rs`).
     #[inline(never)]
     fn drop_remote(&mut self) {
-        // Read before the count goes: the store's shared part outlives a
-        // queued entry (shutdown counts the slot as held meanwhile), but the
-        // chunk header is only ours while we hold the count.
+        // Read before the count goes: after it, only shutdown's accounting
+        // keeps the slot's memory (a zero count not yet listed, or a set
+        // `CHECK`, counts as held), so nothing but the entry may touch it.
         let (shared, local, header) = (self.shared(), self.local(), &self.slot().header);
         let released = header.release_remote();
         if released != Released::Kept {
