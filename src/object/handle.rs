@@ -227,6 +227,11 @@ impl<T> Handle<T> {
     }
 
     /// The number of strong references to the object (handles plus raw handles).
+    ///
+    /// On a manager with an [owner thread](crate::object::ObjectManagerBuilder::owner_thread),
+    /// read on another thread while the owner clones or drops handles of the
+    /// same object, it may be off by what those changed (it subtracts the
+    /// owner's reservation as it reads it); on the owner thread it is exact.
     pub fn ref_count(&self) -> u32 {
         self.slot().header.ref_count()
     }
