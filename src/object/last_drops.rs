@@ -222,16 +222,8 @@ pub(crate) fn record_released(shared: &StoreShared, local: u32, word: &AtomicU32
         return record(shared, local, word);
     }
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local, dead: false };
-    let recorded = MINE.try_with(|mine| match mine.ring() {
-        Some(ring) => {
-            // SAFETY: `ring` is this thread's own, and the store's shared
-            // part outlives the entry (see `release_remote`).
-            unsafe { ring.as_ref().record(entry) };
-            true
-        }
-        None => false,
-    });
-    if !matches!(recorded, Ok(true)) {
+    // SAFETY: the store's shared part outlives a check's entry (see `release_remote`).
+    if !unsafe { record_mine(entry) } {
         shared.queue_checks(&[local]);
     }
 }
@@ -250,18 +242,30 @@ pub(crate) fn record_released(shared: &StoreShared, local: u32, word: &AtomicU32
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     fence(Ordering::Acquire);
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local, dead: true };
+    // SAFETY: the caller took the slot's count to zero.
+    if !unsafe { record_mine(entry) } {
+        shared.push_dead(local, word);
+    }
+}
+
+/// Writes `entry` into the calling thread's ring. False if the thread has
+/// none (it is exiting, or the ring could not be allocated).
+///
+/// # Safety
+///
+/// The entry is as the `LastDrops` invariants ask.
+#[inline]
+unsafe fn record_mine(entry: Entry) -> bool {
     let recorded = MINE.try_with(|mine| match mine.ring() {
         Some(ring) => {
-            // SAFETY: `ring` is this thread's own, and the caller took the
-            // slot's count to zero (so the entry is as the invariants ask).
+            // SAFETY: `ring` is this thread's own, and the entry is as the
+            // invariants ask (caller).
             unsafe { ring.as_ref().record(entry) };
             true
         }
         None => false,
     });
-    if !matches!(recorded, Ok(true)) {
-        shared.push_dead(local, word);
-    }
+    matches!(recorded, Ok(true))
 }
 
 /// Drains every thread's ring: afterwards every last drop that happened
