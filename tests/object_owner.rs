@@ -189,7 +189,11 @@ fn an_owner_clone_past_the_limit_panics() {
     let mm = owned();
     let e = mm.create(Entity { id: 1, token: Drops::new().token() });
     e.leak_refs_for_tests((1 << 29) - 4);
-    let _clone = e.clone(); // needs a batch of counts the limit refuses
+    // No room for a batch: the clones count one at a time up to the limit.
+    let clones: Vec<Handle<Entity>> = (0..3).map(|_| e.clone()).collect();
+    assert_eq!(e.ref_count(), 1 << 29);
+    let _past = e.clone();
+    drop(clones);
 }
 
 #[test]

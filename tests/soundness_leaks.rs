@@ -32,6 +32,14 @@ fn reference_count_stops_at_its_limit() {
     count_stops_at_its_limit(&mm, mm.create(Item { id: 1 }));
 }
 
+/// The same on the owner thread of a manager that has one, whose clones
+/// take counts in batches (near the limit, one at a time).
+#[test]
+fn reference_count_stops_at_its_limit_on_the_owner_thread() {
+    let mm = ObjectManager::builder().report_leaks(false).owner_thread(true).build();
+    count_stops_at_its_limit(&mm, mm.create(Item { id: 1 }));
+}
+
 /// The same for a type that may hold handles, whose count word also carries
 /// the candidate-root flag (set here by the drop of a clone).
 #[test]

@@ -135,30 +135,40 @@ impl Released {
 }
 
 impl SlotHeader {
-    /// A clone on the owner thread, of a handle it holds.
+    /// A clone on the owner thread, of a handle it holds. A handle is held,
+    /// so the object is live: this also clears a [`PENDING`] left by an
+    /// owner's last drop that an `upgrade` on another thread raced (the
+    /// queued check then finds the object alive).
     #[inline]
     pub(crate) fn owner_clone(&self) {
         let reserve = self.reserve.load(Ordering::Relaxed);
         if reserve & RESERVE_COUNT != 0 {
-            self.reserve.store(reserve - 1, Ordering::Relaxed);
+            self.reserve.store((reserve - 1) & !PENDING, Ordering::Relaxed);
         } else {
             self.reserve_batch();
         }
     }
 
-    /// Adds a batch of counts to the word and keeps all but one.
+    /// Adds a batch of counts to the word and keeps all but one. Near the
+    /// count limit, where a batch does not fit, it adds just the one, as a
+    /// clone on another thread does, and panics past the limit.
     ///
     /// The caller holds a handle, so the word is a count that cannot reach
     /// zero meanwhile: a plain add suffices.
     #[inline(never)]
     fn reserve_batch(&self) {
         let old = self.word.fetch_add(RESERVE_BATCH, Ordering::Relaxed);
-        if old & COUNT_MASK > MAX_REFS - RESERVE_BATCH {
-            self.word.fetch_sub(RESERVE_BATCH, Ordering::Relaxed);
+        if old & COUNT_MASK <= MAX_REFS - RESERVE_BATCH {
+            // Keeps no `PENDING`: a handle is held.
+            self.reserve.store(RESERVE_BATCH - 1, Ordering::Relaxed);
+            return;
+        }
+        self.word.fetch_sub(RESERVE_BATCH - 1, Ordering::Relaxed);
+        if old & COUNT_MASK >= MAX_REFS {
+            self.word.fetch_sub(1, Ordering::Relaxed);
             panic!("mmobject: reference count overflow (more than {MAX_REFS} handles to one object)");
         }
-        // Keeps no `PENDING`: a handle is held.
-        self.reserve.store(RESERVE_BATCH - 1, Ordering::Relaxed);
+        self.reserve.store(0, Ordering::Relaxed);
     }
 
     /// A drop on the owner thread. With no reservation (the owner never
