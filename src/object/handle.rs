@@ -357,7 +357,11 @@ impl<T> Drop for Handle<T> {
             Counting::Owner => match header.owner_release() {
                 Released::Kept => {}
                 Released::Last => super::last_drops::record(self.shared(), self.local(), &header.word),
-                released => super::last_drops::record_released(self.shared(), self.local(), &header.word, released),
+                released => {
+                    if let Some(check) = released.check(self.local(), self.generation()) {
+                        super::last_drops::record_check(self.shared(), &header.word, check);
+                    }
+                }
             },
             Counting::Remote => self.drop_remote(),
             Counting::Cyclable => self.drop_cyclable(),
@@ -388,10 +392,15 @@ impl<T> Handle<T> {
         // Read before the count goes: after it, only shutdown's accounting
         // keeps the slot's memory (a zero count not yet listed, or a set
         // `CHECK`, counts as held), so nothing but the entry may touch it.
-        let (shared, local, header) = (self.shared(), self.local(), &self.slot().header);
-        let released = header.release_remote();
-        if released != Released::Kept {
-            super::last_drops::record_released(shared, local, &header.word, released);
+        let (shared, local, generation, header) = (self.shared(), self.local(), self.generation(), &self.slot().header);
+        match header.release_remote() {
+            Released::Kept => {}
+            Released::Last => super::last_drops::record(shared, local, &header.word),
+            released => {
+                if let Some(check) = released.check(local, generation) {
+                    super::last_drops::record_check(shared, &header.word, check);
+                }
+            }
         }
     }
 

@@ -29,7 +29,7 @@ use std::ptr::NonNull;
 
 use crate::sync::{fence, AtomicU32, AtomicUsize, Mutex, Ordering, UnsafeCell};
 
-use super::owner_counts::Released;
+use super::owner_counts::Check;
 use super::shared::StoreShared;
 use super::slot::{LINK_FLAG, NIL};
 
@@ -40,16 +40,21 @@ pub(crate) const CAPACITY: usize = 256;
 #[cfg(loom)]
 pub(crate) const CAPACITY: usize = 2;
 
-/// One recorded slot: its store's shared part, its local index, its header
-/// word, and what the drop found: a count of 0 (`dead`), or a check for the
-/// owner's collection to decide (see `owner_counts.rs`; `local` may then
-/// carry [`FLAGGED`]).
+/// One recorded slot: its store's shared part, its header word, and what
+/// the drop found: a count of 0 (its local index), or a check for the
+/// owner's collection to decide (see `owner_counts.rs`).
 #[derive(Clone, Copy)]
 struct Entry {
     shared: NonNull<StoreShared>,
     word: NonNull<AtomicU32>,
-    local: u32,
-    dead: bool,
+    found: Found,
+}
+
+/// What a recorded drop found.
+#[derive(Clone, Copy)]
+enum Found {
+    Dead(u32),
+    Check(Check),
 }
 
 /// One thread's ring of last drops.
@@ -126,17 +131,20 @@ impl LastDrops {
             // write is visible) and at or above `drained`, which only we may
             // move: the cell holds entry `i` and its thread does not touch it.
             let entry = self.entries[i % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() });
-            if !entry.dead {
-                checks.add(entry);
-                continue;
-            }
+            let local = match entry.found {
+                Found::Dead(local) => local,
+                Found::Check(check) => {
+                    checks.add(entry.shared, check);
+                    continue;
+                }
+            };
             chain = Some(match chain {
-                Some(chain) if chain.shared == entry.shared => chain.link(entry),
+                Some(chain) if chain.shared == entry.shared => chain.link(local, entry.word),
                 other => {
                     if let Some(done) = other {
                         done.push();
                     }
-                    Chain::start(entry)
+                    Chain { shared: entry.shared, first: local, last: entry.word }
                 }
             });
         }
@@ -156,17 +164,13 @@ struct Chain {
 }
 
 impl Chain {
-    fn start(entry: Entry) -> Self {
-        Chain { shared: entry.shared, first: entry.local, last: entry.word }
-    }
-
-    /// Puts `entry` in front of the chain.
-    fn link(self, entry: Entry) -> Self {
+    /// Puts the slot `local`, whose header word is `word`, in front of the chain.
+    fn link(self, local: u32, word: NonNull<AtomicU32>) -> Self {
         // SAFETY: the word of a recorded slot stays valid, and only its
         // drainer writes it (`LastDrops` invariants). `Relaxed`: the push's
         // `Release` publishes the link.
-        unsafe { entry.word.as_ref() }.store(LINK_FLAG | self.first, Ordering::Relaxed);
-        Chain { first: entry.local, ..self }
+        unsafe { word.as_ref() }.store(LINK_FLAG | self.first, Ordering::Relaxed);
+        Chain { first: local, ..self }
     }
 
     fn push(self) {
@@ -180,51 +184,46 @@ impl Chain {
 /// (one lock per batch of one store; no allocation in a drain).
 struct Checks {
     shared: Option<NonNull<StoreShared>>,
-    locals: [u32; 64],
+    checks: [Check; 64],
     len: usize,
 }
 
 impl Default for Checks {
     fn default() -> Self {
-        Checks { shared: None, locals: [0; 64], len: 0 }
+        Checks { shared: None, checks: [Check { local: 0, generation: 0 }; 64], len: 0 }
     }
 }
 
 impl Checks {
-    fn add(&mut self, entry: Entry) {
-        if self.shared != Some(entry.shared) || self.len == self.locals.len() {
+    fn add(&mut self, shared: NonNull<StoreShared>, check: Check) {
+        if self.shared != Some(shared) || self.len == self.checks.len() {
             self.flush();
-            self.shared = Some(entry.shared);
+            self.shared = Some(shared);
         }
-        self.locals[self.len] = entry.local;
+        self.checks[self.len] = check;
         self.len += 1;
     }
 
     fn flush(&mut self) {
         if let Some(shared) = self.shared.take() {
             // SAFETY: the store's shared part outlives its entries (`LastDrops` invariants).
-            unsafe { shared.as_ref() }.queue_checks(&self.locals[..self.len]);
+            unsafe { shared.as_ref() }.queue_checks(&self.checks[..self.len]);
             self.len = 0;
         }
     }
 }
 
-/// Queues what a release of the slot `local` found ([`Released::entry`]):
-/// a last drop (see [`record`]), or a check for the owner's next collection
-/// (see `owner_counts.rs`), through the calling thread's ring, or straight
-/// onto the store's queue if the thread has none.
+/// Queues `check` of a slot whose header word is `word` for the owner's
+/// next collection (see `owner_counts.rs`): through the calling thread's
+/// ring, or straight onto the store's queue if the thread has none.
 ///
 /// Out of line: every handle drop inlines the test that leads here.
 #[inline(never)]
-pub(crate) fn record_released(shared: &StoreShared, local: u32, word: &AtomicU32, released: Released) {
-    let Some((local, dead)) = released.entry(local) else { return };
-    if dead {
-        return record(shared, local, word);
-    }
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local, dead: false };
+pub(crate) fn record_check(shared: &StoreShared, word: &AtomicU32, check: Check) {
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Check(check) };
     // SAFETY: the store's shared part outlives a check's entry (see `release_remote`).
     if !unsafe { record_mine(entry) } {
-        shared.queue_checks(&[local]);
+        shared.queue_checks(&[check]);
     }
 }
 
@@ -241,7 +240,7 @@ pub(crate) fn record_released(shared: &StoreShared, local: u32, word: &AtomicU32
 #[inline(never)]
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     fence(Ordering::Acquire);
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), local, dead: true };
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Dead(local) };
     // SAFETY: the caller took the slot's count to zero.
     if !unsafe { record_mine(entry) } {
         shared.push_dead(local, word);

@@ -105,6 +105,30 @@ pub(crate) fn claim(manager_id: u32) {
 /// [`CHECK`]: that check, and only that one, clears the flag.
 pub(crate) const FLAGGED: u32 = 1 << 31;
 
+/// A queued check: the slot's local index (with [`FLAGGED`] if its drop
+/// set `CHECK`) and the generation of the object it is about, so that a
+/// check that arrives after its object was destroyed and the slot reused
+/// decides nothing (nor clears the new object's `CHECK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Check {
+    pub(crate) local: u32,
+    pub(crate) generation: u32,
+}
+
+impl Check {
+    /// The slot's local index, without the flag.
+    #[inline]
+    pub(crate) fn slot(self) -> u32 {
+        self.local & !FLAGGED
+    }
+
+    /// True if the drop that queued this check set `CHECK`.
+    #[inline]
+    pub(crate) fn flagged(self) -> bool {
+        self.local & FLAGGED != 0
+    }
+}
+
 /// What a release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
@@ -121,15 +145,14 @@ pub(crate) enum Released {
 }
 
 impl Released {
-    /// The entry to queue for slot `local`, if any: `Some((index, dead))`,
-    /// where `dead` says the count reached zero.
+    /// The check to queue for the object with `generation` in slot `local`,
+    /// if the release asks for one.
     #[inline]
-    pub(crate) fn entry(self, local: u32) -> Option<(u32, bool)> {
+    pub(crate) fn check(self, local: u32, generation: u32) -> Option<Check> {
         match self {
-            Released::Kept => None,
-            Released::Last => Some((local, true)),
-            Released::Pending => Some((local, false)),
-            Released::Check => Some((local | FLAGGED, false)),
+            Released::Kept | Released::Last => None,
+            Released::Pending => Some(Check { local, generation }),
+            Released::Check => Some(Check { local: local | FLAGGED, generation }),
         }
     }
 }
@@ -278,13 +301,17 @@ impl SlotHeader {
     /// docs for why the test is then exact). The word is read with `Acquire`,
     /// so every other thread's use of the object happens before it is destroyed.
     ///
-    /// A [`FLAGGED`] check clears [`CHECK`]. While `CHECK` is set, the check
-    /// that set it is queued or still on its way (its drop may be racing
-    /// shutdown, and the store's shared part must outlive it): then only
-    /// that check may find the object dead.
-    pub(crate) fn decide_check(&self, flagged: bool) -> bool {
+    /// A check of an object the slot no longer holds (another generation)
+    /// decides nothing. A [`FLAGGED`] check clears [`CHECK`]. While `CHECK`
+    /// is set, the check that set it is queued or still on its way (its drop
+    /// may be racing shutdown, and the store's shared part must outlive it):
+    /// then only that check may find the object dead.
+    pub(crate) fn decide_check(&self, check: Check) -> bool {
+        if self.generation.load(Ordering::Acquire) != check.generation {
+            return false;
+        }
         let mut word = self.word.load(Ordering::Acquire);
-        if !flagged && is_count(word) && word & CHECK != 0 {
+        if !check.flagged() && is_count(word) && word & CHECK != 0 {
             return false;
         }
         // A compare-exchange, never a `fetch_and`: the word may turn into a
@@ -320,5 +347,78 @@ impl SlotHeader {
         self.generation.load(Ordering::Relaxed) & 1 == 1
             && is_count(word)
             && (reserve & PENDING != 0 || word & COUNT_MASK == reserve & RESERVE_COUNT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An occupied header with generation 3, `count` in its word and `reserve` reserved.
+    fn header(count: u32, reserve: u32) -> SlotHeader {
+        let header = SlotHeader::vacant(2);
+        header.generation.store(3, Ordering::Relaxed);
+        header.word.store(count, Ordering::Relaxed);
+        header.reserve.store(reserve, Ordering::Relaxed);
+        header
+    }
+
+    #[test]
+    fn the_owner_counts_through_its_reservation() {
+        let h = header(1, 0);
+        // No reservation: a drop is a plain decrement, and the last is known.
+        assert_eq!(h.owner_release(), Released::Last);
+        let h = header(1, 0);
+        h.owner_clone(); // a batch
+        assert_eq!(
+            (h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)),
+            (1 + RESERVE_BATCH, RESERVE_BATCH - 1)
+        );
+        assert_eq!(h.ref_count(), 2);
+        assert_eq!(h.owner_release(), Released::Kept);
+        assert_eq!(h.owner_release(), Released::Pending, "the word holds only the reservation");
+        assert_eq!(h.ref_count(), 0);
+        assert!(h.reserve.load(Ordering::Relaxed) & PENDING != 0);
+        assert!(h.try_add_ref(3).is_err(), "a pending object is not revived");
+        assert!(h.decide_check(Check { local: 0, generation: 3 }));
+        assert_eq!(h.reserve.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_full_reservation_gives_all_but_a_batch_back() {
+        let h = header(1 + RESERVE_MAX + 1, RESERVE_MAX);
+        assert_eq!(h.owner_release(), Released::Kept);
+        assert_eq!(h.reserve.load(Ordering::Relaxed), RESERVE_BATCH);
+        assert_eq!(h.word.load(Ordering::Relaxed), 1 + RESERVE_BATCH);
+        assert_eq!(h.ref_count(), 1);
+    }
+
+    #[test]
+    fn a_remote_drop_flags_a_check_only_where_the_reservation_could_be_all() {
+        let h = header(RESERVE_MAX + 2, 0);
+        assert_eq!(h.release_remote(), Released::Kept, "more than a reservation can hold is left");
+        assert_eq!(h.release_remote(), Released::Check);
+        assert_eq!(h.word.load(Ordering::Relaxed), CHECK | RESERVE_MAX);
+        assert_eq!(h.release_remote(), Released::Kept, "flagged once");
+        let h = header(1, 0);
+        assert_eq!(h.release_remote(), Released::Last);
+    }
+
+    #[test]
+    fn a_check_decides_only_its_own_object() {
+        let h = header(CHECK | 2, 2);
+        // Another generation: the slot was reused; nothing is decided or cleared.
+        assert!(!h.decide_check(Check { local: FLAGGED, generation: 5 }));
+        assert_eq!(h.word.load(Ordering::Relaxed), CHECK | 2);
+        // An unflagged check leaves a set `CHECK` to the check that set it.
+        assert!(!h.decide_check(Check { local: 0, generation: 3 }));
+        assert_eq!(h.word.load(Ordering::Relaxed), CHECK | 2);
+        // The flagged one clears it and decides: the count is all the reservation.
+        assert!(h.decide_check(Check { local: FLAGGED, generation: 3 }));
+        assert_eq!(h.word.load(Ordering::Relaxed), 2);
+        // A live object stays, and loses a stale `PENDING`.
+        let h = header(3, 2 | PENDING);
+        assert!(!h.decide_check(Check { local: 0, generation: 3 }));
+        assert_eq!(h.reserve.load(Ordering::Relaxed), 2);
     }
 }

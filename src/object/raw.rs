@@ -9,6 +9,7 @@ use crate::{Error, Result};
 
 use super::builder::manager_ids_made;
 use super::manager::fail;
+use super::owner_counts::Released;
 use super::shared::reserve_raw_ref;
 use super::slot::{AddRefError, ReleaseError, SlotHeader};
 use super::store::{ErasedStore, Store};
@@ -99,10 +100,10 @@ impl ObjectManager {
                 drop(raw_refs);
                 #[cfg(feature = "handle-sites")]
                 store.shared().handle_sites.lock().remove_raw(raw.index());
-                match released.entry(local) {
-                    None => {}
-                    Some((_, true)) => shared.release_last(local, &header.word),
-                    Some((check, false)) => shared.queue_checks(&[check]),
+                if released == Released::Last {
+                    shared.release_last(local, &header.word);
+                } else if let Some(check) = released.check(local, raw.generation()) {
+                    shared.queue_checks(&[check]);
                 }
                 Ok(())
             }

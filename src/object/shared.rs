@@ -14,6 +14,7 @@ use crate::sync::{self, fence, AtomicU32, Ordering};
 
 use super::candidates::Candidates;
 use super::layout::{locate, MAX_SEGMENTS};
+use super::owner_counts::Check;
 use super::slot::{LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 
@@ -63,7 +64,7 @@ pub(crate) struct StoreShared {
     /// Local indices of the objects whose last handle may be gone while
     /// the owner thread holds counts on them: checks for the owner's next
     /// collection (see `owner_counts.rs`). An index may appear twice.
-    checks: sync::Mutex<allocator_api2::vec::Vec<u32, StoreAlloc>>,
+    checks: sync::Mutex<allocator_api2::vec::Vec<Check, StoreAlloc>>,
     /// Set once a collection on another thread than the owner left checks
     /// queued, and said so.
     pub(crate) warned_not_owner: std::sync::atomic::AtomicBool,
@@ -148,23 +149,23 @@ impl StoreShared {
     ///
     /// If the store's allocator refuses room, the checks are dropped and an
     /// error is logged: those objects are then reclaimed only at shutdown.
-    pub(crate) fn queue_checks(&self, locals: &[u32]) {
+    pub(crate) fn queue_checks(&self, new: &[Check]) {
         let mut checks = self.checks.lock();
-        if checks.try_reserve(locals.len()).is_err() {
+        if checks.try_reserve(new.len()).is_err() {
             drop(checks);
             log::error!(
                 target: "mmobject",
                 "no memory to queue {} check(s) of released {} objects: they will be reclaimed at shutdown",
-                locals.len(),
+                new.len(),
                 self.type_name
             );
             return;
         }
-        checks.extend_from_slice(locals);
+        checks.extend_from_slice(new);
     }
 
     /// Takes every queued check.
-    pub(crate) fn take_checks(&self) -> allocator_api2::vec::Vec<u32, StoreAlloc> {
+    pub(crate) fn take_checks(&self) -> allocator_api2::vec::Vec<Check, StoreAlloc> {
         let mut checks = self.checks.lock();
         let alloc = checks.allocator().clone();
         std::mem::replace(&mut *checks, allocator_api2::vec::Vec::new_in(alloc))
@@ -172,7 +173,7 @@ impl StoreShared {
 
     /// Puts back checks a collection could not decide (it ran on another
     /// thread than the owner), ahead of any queued since.
-    pub(crate) fn requeue_checks(&self, mut kept: allocator_api2::vec::Vec<u32, StoreAlloc>) {
+    pub(crate) fn requeue_checks(&self, mut kept: allocator_api2::vec::Vec<Check, StoreAlloc>) {
         let mut checks = self.checks.lock();
         if kept.try_reserve(checks.len()).is_ok() {
             kept.extend_from_slice(&checks);
@@ -183,10 +184,10 @@ impl StoreShared {
         }
     }
 
-    /// Calls `f` with every queued check's local index, once each.
+    /// Calls `f` with the local index of every slot a queued check names,
+    /// once each.
     pub(crate) fn for_each_check(&self, mut f: impl FnMut(u32)) {
-        let flagged = super::owner_counts::FLAGGED;
-        let mut locals: std::vec::Vec<u32> = self.checks.lock().iter().map(|&check| check & !flagged).collect();
+        let mut locals: std::vec::Vec<u32> = self.checks.lock().iter().map(|check| check.slot()).collect();
         locals.sort_unstable();
         locals.dedup();
         locals.into_iter().for_each(&mut f);

@@ -30,7 +30,6 @@ use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
-use super::owner_counts::FLAGGED;
 use super::report::TypeReport;
 use super::shared::StoreShared;
 use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
@@ -689,9 +688,9 @@ impl<T: MMObject> Store<T> {
         }
         let mut chain: Option<(u32, &crate::sync::AtomicU32)> = None;
         for &check in checks.iter() {
-            let local = check & !FLAGGED;
+            let local = check.slot();
             let header = &self.slot(local).expect("checked slots live in published segments").header;
-            if header.decide_check(check & FLAGGED != 0) {
+            if header.decide_check(check) {
                 let (first, last) = chain.map_or((NIL, &header.word), |(first, last)| (first, last));
                 header.word.store(LINK_FLAG | first, Ordering::Relaxed);
                 chain = Some((local, last));
