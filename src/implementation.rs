@@ -147,9 +147,14 @@
 //!   the reservation alone, it also sets `CHECK` (unless set) and queues a
 //!   check. The flag goes in the same exchange, since after it the handle
 //!   no longer keeps the store alive.
-//! - Rings carry checks to a per-store queue. Collection on the owner
-//!   decides each: dead if the word's count equals the reservation, and
-//!   then linked onto the dead list and destroyed in the same call. The
+//! - Rings carry checks to a per-store queue; a check names its slot and
+//!   its object's generation (a check that outlives its object decides
+//!   nothing). Collection on the owner decides each: dead if the word's
+//!   count equals the reservation, and then linked onto the dead list and
+//!   destroyed in the same call. Only the check whose drop set `CHECK`
+//!   clears it, and while it is set no other check finds the object dead:
+//!   that check may still be on its way, and shutdown keeps the store's
+//!   memory for it. The
 //!   test is exact under `&mut ObjectManager`: no `upgrade` runs, the owner
 //!   reads its own reservation, and any handle another thread holds came
 //!   from a count already in the word that the owner can see (every drop it
