@@ -4,11 +4,14 @@
 //! `owner_counts.rs`, and stays 16 bytes).
 //!
 //! The first [`FAST`] sites live in a small open-addressed table, where a
-//! site's number is its position: `create` finds it with a hash and, nearly
-//! always, one load of a cached line, and takes no lock; a site not seen
-//! before is claimed with one compare-exchange. Sites past those (a type
-//! created in very many places) are numbered in a locked map. Reports read
-//! the sites back by number.
+//! site's number is its position: `create` finds it by the `Location`'s
+//! address with a hash and, nearly always, one load of a cached line, and
+//! takes no lock. Rust does not promise one address per call site (Miri
+//! makes a new `Location` on every call), so a site whose address is not in
+//! the table is looked for by its contents before it is given a number: a
+//! new one is claimed with one compare-exchange, and sites past those the
+//! table holds (a type created in very many places) are numbered in a
+//! locked map. Reports read the sites back by number.
 
 use std::panic::Location;
 use std::ptr;
@@ -36,16 +39,23 @@ const MAX_PROBES: usize = 8;
 /// - Each entry of `fast` is null or a `&'static Location`, set once (null
 ///   to the site) and never changed again; its number is its position.
 /// - `more` numbers other sites from [`FAST`] up: `more.1[n - FAST]` is the
-///   site numbered `n`, and `more.0` maps each site's address to its number.
-///   A site is numbered once: in `fast` or in `more`, never both... except
-///   that a site `more` numbered may later also find a fast entry free,
-///   which only gives it a second number (reports show the same site).
+///   site numbered `n`, and `more.0` maps each site's contents (file, line,
+///   column) to its number.
+/// - Two numbers may name equal sites (two threads numbering copies of one
+///   site at once): reports show the same `file:line` for both.
 pub(crate) struct CreationSites {
     fast: Vec<AtomicPtr<Location<'static>>, StoreAlloc>,
     more: Mutex<More>,
 }
 
-type More = (HashMap<usize, u32, DefaultHashBuilder, StoreAlloc>, Vec<&'static Location<'static>, StoreAlloc>);
+type More = (HashMap<SiteKey, u32, DefaultHashBuilder, StoreAlloc>, Vec<&'static Location<'static>, StoreAlloc>);
+
+/// A site's contents, as the locked map keys it.
+type SiteKey = (&'static str, u32, u32);
+
+fn key(site: &'static Location<'static>) -> SiteKey {
+    (site.file(), site.line(), site.column())
+}
 
 impl CreationSites {
     /// An empty table, in `alloc`.
@@ -71,33 +81,46 @@ impl CreationSites {
         let wanted = ptr::from_ref(site).cast_mut();
         let mut at = home(wanted);
         for _ in 0..MAX_PROBES {
-            let entry = &self.fast[at];
-            let mut seen = entry.load(Ordering::Acquire);
-            if seen.is_null() {
-                seen = match entry.compare_exchange(ptr::null_mut(), wanted, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Some(at as u32),
-                    Err(actual) => actual,
-                };
-            }
+            let seen = self.fast[at].load(Ordering::Acquire);
             if seen == wanted {
                 return Some(at as u32);
             }
+            if seen.is_null() {
+                return self.number_slowly(site, Some(at));
+            }
             at = (at + 1) % FAST;
         }
-        self.number_slowly(site)
+        self.number_slowly(site, None)
     }
 
+    /// A site whose address is not in the table: an equal site's number if
+    /// one has one, else a new number (the table's free entry `free`, if the
+    /// search found one, else one from the locked map).
     #[cold]
-    fn number_slowly(&self, site: &'static Location<'static>) -> Option<u32> {
+    fn number_slowly(&self, site: &'static Location<'static>, free: Option<usize>) -> Option<u32> {
+        if let Some(number) = self.fast.iter().position(|entry| {
+            let seen = entry.load(Ordering::Acquire);
+            // SAFETY: a non-null entry is a `&'static Location` (type invariant).
+            !seen.is_null() && unsafe { *seen == *site }
+        }) {
+            return Some(number as u32);
+        }
         let mut more = self.more.lock();
         let (numbers, sites) = &mut *more;
-        if let Some(&number) = numbers.get(&ptr::from_ref(site).addr()) {
+        if let Some(&number) = numbers.get(&key(site)) {
             return Some(number);
+        }
+        if let Some(at) = free {
+            let wanted = ptr::from_ref(site).cast_mut();
+            let claimed = self.fast[at].compare_exchange(ptr::null_mut(), wanted, Ordering::AcqRel, Ordering::Acquire);
+            if claimed.is_ok() {
+                return Some(at as u32);
+            }
         }
         numbers.try_reserve(1).ok()?;
         sites.try_reserve(1).ok()?;
         let number = (FAST + sites.len()) as u32;
-        numbers.insert(ptr::from_ref(site).addr(), number);
+        numbers.insert(key(site), number);
         sites.push(site);
         Some(number)
     }
@@ -152,24 +175,111 @@ mod tests {
     }
 
     #[test]
-    fn sites_past_the_fast_table_are_numbered_too() {
-        // Copies of one site at distinct addresses: sites are numbered by address.
-        let storage: std::vec::Vec<Location<'static>> = (0..3 * FAST).map(|_| *here()).collect();
+    fn copies_of_a_site_share_its_number() {
+        // Copies of one site at distinct addresses, as Miri makes on every call.
+        let storage: std::vec::Vec<Location<'static>> = (0..3).map(|_| *here()).collect();
         let sites = CreationSites::new(StoreAlloc::default_segments(), "T").unwrap();
-        let numbered = |i: usize| {
-            // SAFETY: `storage` is declared before `sites`, so it outlives every use of the table.
-            let site: &'static Location<'static> = unsafe { &*ptr::from_ref(&storage[i]) };
-            (site, sites.number(site).unwrap())
-        };
-        let numbers: std::vec::Vec<_> = (0..storage.len()).map(numbered).collect();
-        let mut distinct: std::vec::Vec<u32> = numbers.iter().map(|&(_, n)| n).collect();
+        // SAFETY: `storage` is declared before `sites`, so it outlives every use of the table.
+        let numbers: std::vec::Vec<u32> =
+            storage.iter().map(|site| sites.number(unsafe { &*ptr::from_ref(site) }).unwrap()).collect();
+        assert_eq!(numbers, [numbers[0]; 3]);
+    }
+
+    #[test]
+    fn sites_past_the_fast_table_are_numbered_too() {
+        // 80 call sites (each its own column), more than the fast table holds.
+        let many = [
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+            here(),
+        ];
+        let sites = CreationSites::new(StoreAlloc::default_segments(), "T").unwrap();
+        let numbers: std::vec::Vec<u32> = many.iter().map(|site| sites.number(site).unwrap()).collect();
+        let mut distinct = numbers.clone();
         distinct.sort_unstable();
         distinct.dedup();
-        assert_eq!(distinct.len(), storage.len(), "one number per site");
+        assert_eq!(distinct.len(), many.len(), "one number per site");
         assert!(distinct.last().is_some_and(|&n| n as usize >= FAST), "some past the fast table");
-        for (i, &(site, number)) in numbers.iter().enumerate() {
-            assert_eq!(numbered(i).1, number, "a site keeps its number");
-            assert_eq!(sites.site(number).map(ptr::from_ref), Some(ptr::from_ref(site)));
+        for (site, &number) in many.iter().zip(&numbers) {
+            assert_eq!(sites.number(site), Some(number), "a site keeps its number");
+            assert_eq!(sites.site(number), Some(*site));
         }
     }
 }
