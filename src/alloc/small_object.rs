@@ -497,7 +497,7 @@ impl SmallObjectAllocator {
                 // counts: it calls nothing that could reach the thread cache again.
                 let fast = unsafe {
                     thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
-                        lanes.take_active(&cache.classes[i], &cache.counts.0[i])
+                        lanes.take_active(&mut cache.classes[i], &cache.counts.0[i])
                     })
                 };
                 return match fast {
