@@ -404,7 +404,8 @@ impl Lanes {
     /// Clears slot `slot`'s bit (its word's writer only), or `Err` if it is clear.
     #[inline(always)]
     fn clear(&self, slot: usize, fill: impl FnOnce()) -> Result<(), ()> {
-        let (w, bit) = (slot / 64, slot % 64);
+        // The shift takes the slot's low six bits, as `slot % 64` would.
+        let (w, bit) = (slot / 64, 1u64.wrapping_shl(slot as u32));
         // One bounds check for the load and the store; the partial last word takes the
         // out-of-line path.
         let cell = self.bits.words.get(w);
@@ -412,11 +413,11 @@ impl Lanes {
             Some(cell) => cell.load(Ordering::Relaxed),
             None => self.bits.load_tail(),
         };
-        if word >> bit & 1 == 0 {
+        if word & bit == 0 {
             return Err(());
         }
         fill();
-        let word = word & !(1 << bit);
+        let word = word ^ bit;
         match cell {
             Some(cell) => cell.store(word, Ordering::Relaxed),
             None => self.bits.store_tail(word),

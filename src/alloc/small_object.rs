@@ -219,12 +219,14 @@ impl Shared {
 struct ThreadCounts([LaneCounts; 7]);
 
 /// One thread's cache for one [`SmallObjectAllocator`]: the lanes it owns in each class.
-/// Dropping it (when the thread exits) gives them back.
+/// Dropping it (when the thread exits) gives them back. `repr(C)` keeps the fast paths'
+/// fields first.
+#[repr(C)]
 pub(crate) struct SmallCache {
+    classes: [LaneCache; 7],
+    counts: Arc<ThreadCounts>,
     id: u64,
     shared: Weak<Shared>,
-    counts: Arc<ThreadCounts>,
-    classes: [LaneCache; 7],
 }
 
 impl CacheEntry for SmallCache {
