@@ -70,6 +70,8 @@ impl Bitmap {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn load_tail(&self) -> u64 {
         self.tail.iter().enumerate().fold(u64::MAX, |word, (i, byte)| {
             word & !(0xFF << (8 * i)) | u64::from(byte.load(Ordering::Relaxed)) << (8 * i)
@@ -81,11 +83,16 @@ impl Bitmap {
     fn store(&self, w: usize, value: u64) {
         match self.words.get(w) {
             Some(word) => word.store(value, Ordering::Relaxed),
-            None => {
-                for (i, byte) in self.tail.iter().enumerate() {
-                    byte.store((value >> (8 * i)) as u8, Ordering::Relaxed);
-                }
-            }
+            None => self.store_tail(value),
+        }
+    }
+
+    /// Stores the partial last word (its one writer only); bits past the tail are dropped.
+    #[cold]
+    #[inline(never)]
+    fn store_tail(&self, value: u64) {
+        for (i, byte) in self.tail.iter().enumerate() {
+            byte.store((value >> (8 * i)) as u8, Ordering::Relaxed);
         }
     }
 
@@ -298,18 +305,68 @@ impl Lanes {
         first..(first + (1 << self.lane_shift)).min(self.bits.len())
     }
 
-    /// The owner's fast path: takes the lowest free slot of the active word, unless its
-    /// lane has queued frees (they are applied first, by [`refill`](Self::refill): a queued
-    /// free of a slot that is free already is a raced double free, and must be seen before
-    /// the slot is handed out again).
+    /// The owner's fast path: takes the lowest free slot of the active word (or, when it is
+    /// full, of the next word of this thread's lanes with one), unless its lane has queued
+    /// frees (they are applied first, by [`refill`](Self::refill): a queued free of a slot
+    /// that is free already is a raced double free, and must be seen before the slot is
+    /// handed out again).
     #[inline(always)]
-    pub(crate) fn take_active(&self, cache: &LaneCache, counts: &LaneCounts) -> Option<usize> {
+    pub(crate) fn take_active(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
         if self.pending.load(Ordering::Relaxed) & cache.active_lane != 0 {
             return None;
         }
         let w = cache.active as usize;
-        // Invariant 2: `w` is in a lane this thread owns, so this thread is its one writer;
-        // `NO_WORD` is past the end and reads as full.
+        // Invariant 2: `w` is in a lane this thread owns, so this thread is its one writer.
+        // One bounds check for the load and the store; the partial last word and `NO_WORD`
+        // (past the end, read as full) take the general path.
+        let Some(cell) = self.bits.words.get(w) else { return self.take_in(w, counts) };
+        let word = cell.load(Ordering::Relaxed);
+        if word == u64::MAX {
+            return self.take_next(cache, counts);
+        }
+        let bit = (!word).trailing_zeros();
+        cell.store(word | 1 << bit, Ordering::Relaxed);
+        counts.take();
+        Some(w * 64 + bit as usize)
+    }
+
+    /// [`take_active`](Self::take_active) with the active word full: makes the next word of
+    /// this thread's lanes with a free slot the active one and takes its lowest, with no lock.
+    /// `None` (take [`refill`](Self::refill)) if the thread's lanes have queued frees or no
+    /// free slot.
+    #[cold]
+    #[inline(never)]
+    fn take_next(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+        if self.pending.load(Ordering::Relaxed) & cache.mine != 0 {
+            return None;
+        }
+        self.next_own_word(cache, counts)?;
+        self.take_active(cache, counts)
+    }
+
+    /// Makes the next word after the active one, in this thread's lanes, that has a free slot
+    /// the active one, or `None` if there is none.
+    fn next_own_word(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<()> {
+        if cache.mine == 0 {
+            return None;
+        }
+        let words = self.bits.len();
+        let start = if cache.active == NO_WORD { 0 } else { cache.active as usize + 1 };
+        let start = start.min(words);
+        let w = (start..words)
+            .chain(0..start)
+            .find(|&w| cache.mine & self.lane_bit(w) != 0 && self.bits.load(w) != u64::MAX)?;
+        cache.active = w as u32;
+        cache.active_lane = self.lane_bit(w);
+        counts.refilled();
+        Some(())
+    }
+
+    /// [`take_active`](Self::take_active) for a word that is not a whole one: the partial
+    /// last word, or `NO_WORD`.
+    #[cold]
+    #[inline(never)]
+    fn take_in(&self, w: usize, counts: &LaneCounts) -> Option<usize> {
         let word = self.bits.load(w);
         if word == u64::MAX {
             return None;
@@ -331,10 +388,10 @@ impl Lanes {
         slot: usize,
         fill: impl FnOnce(),
     ) -> Option<Result<(), ()>> {
-        let lane = self.lane_bit(slot / 64);
-        // A queued free that happened before this call set `pending` before it (invariant 3),
-        // so a relaxed load sees it.
-        if cache.mine & lane == 0 || self.pending.load(Ordering::Relaxed) & lane != 0 {
+        // This thread's lane, with no queued frees. A queued free that happened before this
+        // call set `pending` before it (invariant 3), so a relaxed load sees it.
+        let lane = (slot / 64) >> self.lane_shift;
+        if (cache.mine & !self.pending.load(Ordering::Relaxed)) >> lane & 1 == 0 {
             return None;
         }
         let freed = self.clear(slot, fill);
@@ -347,13 +404,24 @@ impl Lanes {
     /// Clears slot `slot`'s bit (its word's writer only), or `Err` if it is clear.
     #[inline(always)]
     fn clear(&self, slot: usize, fill: impl FnOnce()) -> Result<(), ()> {
-        let (w, bit) = (slot / 64, 1u64 << (slot % 64));
-        let word = self.bits.load(w);
+        // The shift takes the slot's low six bits, as `slot % 64` would.
+        let (w, bit) = (slot / 64, 1u64.wrapping_shl(slot as u32));
+        // One bounds check for the load and the store; the partial last word takes the
+        // out-of-line path.
+        let cell = self.bits.words.get(w);
+        let word = match cell {
+            Some(cell) => cell.load(Ordering::Relaxed),
+            None => self.bits.load_tail(),
+        };
         if word & bit == 0 {
             return Err(());
         }
         fill();
-        self.bits.store(w, word & !bit);
+        let word = word ^ bit;
+        match cell {
+            Some(cell) => cell.store(word, Ordering::Relaxed),
+            None => self.bits.store_tail(word),
+        }
         Ok(())
     }
 
@@ -368,18 +436,8 @@ impl Lanes {
             let mut shared = self.lock();
             raced = self.apply_queued(&mut shared, cache.mine, counts);
         }
-        if cache.mine != 0 {
-            let words = self.bits.len();
-            let start = if cache.active == NO_WORD { 0 } else { cache.active as usize + 1 };
-            for n in 0..words {
-                let w = (start + n) % words;
-                if cache.mine & self.lane_bit(w) != 0 && self.bits.load(w) != u64::MAX {
-                    cache.active = w as u32;
-                    cache.active_lane = self.lane_bit(w);
-                    counts.refilled();
-                    return (self.take_active(cache, counts), raced);
-                }
-            }
+        if self.next_own_word(cache, counts).is_some() {
+            return (self.take_active(cache, counts), raced);
         }
         let mut shared = self.lock();
         let owned = self.owned.load(Ordering::Relaxed);
@@ -577,9 +635,9 @@ mod tests {
     fn owner_queue_and_unowned_frees() {
         let lanes = Lanes::new(130); // 3 words, one lane each
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
-        assert_eq!(lanes.take_active(&mine, &counts), None, "no lane yet");
+        assert_eq!(lanes.take_active(&mut mine, &counts), None, "no lane yet");
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(0));
-        assert_eq!(lanes.take_active(&mine, &counts), Some(1));
+        assert_eq!(lanes.take_active(&mut mine, &counts), Some(1));
         assert_eq!(lanes.free_owned(&mine, &counts, 0, || {}), Some(Ok(())));
         assert_eq!(lanes.free_owned(&mine, &counts, 0, || {}), Some(Err(())), "double free");
         // Another thread frees slot 1: queued, since this thread owns the lane.
@@ -607,7 +665,7 @@ mod tests {
         assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
         assert_eq!(lanes.clear(slot, || {}), Ok(()));
         counts.sub_held(1);
-        assert_eq!(lanes.take_active(&mine, &counts), None, "queued frees are applied first");
+        assert_eq!(lanes.take_active(&mut mine, &counts), None, "queued frees are applied first");
         let (again, raced) = lanes.refill(&mut mine, &counts);
         assert_eq!((again, raced), (Some(slot), vec![slot]), "found, dropped, and the slot is free once");
     }

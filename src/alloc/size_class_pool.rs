@@ -47,6 +47,13 @@ const NO_CLASS: u8 = u8::MAX;
 const GRANULE_SHIFT: u32 = 9;
 const GRANULE: usize = 1 << GRANULE_SHIFT;
 
+/// Does nothing; calling it marks a branch as the unlikely one, so the compiler lays out the
+/// other as the straight path (an owner's free, in [`SizeClassPool::try_free`]) while the
+/// remote free stays inline.
+#[cold]
+#[inline(never)]
+fn remote_path() {}
+
 /// One size class: `count` blocks of `block_size` bytes at `start` in the region, in pages
 /// of `1 << page_shift` blocks (the last page may hold fewer).
 struct Class {
@@ -623,6 +630,7 @@ impl SizeClassPool {
                 unsafe { region::fill_freed(self.region.at(offset), 1 << page.shift()) }
             })
         } else {
+            remote_path();
             page.free_remote(bit)
         };
         freed.map_err(|()| Error::DoubleFree { addr })
@@ -674,15 +682,27 @@ impl SizeClassPool {
         let Some(page) = page else { return Err(Error::ForeignPointer { addr }) };
         // Pages start on granules, so `offset >= start` and this does not wrap.
         let rel = offset - page.start();
-        let bit = rel >> page.shift();
+        // The block index if `rel` is a block's start; otherwise the rotation moves the low
+        // bits to the top, and the index is far above any block count. One compare checks
+        // both "a block's start" and "before the page's end".
+        let bit = rel.rotate_right(page.shift());
         if bit >= page.blocks() as usize {
-            return Err(Error::ForeignPointer { addr }); // the padding after a class's end
-        }
-        let block_rel = bit << page.shift();
-        if block_rel != rel {
-            return Err(Error::NotBlockStart { addr, block_start: addr - (rel - block_rel) });
+            return Err(Self::not_a_block(addr, rel, page));
         }
         Ok((page, offset, bit as u32))
+    }
+
+    /// The error for a free at `rel` bytes into `page` that is no block's start: inside a
+    /// block, or in the padding after a class's end.
+    #[cold]
+    #[inline(never)]
+    fn not_a_block(addr: usize, rel: usize, page: &Page) -> Error {
+        let bit = rel >> page.shift();
+        if bit >= page.blocks() as usize {
+            Error::ForeignPointer { addr }
+        } else {
+            Error::NotBlockStart { addr, block_start: addr - (rel - (bit << page.shift())) }
+        }
     }
 
     /// Whether `ptr` lies inside the pool's region.
@@ -913,7 +933,11 @@ mod tests {
         assert_eq!(pool.capacity(), 40);
         let a = pool.alloc(Layout::new::<u64>());
         let base = a.as_ptr() as usize - GRANULE;
-        for addr in [base + 16, base + GRANULE - 8, a.as_ptr() as usize + 24, a.as_ptr() as usize + 32] {
+        // Unaligned ones too: the one-compare check must not take them for blocks.
+        let a_addr = a.as_ptr() as usize;
+        for addr in
+            [base + 16, base + 17, base + GRANULE - 8, base + GRANULE - 1, a_addr + 24, a_addr + 25, a_addr + 32]
+        {
             let p = NonNull::new(addr as *mut u8).unwrap();
             // SAFETY: not blocks of the pool: refused before memory is touched.
             assert_eq!(unsafe { pool.try_free(p) }, Err(Error::ForeignPointer { addr }));

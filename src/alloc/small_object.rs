@@ -23,6 +23,10 @@ pub const SMALL_OBJECT_CLASSES: [usize; 7] = [8, 16, 32, 48, 64, 96, 128];
 /// the lowest set bit of `s` (8, 16, 32, 16, 64, 32, 128).
 const CLASS_ALIGN: usize = 128;
 
+/// The most granules the region is cut into. Each class starts on a granule, so one byte
+/// per granule (a 64-byte table) names the class of an address with one shift and one load.
+const GRANULES: usize = 64;
+
 /// The default region size.
 const DEFAULT_REGION: usize = 2 << 20;
 
@@ -116,6 +120,37 @@ pub struct SizeHistogram {
     pub larger: u64,
 }
 
+/// A class index, `0..7`, as a type: the compiler then knows its range and indexes the
+/// per-class arrays with it without a bounds check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum ClassIndex {
+    I0,
+    I1,
+    I2,
+    I3,
+    I4,
+    I5,
+    I6,
+}
+
+impl ClassIndex {
+    const ALL: [ClassIndex; 7] = [
+        ClassIndex::I0,
+        ClassIndex::I1,
+        ClassIndex::I2,
+        ClassIndex::I3,
+        ClassIndex::I4,
+        ClassIndex::I5,
+        ClassIndex::I6,
+    ];
+
+    #[inline(always)]
+    fn get(self) -> usize {
+        self as usize
+    }
+}
+
 /// What one class costs: its slots and its bitmap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClassFootprint {
@@ -136,14 +171,18 @@ impl ClassFootprint {
     }
 }
 
-/// One class: `slots` slots of `slot_size` bytes at `start..end` in the region.
+/// One class: `slots` slots of `slot_size` bytes at `start..end` in the region. `start` is a
+/// multiple of the granule, and the padding after `end` stops at the next class's `start`.
 struct SmallClass {
     slot_size: usize,
     /// The alignment every slot has.
     align: usize,
     start: usize,
     end: usize,
-    slots: usize,
+    slots: u64,
+    /// [`INVERSE`] of the class, kept here so the free reads one record.
+    inverse: u64,
+    shift: u32,
 }
 
 /// What the allocator shares with the thread caches (which hold it as a `Weak`), so that a
@@ -180,12 +219,14 @@ impl Shared {
 struct ThreadCounts([LaneCounts; 7]);
 
 /// One thread's cache for one [`SmallObjectAllocator`]: the lanes it owns in each class.
-/// Dropping it (when the thread exits) gives them back.
+/// Dropping it (when the thread exits) gives them back. `repr(C)` keeps the fast paths'
+/// fields first.
+#[repr(C)]
 pub(crate) struct SmallCache {
+    classes: [LaneCache; 7],
+    counts: Arc<ThreadCounts>,
     id: u64,
     shared: Weak<Shared>,
-    counts: Arc<ThreadCounts>,
-    classes: [LaneCache; 7],
 }
 
 impl CacheEntry for SmallCache {
@@ -238,23 +279,31 @@ struct Fallbacks {
     peak_by_class: [u64; 7],
 }
 
-/// `(shift, multiplier)` per class: `rel / slot_size == ((rel >> shift) × multiplier) >> 64`.
-/// A power of two `2^k` is `(x × 2^63) >> 64` after a shift by `k − 1`; 48 and 96 are 16 × 3
-/// and 32 × 3, and `x / 3 == (x × ceil(2^64 / 3)) >> 64` for every `x < 2^63` (the rounding
-/// error, `2x / 3` over `2^64`, stays below `1 / 3`). Offsets into a class are below `2^39`
-/// (fewer than `2^32` slots of at most 128 bytes).
-const DIVIDE: [(u32, u64); 7] = {
-    const HALF: u64 = 1 << 63;
-    const THIRD: u64 = 0x5555_5555_5555_5556; // ceil(2^64 / 3)
-    [(2, HALF), (3, HALF), (4, HALF), (4, THIRD), (5, HALF), (5, THIRD), (6, HALF)]
+/// `(inverse, shift)` per class, to turn an offset into a class into a slot index and check it
+/// in one step. A slot size is `odd << shift` with `odd` 1 or 3, and `inverse` is `odd`'s
+/// inverse modulo `2^64`. Then `slot_of(i, rel) = (rel × inverse mod 2^64).rotate_right(shift)`:
+/// - if `rel = q × size`, then `rel × inverse ≡ q << shift`, which is exact (it is `rel / odd`)
+///   and has its low `shift` bits clear, so the rotation gives `q`;
+/// - multiplying by an odd number and rotating are both bijections of `u64`, and the multiples
+///   `q × size` already map onto every `q` up to `u64::MAX / size`, so every other `rel` maps
+///   above that, and so above any slot count (classes have fewer than `2^32` slots).
+///
+/// So `slot_of(i, rel) < slots` holds exactly when `rel` is the start of one of the class's
+/// slots: one multiplication, one rotation and one compare cover the division, the
+/// "inside a slot" check and the "past the class's last slot" check.
+const INVERSE: [(u64, u32); 7] = {
+    const ONE: u64 = 1;
+    const THIRD: u64 = 0xAAAA_AAAA_AAAA_AAAB; // 3 × THIRD ≡ 1 (mod 2^64)
+    [(ONE, 3), (ONE, 4), (ONE, 5), (THIRD, 4), (ONE, 6), (THIRD, 5), (ONE, 7)]
 };
 
-/// The slot of class `i` that `rel` bytes into the class fall in: `rel / slot_size` with one
-/// multiplication, no division and no branch on the class.
-#[inline(always)]
-fn slot_index(i: usize, rel: usize) -> usize {
-    let (shift, multiplier) = DIVIDE[i];
-    ((((rel >> shift) as u128) * multiplier as u128) >> 64) as usize
+impl SmallClass {
+    /// See [`INVERSE`]: `rel / slot_size` if `rel` is a multiple of the slot size, or a
+    /// number above `u64::MAX / slot_size` if it is not.
+    #[inline(always)]
+    fn slot_of(&self, rel: usize) -> u64 {
+        (rel as u64).wrapping_mul(self.inverse).rotate_right(self.shift)
+    }
 }
 
 /// A small-object allocator: one region of 8/16/32/48/64/96/128-byte slots, one bit per slot,
@@ -268,7 +317,10 @@ fn slot_index(i: usize, rel: usize) -> usize {
 ///   aligned than any class, the system allocator serves it and it counts as a *fallback*.
 ///   Fallback blocks are kept in a small side table (address → layout) so they are
 ///   recognised and freed correctly.
-/// - **Free**: an address inside the region reveals its class and slot. In a lane the
+/// - **Free**: an address inside the region reveals its class and slot: classes start on
+///   *granules* (the region is cut into at most 64), so a 64-byte table gives the class with
+///   one shift and one load, and one multiplication by the inverse of the slot size gives
+///   the slot and rejects an address inside a slot or past the class's last. In a lane the
 ///   freeing thread owns, clearing the bit frees the slot (a plain store). Otherwise the free
 ///   takes the class's lock and either clears the bit (nobody owns the lane) or queues the
 ///   slot for the lane's owner, which applies it when it next needs a slot or frees in that
@@ -291,8 +343,13 @@ fn slot_index(i: usize, rel: usize) -> usize {
 ///   8 bytes cost 8,000 + 125 = 8,125 bytes. Lanes have no metadata of their own. Beside
 ///   that, a fixed part per class (its lock, two lane masks, the queue of frees waiting for
 ///   an owner) and, per thread that uses the allocator, a few words per class in its
-///   thread-local cache and in its counts. Classes start on 128-byte boundaries, so up to
-///   127 bytes of padding can follow a class.
+///   thread-local cache and in its counts. Classes start on granules (of 128 bytes, or of
+///   the smallest power of two that cuts the classes into at most 64), so padding can follow
+///   a class up to the next granule: address space the allocator never reads or writes
+///   (debug builds fill it once), and not in [`capacity`](Self::capacity). It is under
+///   6 × 128 bytes with 128-byte granules, and under 21 % of the slot bytes with larger
+///   ones (those are used only when the classes need more than 64 granules of half the
+///   size); none follows the last class.
 /// - **Sizing**: the allocator records a [`SizeHistogram`];
 ///   [`SmallObjectConfig::from_histogram`] turns a recorded run into slot counts.
 /// - **Debug builds** fill freed slots with `0xDD` and check the fill on allocation.
@@ -330,7 +387,11 @@ pub struct SmallObjectAllocator {
     /// Keys this allocator's thread caches; never repeats.
     id: u64,
     /// `route[size]` for `size <= 128`: the first class whose slots are at least `size` bytes.
-    route: [u8; 129],
+    route: [ClassIndex; 129],
+    /// Granules are `1 << granule_shift` bytes (at least [`CLASS_ALIGN`]).
+    granule_shift: u32,
+    /// The class of each granule of the region (the entries past the region are never read).
+    granule_class: [ClassIndex; GRANULES],
     fallbacks: Mutex<Fallbacks>,
 }
 
@@ -341,25 +402,49 @@ impl SmallObjectAllocator {
     ///
     /// Panics if the total overflows `isize`, or if a class has `2^32` slots or more.
     pub fn new(config: SmallObjectConfig) -> SmallObjectAllocator {
+        let bytes: [usize; 7] = std::array::from_fn(|i| {
+            config.slots[i]
+                .checked_mul(SMALL_OBJECT_CLASSES[i])
+                .filter(|&b| b < isize::MAX as usize / 4)
+                .expect("small object region too large")
+        });
+        // The smallest granule (from 128 bytes) that cuts the classes into at most `GRANULES`
+        // granules. Padding follows each class but the last, up to the next granule: under
+        // six granules in all. A granule over 128 bytes is chosen only when the classes need
+        // more than 64 granules of half its size, so more than 29 of its own (each class
+        // rounds up by less than one): the padding is then under 6/29 of the slot bytes.
+        let granules = |shift: u32| bytes.iter().map(|&b| b.div_ceil(1 << shift)).sum::<usize>();
+        let mut granule_shift = CLASS_ALIGN.trailing_zeros();
+        while granules(granule_shift) > GRANULES {
+            granule_shift += 1;
+        }
         let mut offset = 0usize;
+        let mut granule_class = [ClassIndex::I6; GRANULES];
         let classes: [SmallClass; 7] = std::array::from_fn(|i| {
             let slot_size = SMALL_OBJECT_CLASSES[i];
-            let slots = config.slots[i];
-            let start = if slots == 0 { offset } else { region::align_up(offset, CLASS_ALIGN) };
-            let end = slots
-                .checked_mul(slot_size)
-                .and_then(|b| b.checked_add(start))
-                .filter(|&e| e < isize::MAX as usize / 2)
-                .expect("small object region too large");
-            offset = end;
-            SmallClass { slot_size, align: 1 << slot_size.trailing_zeros(), start, end, slots }
+            let (start, end) = (offset, offset + bytes[i]);
+            let first = start >> granule_shift;
+            offset = region::align_up(end, 1 << granule_shift);
+            granule_class[first..offset >> granule_shift].fill(ClassIndex::ALL[i]);
+            let (inverse, shift) = INVERSE[i];
+            SmallClass {
+                slot_size,
+                align: 1 << slot_size.trailing_zeros(),
+                start,
+                end,
+                slots: config.slots[i] as u64,
+                inverse,
+                shift,
+            }
         });
+        // No padding after the last class: the region ends with its last slot.
+        let offset = classes.iter().filter(|c| c.slots > 0).map(|c| c.end).max().unwrap_or(0);
         let route = std::array::from_fn(|size| {
-            SMALL_OBJECT_CLASSES.iter().position(|&s| s >= size).expect("size <= 128") as u8
+            ClassIndex::ALL[SMALL_OBJECT_CLASSES.iter().position(|&s| s >= size).expect("size <= 128")]
         });
         let region = Region::new(offset);
         let shared = Arc::new(Shared {
-            lanes: std::array::from_fn(|i| Lanes::new(classes[i].slots)),
+            lanes: std::array::from_fn(|i| Lanes::new(config.slots[i])),
             threads: Mutex::new(Vec::new()),
             counters: SharedCounters::default(),
             slot_addr: std::array::from_fn(|i| (region.addr() + classes[i].start, classes[i].slot_size)),
@@ -370,13 +455,16 @@ impl SmallObjectAllocator {
             shared,
             id: thread_cache::next_allocator_id(),
             route,
+            granule_shift,
+            granule_class,
             fallbacks: Mutex::new(Fallbacks::default()),
         }
     }
 
-    /// The region's size: all slots plus padding between classes.
+    /// Bytes of slots, over all classes (the region also holds the padding after each class
+    /// up to the next granule, which is never handed out).
     pub fn capacity(&self) -> usize {
-        self.region.len()
+        self.classes.iter().map(|c| c.end - c.start).sum()
     }
 
     /// Allocates a block for `layout`.
@@ -402,18 +490,16 @@ impl SmallObjectAllocator {
     pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
         let (size, align) = (layout.size(), layout.align());
         if size <= 128 {
-            let mut i = self.route[size] as usize;
             // Every slot is 8-aligned: only a larger alignment can need a larger class.
-            while align > 8 && i < 7 && self.classes[i].align < align {
-                i += 1;
-            }
-            if i < 7 {
+            let class = if align <= 8 { Some(self.route[size]) } else { self.route_aligned(size, align) };
+            if let Some(class) = class {
+                let i = class.get();
                 let lanes = &self.shared.lanes[i];
                 // SAFETY: the closure only reads and writes bitmap words and this thread's
                 // counts: it calls nothing that could reach the thread cache again.
                 let fast = unsafe {
                     thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
-                        lanes.take_active(&cache.classes[i], &cache.counts.0[i])
+                        lanes.take_active(&mut cache.classes[i], &cache.counts.0[i])
                     })
                 };
                 return match fast {
@@ -423,6 +509,13 @@ impl SmallObjectAllocator {
             }
         }
         self.fallback(layout, None)
+    }
+
+    /// The first class for `size` whose slots are aligned to `align` (over 8), if any.
+    #[cold]
+    #[inline(never)]
+    fn route_aligned(&self, size: usize, align: usize) -> Option<ClassIndex> {
+        ClassIndex::ALL[self.route[size].get()..].iter().copied().find(|c| self.classes[c.get()].align >= align)
     }
 
     /// The rest of [`try_alloc`](Self::try_alloc) for class `i`: another word or lane for
@@ -550,7 +643,7 @@ impl SmallObjectAllocator {
     ///     assert_eq!(small.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
     /// }
     /// ```
-    #[inline]
+    #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         if !self.region.contains(addr) {
@@ -558,48 +651,63 @@ impl SmallObjectAllocator {
             return unsafe { self.free_fallback(ptr) };
         }
         let offset = addr - self.region.addr();
-        // Starts ascend with the class (an empty class starts where the previous one ends),
-        // so the class is the number of later starts at or below `offset`: no branch.
-        let i = self.classes[1..].iter().map(|c| usize::from(c.start <= offset)).sum::<usize>();
+        // The region is at most `GRANULES` granules long, so the mask changes nothing.
+        let i = self.granule_class[(offset >> self.granule_shift) & (GRANULES - 1)].get();
         let class = &self.classes[i];
-        if offset >= class.end {
-            return Err(Error::ForeignPointer { addr }); // padding between classes
-        }
+        // A granule's class starts at or before it.
         let rel = offset - class.start;
-        let slot = slot_index(i, rel);
-        if rel != slot * class.slot_size {
-            return Err(Error::NotBlockStart { addr, block_start: addr - (rel - slot * class.slot_size) });
+        let slot = class.slot_of(rel);
+        if slot >= class.slots {
+            return Err(self.not_a_slot(addr, i, rel));
         }
-        let fill = move || {
-            // SAFETY: the checks passed, so the slot was handed out and, by the caller's
-            // contract, is no longer used. The fill goes through the region's own pointer,
-            // whose provenance covers the whole slot; the caller's pointer may cover only the
-            // bytes it asked for (an `allocator_api2::boxed::Box<u8>` retags it to one byte),
-            // so writing the whole slot through it would be undefined behaviour under Stacked
-            // Borrows.
-            unsafe { region::fill_freed(self.region.at(offset), class.slot_size) }
-        };
+        let slot = slot as usize;
         let lanes = &self.shared.lanes[i];
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
         let fast = unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
-                lanes.free_owned(&cache.classes[i], &cache.counts.0[i], slot, fill)
+                lanes.free_owned(&cache.classes[i], &cache.counts.0[i], slot, move || self.fill_slot(i, offset))
             })
         };
-        let freed = match fast {
-            Some(freed) => freed,
-            None => self.free_slow(i, slot, &fill),
-        };
-        freed.map_err(|()| Error::DoubleFree { addr })
+        match fast {
+            Some(Ok(())) => Ok(()),
+            Some(Err(())) => Err(Error::DoubleFree { addr }),
+            None => self.free_slow(i, slot, offset),
+        }
     }
 
-    /// The rest of [`try_free`](Self::try_free) for slot `slot` of class `i`: a lane with
-    /// queued frees, or one this thread does not own.
+    /// Writes the debug fill over the slot of class `i` at `offset`, being freed.
+    #[inline(always)]
+    fn fill_slot(&self, i: usize, offset: usize) {
+        // SAFETY: called once `try_free`'s checks passed, so the slot was handed out and, by
+        // the caller's contract, is no longer used. The fill goes through the region's own
+        // pointer, whose provenance covers the whole slot; the caller's pointer may cover
+        // only the bytes it asked for (an `allocator_api2::boxed::Box<u8>` retags it to one
+        // byte), so writing the whole slot through it would be undefined behaviour under
+        // Stacked Borrows.
+        unsafe { region::fill_freed(self.region.at(offset), self.classes[i].slot_size) }
+    }
+
+    /// The error for a free at `rel` bytes into class `i` that is no slot's start: inside a
+    /// slot, or in the padding after the class.
     #[cold]
     #[inline(never)]
-    fn free_slow(&self, i: usize, slot: usize, fill: &dyn Fn()) -> std::result::Result<(), ()> {
+    fn not_a_slot(&self, addr: usize, i: usize, rel: usize) -> Error {
+        let class = &self.classes[i];
+        if rel >= class.end - class.start {
+            Error::ForeignPointer { addr }
+        } else {
+            Error::NotBlockStart { addr, block_start: addr - rel % class.slot_size }
+        }
+    }
+
+    /// The rest of [`try_free`](Self::try_free) for slot `slot` of class `i` (at `offset`): a
+    /// lane with queued frees, or one this thread does not own.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&self, i: usize, slot: usize, offset: usize) -> Result<()> {
         let lanes = &self.shared.lanes[i];
+        let fill = || self.fill_slot(i, offset);
         let (freed, raced) = thread_cache::with_cache(
             self.id,
             || self.new_cache(),
@@ -609,7 +717,7 @@ impl SmallObjectAllocator {
         if !raced.is_empty() {
             self.shared.report_raced(i, raced);
         }
-        freed
+        freed.map_err(|()| Error::DoubleFree { addr: self.region.addr() + offset })
     }
 
     /// # Safety
@@ -648,8 +756,8 @@ impl SmallObjectAllocator {
             let c = &self.classes[i];
             ClassFootprint {
                 slot_size: c.slot_size,
-                slots: c.slots,
-                data_bytes: c.slots * c.slot_size,
+                slots: c.slots as usize,
+                data_bytes: c.end - c.start,
                 bitmap_bytes: self.shared.lanes[i].bitmap_bytes(),
             }
         })
@@ -677,7 +785,7 @@ impl SmallObjectAllocator {
     /// Free slots per class, in the order of [`SMALL_OBJECT_CLASSES`] (a snapshot, exact
     /// when no other thread is inside the allocator).
     pub fn free_slots(&self) -> [usize; 7] {
-        std::array::from_fn(|i| self.classes[i].slots - self.shared.lanes[i].live())
+        std::array::from_fn(|i| self.classes[i].slots as usize - self.shared.lanes[i].live())
     }
 
     /// A snapshot of the usage. `in_use`/`peak` count slot bytes in the region (`peak` is the
@@ -697,7 +805,7 @@ impl SmallObjectAllocator {
         live += table.live.len();
         allocations += table.allocations;
         drop(table);
-        self.shared.counters.snapshot_with(self.region.len(), in_use, peak, live, allocations)
+        self.shared.counters.snapshot_with(self.capacity(), in_use, peak, live, allocations)
     }
 
     /// Reports a free slot whose fill was overwritten: it is refilled and freed again, so
@@ -749,7 +857,7 @@ impl Drop for SmallObjectAllocator {
 impl fmt::Debug for SmallObjectAllocator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmallObjectAllocator")
-            .field("capacity", &self.region.len())
+            .field("capacity", &self.capacity())
             .field("free_slots", &self.free_slots())
             .field("stats", &self.stats())
             .finish()
@@ -820,7 +928,10 @@ mod tests {
         let bitmap: usize = c.slots.iter().map(|s| s.div_ceil(8)).sum();
         assert_eq!(bitmap, 10_216);
         if !cfg!(miri) {
-            assert_eq!(SmallObjectAllocator::default().capacity(), 2_084_352);
+            let small = SmallObjectAllocator::default();
+            assert_eq!(small.capacity(), 2_084_352);
+            // 64 KiB granules, 35 of them: each class but the last is padded to 5 granules.
+            assert_eq!((small.granule_shift, small.region.len()), (16, 6 * 5 * 65_536 + 294_912));
         }
     }
 
@@ -887,12 +998,53 @@ mod tests {
         }
     }
 
+    /// Classes too large for 64 granules of 128 bytes get larger granules; every slot is
+    /// still found from its address, and the padding after each class is no slot.
     #[test]
-    fn slot_index_divides_by_the_class_size() {
+    fn classes_on_larger_granules() {
+        let small = config([3000, 10, 0, 2000, 0, 0, 5]);
+        assert_eq!(small.granule_shift, 11, "24,000 + 160 + 96,000 + 640 bytes in 61 granules of 2 KiB");
+        let starts: Vec<usize> = small.classes.iter().map(|c| c.start).collect();
+        assert_eq!(starts, [0, 24_576, 26_624, 26_624, 122_880, 122_880, 122_880]);
+        assert_eq!(small.capacity(), 24_000 + 160 + 96_000 + 640);
+        assert_eq!(small.region.len(), 122_880 + 640, "no padding after the last class");
+        let layouts =
+            [Layout::new::<u64>(), Layout::new::<[u8; 16]>(), Layout::new::<[u8; 48]>(), Layout::new::<[u8; 128]>()];
+        let blocks: Vec<_> = layouts.iter().flat_map(|&l| (0..5).map(move |_| l)).map(|l| small.alloc(l)).collect();
+        assert_eq!(small.stats().fallbacks, 0);
+        for (i, c) in small.classes.iter().enumerate().filter(|(_, c)| c.slots > 0) {
+            let at = |offset: usize| small.region.at(offset);
+            // SAFETY: none of these is a live block; each bad free is caught before memory
+            // is touched.
+            unsafe {
+                if c.end < small.region.len() {
+                    assert!(matches!(small.try_free(at(c.end)), Err(Error::ForeignPointer { .. })), "class {i}");
+                }
+                assert!(matches!(small.try_free(at(c.start + 3)), Err(Error::NotBlockStart { .. })), "class {i}");
+            }
+        }
+        for p in blocks {
+            // SAFETY: ours, freed once; the second free is caught.
+            unsafe {
+                small.free(p);
+                assert_eq!(small.try_free(p), Err(Error::DoubleFree { addr: p.as_ptr() as usize }));
+            }
+        }
+        assert_eq!(small.stats().live, 0);
+    }
+
+    #[test]
+    fn slot_of_divides_and_rejects_non_multiples() {
+        let small = config([1; 7]);
         for (i, size) in SMALL_OBJECT_CLASSES.into_iter().enumerate() {
+            let class = &small.classes[i];
             let last = ((1usize << 32) - 1) * size; // the start of the last possible slot
-            for rel in [0, 1, size - 1, size, 5 * size + 3, 1000 * size - 1, last - 1, last, last + size - 1] {
-                assert_eq!(slot_index(i, rel), rel / size, "class {i}, {rel} bytes in");
+            for rel in [0, size, 5 * size, 1000 * size, last - size, last] {
+                assert_eq!(class.slot_of(rel), (rel / size) as u64, "class {i}, {rel} bytes in");
+            }
+            // Inside a slot, or past the most slots a class can have: never below 2^32.
+            for rel in [1, 7, size - 1, size + 1, 5 * size + 3, last - 1, last + 1, last + size, 1 << 40, usize::MAX] {
+                assert!(class.slot_of(rel) >= 1 << 32, "class {i}, {rel} bytes in");
             }
         }
     }
