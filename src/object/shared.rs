@@ -61,9 +61,9 @@ pub(crate) struct StoreShared {
     pub(crate) owner_thread: u64,
     /// Candidate roots for cycle collection (see `candidates.rs`).
     pub(crate) candidates: sync::Mutex<Candidates>,
-    /// Local indices of the objects whose last handle may be gone while
-    /// the owner thread holds counts on them: checks for the owner's next
-    /// collection (see `owner_counts.rs`). An index may appear twice.
+    /// Checks of the objects whose last handle may be gone while the owner
+    /// thread holds counts on them, for the owner's next collection (see
+    /// `owner_counts.rs`). A slot may be named twice.
     checks: sync::Mutex<allocator_api2::vec::Vec<Check, StoreAlloc>>,
     /// Set once a collection on another thread than the owner left checks
     /// queued, and said so.
@@ -145,7 +145,7 @@ impl StoreShared {
         self.candidates.lock().push(local)
     }
 
-    /// Queues checks of the slots `locals` for the owner's next collection.
+    /// Queues the checks `new` for the owner's next collection.
     ///
     /// If the store's allocator refuses room, the checks are dropped and an
     /// error is logged: those objects are then reclaimed only at shutdown.

@@ -686,13 +686,17 @@ impl<T: MMObject> Store<T> {
             shared.requeue_checks(checks);
             return;
         }
+        // The dead, linked in front of one another: (first, the last one's word).
         let mut chain: Option<(u32, &crate::sync::AtomicU32)> = None;
         for &check in checks.iter() {
             let local = check.slot();
             let header = &self.slot(local).expect("checked slots live in published segments").header;
             if header.decide_check(check) {
-                let (first, last) = chain.map_or((NIL, &header.word), |(first, last)| (first, last));
-                header.word.store(LINK_FLAG | first, Ordering::Relaxed);
+                let (next, last) = match chain {
+                    Some((first, last)) => (first, last),
+                    None => (NIL, &header.word),
+                };
+                header.word.store(LINK_FLAG | next, Ordering::Relaxed);
                 chain = Some((local, last));
             }
         }
