@@ -20,7 +20,11 @@ use allocator_api2::vec::Vec;
 use hashbrown::{DefaultHashBuilder, HashMap};
 use parking_lot::Mutex;
 
-use crate::sync::{AtomicPtr, Ordering};
+// `std`'s atomics even under loom: the table is no part of a modelled
+// protocol (only that a site keeps its number is), and its searches would
+// otherwise multiply the states of every loom model that creates objects.
+use std::sync::atomic::{AtomicPtr, Ordering};
+
 use crate::Error;
 
 use super::store_alloc::StoreAlloc;
