@@ -356,12 +356,15 @@ impl<T> Drop for Handle<T> {
             }
             Counting::Owner => match header.owner_release() {
                 Released::Kept => {}
+                // The common end of an owner's drop: straight to the ring.
                 Released::Last => super::last_drops::record(self.shared(), self.local(), &header.word),
-                released => {
-                    if let Some(check) = released.check(self.local(), self.generation()) {
-                        super::last_drops::record_check(self.shared(), &header.word, check);
-                    }
-                }
+                released => super::last_drops::record_released(
+                    self.shared(),
+                    self.local(),
+                    self.generation(),
+                    &header.word,
+                    released,
+                ),
             },
             Counting::Remote => self.drop_remote(),
             Counting::Cyclable => self.drop_cyclable(),
@@ -393,15 +396,8 @@ impl<T> Handle<T> {
         // keeps the slot's memory (a zero count not yet listed, or a set
         // `CHECK`, counts as held), so nothing but the entry may touch it.
         let (shared, local, generation, header) = (self.shared(), self.local(), self.generation(), &self.slot().header);
-        match header.release_remote() {
-            Released::Kept => {}
-            Released::Last => super::last_drops::record(shared, local, &header.word),
-            released => {
-                if let Some(check) = released.check(local, generation) {
-                    super::last_drops::record_check(shared, &header.word, check);
-                }
-            }
-        }
+        let released = header.release_remote();
+        super::last_drops::record_released(shared, local, generation, &header.word, released);
     }
 
     /// `drop` for a type whose objects may hold handles: a drop that leaves

@@ -413,7 +413,7 @@ impl<T: MMObject> Store<T> {
     unsafe fn release_fresh(&self, adopt: bool) {
         // SAFETY: the caller's contract.
         let (start, end) = unsafe { self.fresh.release(adopt) };
-        let mut chain = FreedChain::default();
+        let mut chain = SlotChain::default();
         for local in (start..end).rev() {
             chain.push(local, self.slot(local).expect("fresh slots live in published segments"));
         }
@@ -595,7 +595,7 @@ impl<T: MMObject> Store<T> {
         // `candidates.rs`), and nothing for a store with nothing to collect.
         super::candidates::compact(self);
         let mut hook = self.on_destroy.lock();
-        let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: FreedChain::default() };
+        let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: SlotChain::default() };
         // The slot before the last one and how many lie contiguously up to
         // it: a dead list holds runs of neighbours, newest first (slots
         // released in index order, as when a level unloads, come back
@@ -686,22 +686,17 @@ impl<T: MMObject> Store<T> {
             shared.requeue_checks(checks);
             return;
         }
-        // The dead, linked in front of one another: (first, the last one's word).
-        let mut chain: Option<(u32, &crate::sync::AtomicU32)> = None;
+        let mut dead = SlotChain::default();
         for &check in checks.iter() {
             let local = check.slot();
-            let header = &self.slot(local).expect("checked slots live in published segments").header;
-            if header.decide_check(check) {
-                let (next, last) = match chain {
-                    Some((first, last)) => (first, last),
-                    None => (NIL, &header.word),
-                };
-                header.word.store(LINK_FLAG | next, Ordering::Relaxed);
-                chain = Some((local, last));
+            let slot = self.slot(local).expect("checked slots live in published segments");
+            if slot.header.decide_check(check) {
+                dead.push(local, slot);
             }
         }
-        if let Some((first, last)) = chain {
-            shared.push_dead_chain(first, last);
+        if dead.head != NIL {
+            let tail = self.slot(dead.tail).expect("checked slots live in published segments");
+            shared.push_dead_chain(dead.head, &tail.header.word);
         }
     }
 
@@ -723,7 +718,7 @@ impl<T: MMObject> Store<T> {
     }
 
     /// Puts a chain of freed slots on the free list, under `free_lock`.
-    fn push_free_chain(&self, chain: &FreedChain) {
+    fn push_free_chain(&self, chain: &SlotChain) {
         if chain.head == NIL {
             return;
         }
@@ -814,9 +809,10 @@ fn split_free(word: u64) -> (u32, u32) {
     (word as u32, (word >> 32) as u32)
 }
 
-/// Slots freed by one collection, linked through their header words, to be
-/// put on the free list at once (one lock, not one per slot).
-struct FreedChain {
+/// Slots linked through their header words, to be put on a list at once:
+/// those one collection freed (the free list: one lock, not one per slot),
+/// or those whose checks it found dead (the dead list: one push).
+struct SlotChain {
     head: u32,
     tail: u32,
     /// Slots in the chain.
@@ -827,14 +823,14 @@ struct FreedChain {
     destroyed: u64,
 }
 
-impl Default for FreedChain {
+impl Default for SlotChain {
     fn default() -> Self {
-        FreedChain { head: NIL, tail: NIL, len: 0, destroyed: 0 }
+        SlotChain { head: NIL, tail: NIL, len: 0, destroyed: 0 }
     }
 }
 
-impl FreedChain {
-    /// Links the freed slot `local` in front of the chain.
+impl SlotChain {
+    /// Links the slot `local` in front of the chain.
     fn push<T>(&mut self, local: u32, slot: &Slot<T>) {
         slot.header.word.store(LINK_FLAG | self.head, Ordering::Relaxed);
         if self.head == NIL {
@@ -853,7 +849,7 @@ struct Requeue<'a, T: MMObject> {
     rest: u32,
     /// A dead slot taken off the chain whose value is still in use.
     current: u32,
-    freed: FreedChain,
+    freed: SlotChain,
 }
 
 impl<T: MMObject> Drop for Requeue<'_, T> {
