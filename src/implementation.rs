@@ -42,9 +42,11 @@
 //! A [`Handle`](crate::Handle) is one word, so `Option<Handle<T>>` is 8
 //! bytes too (16 with the `handle-sites` feature, which adds the handle's
 //! entry in its site table). On 64-bit targets the word is the slot's
-//! address shifted left by 16 bits, with the manager id (17 bits), whether
-//! the store counts through an owner thread's reservations, and the store's
-//! `cyclable` flag below it; elsewhere it is the address alone, and those
+//! address shifted left by 16 bits, with the manager id in the 16 bits
+//! below it (so a read checks it with one 16-bit compare, and finds the
+//! address with one shift), and whether the store counts through an owner
+//! thread's reservations and the store's `cyclable` flag in the address's
+//! low bits, which are zero (slots are 8-byte aligned); elsewhere it is the address alone, and those
 //! come from the chunk header. Everything else comes from the
 //! slot's address:
 //!
@@ -73,7 +75,7 @@
 //! id, packed as `WeakHandle`'s docs say. It is only ever made from
 //! a real slot, and manager ids are never reused, so once its manager id
 //! matches a live manager's, its slot lies in an allocated segment of that
-//! manager's store for `T`: a weak read masks the address out and follows it,
+//! manager's store for `T`: a weak read shifts the address out and follows it,
 //! with no store lookup, no index arithmetic and no bounds or null checks.
 //! The read then checks the generation and that the count word is in
 //! `1..LINK_FLAG` (one compare). The pointer is never followed before the id
@@ -85,8 +87,8 @@
 //! in doubling segments cut into chunks took a dozen instructions (a
 //! `leading_zeros`, a table load, a multiply for the chunk, two
 //! multiply-adds), and the read ran at 2.4× `slotmap::get`; see
-//! `BENCHMARKS.md`, O4. The cost of both layouts is two limits: 2^17 - 1
-//! (131,071) managers per process, and segments below 2^48 (a store
+//! `BENCHMARKS.md`, O4. The cost of both layouts is two limits: 2^16 - 1
+//! (65,535) managers per process, and segments below 2^48 (a store
 //! refuses one above, with
 //! [`Error::StoreOutOfMemory`](crate::Error::StoreOutOfMemory)).
 //!
@@ -391,7 +393,7 @@
 //! | owner reservation | 16 counts | a drop that would pass it gives all but 8 back to the word |
 //! | creation-site numbers | 64 without a lock, then a locked map in the store's allocator | a site the allocator refuses room for shows as an "unknown" line in `object/store.rs` |
 //! | slot generation | below 2^31 | the slot is *retired*: it keeps the even generation 2^31, which no key carries, and is never reused. A stale key can therefore never validate again, and keys stay below slotmap's `SecondaryMap` version limit |
-//! | manager id | 2^17 - 1 (131,071) managers per process (handles carry the id in 17 bits, beside two flags) | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
+//! | manager id | 2^16 - 1 (65,535) managers per process (handles carry the id in their low 16 bits, checked with one 16-bit compare) | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |
 //! | manager-wide index | 2^24 slots | `try_create` returns `CapacityExceeded` |
 //! | handle-site ids (`handle-sites`) | wrap at 2^32 | ids still in use are skipped |
 //!

@@ -363,6 +363,32 @@ fn wrong_manager_gives_errors_from_try_calls() {
     assert_eq!(drops.count(), 1);
 }
 
+/// A handle's flag bits (counting through an owner thread, a type that may
+/// hold handles) sit beside its manager id but outside what the check
+/// compares: handles of every kind pass their own manager's check and fail
+/// another's, weak handles too.
+#[test]
+fn the_manager_check_ignores_the_flag_bits() {
+    let drops = Drops::new();
+    let plain = quiet();
+    let owned = ObjectManager::builder().report_leaks(false).owner_thread(true).build();
+    for (mine, other) in [(&plain, &owned), (&owned, &plain)] {
+        let tex = mine.create(texture(1, &drops));
+        let ent = mine.create(entity(2, None, &drops));
+        assert!(mine.try_get(&tex).is_ok() && mine.try_get(&ent).is_ok());
+        assert!(mine.try_get_weak(tex.downgrade()).is_ok() && mine.try_get_weak(ent.downgrade()).is_ok());
+        assert_eq!(mine.view::<Entity>().get(&ent).name, 2);
+        let wrong = Error::WrongManager { expected: other.id(), found: mine.id() };
+        assert_eq!(other.try_get(&tex).err(), Some(wrong.clone()));
+        assert_eq!(other.try_get(&ent).err(), Some(wrong.clone()));
+        assert_eq!(other.try_get_weak(tex.downgrade()).err(), Some(wrong.clone()));
+        assert_eq!(other.try_get_weak(ent.downgrade()).err(), Some(wrong));
+        let view = other.view::<Entity>();
+        assert!(catch_unwind(AssertUnwindSafe(|| view.get(&ent).name)).is_err());
+        assert!(catch_unwind(AssertUnwindSafe(|| view.get_weak(ent.downgrade()).map(|e| e.name))).is_err());
+    }
+}
+
 #[test]
 #[should_panic(expected = "handle belongs to object manager")]
 fn get_with_wrong_manager_panics() {

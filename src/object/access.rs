@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 use crate::sync::Ordering;
 use crate::{Error, Result};
 
+use super::handle::{check_manager, ManagerTagged};
 use super::layout::Chunks;
 use super::manager::fail;
 use super::slot::{AddRefError, Slot};
@@ -15,12 +16,8 @@ use super::{Handle, HandleOrigin, MMObject, ObjectKey, ObjectManager, ObjectView
 
 impl ObjectManager {
     #[inline]
-    pub(crate) fn check_manager(&self, found: u32) -> Result<()> {
-        if found == self.id() {
-            Ok(())
-        } else {
-            Err(Error::WrongManager { expected: self.id(), found })
-        }
+    pub(crate) fn check_manager(&self, handle: &impl ManagerTagged) -> Result<()> {
+        check_manager(handle, self.id())
     }
 
     /// Reads an object.
@@ -40,7 +37,7 @@ impl ObjectManager {
     /// [`Error::WrongManager`] if the handle belongs to another manager.
     #[inline]
     pub fn try_get<T: MMObject>(&self, handle: &Handle<T>) -> Result<&T> {
-        self.check_manager(handle.manager_id())?;
+        self.check_manager(handle)?;
         let slot = handle.slot();
         debug_assert!(slot.header.generation.load(Ordering::Relaxed) & 1 == 1, "a handle's slot is occupied");
         // SAFETY: the handle is counted, so its slot is occupied and its value
@@ -66,7 +63,7 @@ impl ObjectManager {
     /// [`Error::WrongManager`] if the handle belongs to another manager.
     #[inline]
     pub fn try_get_mut<T: MMObject>(&mut self, handle: &Handle<T>) -> Result<&mut T> {
-        self.check_manager(handle.manager_id())?;
+        self.check_manager(handle)?;
         // SAFETY: as in `try_get`; `&mut self` also excludes every other
         // reference to objects of this manager.
         Ok(unsafe { handle.slot().value_mut() })
@@ -107,7 +104,7 @@ impl ObjectManager {
 
     #[inline]
     fn weak_slot_ptr<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<NonNull<Slot<T>>> {
-        self.check_manager(weak.manager_id())?;
+        self.check_manager(&weak)?;
         // SAFETY: the manager id was checked just above.
         unsafe { self.live_slot_ptr(weak) }.ok_or_else(|| Error::StaleHandle {
             type_name: T::TYPE_NAME,
@@ -125,7 +122,7 @@ impl ObjectManager {
     /// Panics if the weak handle belongs to another manager.
     #[inline]
     pub fn get_weak<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&T> {
-        if let Err(e) = self.check_manager(weak.manager_id()) {
+        if let Err(e) = self.check_manager(&weak) {
             fail(e)
         }
         // SAFETY: the manager id was checked just above.

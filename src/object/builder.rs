@@ -277,10 +277,10 @@ impl ObjectManagerBuilder {
     ///
     /// # Panics
     ///
-    /// Panics once a process has built 2^17 - 1 (131,071) managers. Manager
+    /// Panics once a process has built 2^16 - 1 (65,535) managers. Manager
     /// ids are never reused, because a handle of a dropped manager must never
     /// pass another manager's check, and handles carry their manager's id in
-    /// 17 bits (so that a read checks it without a load).
+    /// 16 bits (so that a read checks it with one compare, without a load).
     pub fn build(self) -> ObjectManager {
         let id = next_manager_id();
         let config = RegistryConfig {

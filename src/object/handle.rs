@@ -69,14 +69,17 @@ use super::{MMObject, ObjectKey, VisitHandles};
 ///
 /// On 64-bit targets `tagged` is the slot's address shifted left by 16 bits
 /// (segments lie below 2^48, and slots are 8-byte aligned, so bits 0..19
-/// are free), with the manager id in bits 0..17, in bit 17 whether the
+/// are free), with the manager id in bits 0..16, in bit 16 whether the
 /// store counts through an owner thread's reservations (its manager has an
 /// owner and it is not `cyclable`), and the store's `cyclable` flag in bit
-/// 18. A read checks the manager id, and a clone or drop tests the flags,
+/// 17. A read checks the manager id, and a clone or drop tests the flags,
 /// without loading the chunk header: in a loop of reads that miss the cache,
 /// each load per read costs about as much as the read's own miss (see
-/// `BENCHMARKS.md`, O3). Elsewhere `tagged` is the slot's address, and both
-/// come from the chunk header.
+/// `BENCHMARKS.md`, O3). The id fills the low 16 bits exactly, so the check
+/// is one 16-bit compare of the handle with the manager's id, and the
+/// address is one shift away: in such a loop every instruction between the
+/// handle and the object's load costs too. Elsewhere `tagged` is the slot's
+/// address, and both come from the chunk header.
 pub struct Handle<T> {
     tagged: NonNull<u8>,
     /// This handle's entry in its store's table of live handles.
@@ -206,9 +209,21 @@ impl<T> Handle<T> {
     #[inline]
     pub(crate) fn manager_id(&self) -> u32 {
         #[cfg(target_pointer_width = "64")]
-        return (self.tagged.as_ptr().addr() & MAX_MANAGER_ID as usize) as u32;
+        return u32::from(self.tagged.as_ptr().addr() as u16);
         #[cfg(not(target_pointer_width = "64"))]
         return self.chunk().manager_id;
+    }
+
+    /// True if the handle belongs to the manager with id `manager_id`. On
+    /// 64-bit targets one 16-bit compare: ids are at most [`MAX_MANAGER_ID`],
+    /// which fills the handle's low 16 bits.
+    #[inline]
+    pub(crate) fn belongs_to(&self, manager_id: u32) -> bool {
+        debug_assert!(manager_id <= MAX_MANAGER_ID);
+        #[cfg(target_pointer_width = "64")]
+        return self.tagged.as_ptr().addr() as u16 == manager_id as u16;
+        #[cfg(not(target_pointer_width = "64"))]
+        return self.chunk().manager_id == manager_id;
     }
 
     /// The slot's local index in its store.
@@ -502,11 +517,17 @@ impl<T> super::HeapSize for Handle<T> {
 /// flight, and each instruction of index arithmetic costs some of them; see
 /// `BENCHMARKS.md`, O4):
 ///
-/// - `slot`: the slot's address in bits 0..48 (a store refuses a segment
-///   placed above 2^48), and the key's index bits 0..16 in bits 48..64 (on
-///   64-bit targets);
-/// - `word`: the generation in bits 0..32, the index bits 16..24 in bits
-///   32..40, and the manager id (17 bits) in bits 40..64.
+/// On 64-bit targets:
+/// - `slot`: the manager id in bits 0..16 and the slot's address above it
+///   (a store refuses a segment placed above 2^48), so that, as in a
+///   [`Handle`], the manager check is one 16-bit compare and the address
+///   one shift;
+/// - `word`: the generation in bits 0..32 and the key's index (24 bits) in
+///   bits 32..56.
+///
+/// Elsewhere `slot` is the address, `word` holds the generation in bits
+/// 0..32, the index bits 16..24 in bits 32..40 and the manager id in bits
+/// 40..56, and `index_low` the index bits 0..16.
 pub struct WeakHandle<T> {
     slot: NonNull<u8>,
     word: u64,
@@ -529,26 +550,68 @@ unsafe impl<T> Send for WeakHandle<T> {}
 // and key reads, none of which touches a `T`.
 unsafe impl<T> Sync for WeakHandle<T> {}
 
-/// The address bits of a weak handle's `slot` (all of them on narrower targets).
+/// Handles that carry their manager's id: a manager or a view checks them
+/// with [`check_manager`] before following their slot.
+pub(crate) trait ManagerTagged {
+    /// The id of the manager the handle belongs to.
+    fn manager_id(&self) -> u32;
+    /// True if the handle belongs to the manager with id `manager_id`.
+    fn belongs_to(&self, manager_id: u32) -> bool;
+}
+
+impl<T> ManagerTagged for Handle<T> {
+    #[inline]
+    fn manager_id(&self) -> u32 {
+        Handle::manager_id(self)
+    }
+    #[inline]
+    fn belongs_to(&self, manager_id: u32) -> bool {
+        Handle::belongs_to(self, manager_id)
+    }
+}
+
+impl<T> ManagerTagged for WeakHandle<T> {
+    #[inline]
+    fn manager_id(&self) -> u32 {
+        WeakHandle::manager_id(self)
+    }
+    #[inline]
+    fn belongs_to(&self, manager_id: u32) -> bool {
+        WeakHandle::belongs_to(self, manager_id)
+    }
+}
+
+/// `Ok` if `handle` belongs to the manager with id `expected`, else the error that says whose it is.
+#[inline]
+pub(crate) fn check_manager(handle: &impl ManagerTagged, expected: u32) -> crate::Result<()> {
+    if handle.belongs_to(expected) {
+        Ok(())
+    } else {
+        Err(crate::Error::WrongManager { expected, found: handle.manager_id() })
+    }
+}
+
+/// The bits of a slot's address that handles keep: stores refuse segments
+/// above 2^48.
 #[cfg(target_pointer_width = "64")]
 pub(crate) const ADDRESS_BITS: u32 = 48;
-#[cfg(target_pointer_width = "64")]
-const ADDRESS_MASK: usize = (1 << ADDRESS_BITS) - 1;
 
-/// The largest manager id: ids are 17 bits, so that a [`Handle`] carries
-/// its manager's id beside its slot's address (see its layout).
-pub(crate) const MAX_MANAGER_ID: u32 = (1 << 17) - 1;
+/// The largest manager id: ids are 16 bits, so that a [`Handle`] and a
+/// [`WeakHandle`] carry their manager's id beside the slot's address, and
+/// the check is one 16-bit compare (see their layouts).
+pub(crate) const MAX_MANAGER_ID: u32 = (1 << 16) - 1;
 
-/// The bits of a [`Handle`]'s `tagged` below the slot's address.
+/// The bits of a [`Handle`]'s `tagged` (and a [`WeakHandle`]'s `slot`)
+/// below the slot's address: the manager id.
 #[cfg(target_pointer_width = "64")]
 const TAG_BITS: u32 = 16;
 /// Set in a [`Handle`]'s `tagged` if its manager has an owner thread and
 /// its store counts through the owner's reservations (see `owner_counts.rs`).
 #[cfg(target_pointer_width = "64")]
-const OWNED_TAG: usize = 1 << 17;
+const OWNED_TAG: usize = 1 << 16;
 /// The store's `cyclable` flag in a [`Handle`]'s `tagged`.
 #[cfg(target_pointer_width = "64")]
-const CYCLABLE_TAG: usize = 1 << 18;
+const CYCLABLE_TAG: usize = 1 << 17;
 
 /// A [`Handle`]'s `tagged` word for `slot` (see its layout).
 ///
@@ -561,7 +624,7 @@ unsafe fn tag_slot<T>(slot: NonNull<Slot<T>>) -> NonNull<u8> {
     {
         // SAFETY: the caller's contract: the chunk header is initialised.
         let chunk = unsafe { Chunks::header(slot) };
-        debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 17 bits");
+        debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 16 bits");
         debug_assert!(slot.as_ptr().addr() >> ADDRESS_BITS == 0 && slot.as_ptr().addr() % 8 == 0);
         let flag = match (chunk.cyclable, chunk.owner_thread != 0) {
             (true, _) => CYCLABLE_TAG,
@@ -582,11 +645,10 @@ impl<T> WeakHandle<T> {
     #[inline]
     pub fn key(&self) -> ObjectKey {
         #[cfg(target_pointer_width = "64")]
-        let low = (self.slot.as_ptr().addr() >> ADDRESS_BITS) as u32;
+        let index = (self.word >> 32) as u32;
         #[cfg(not(target_pointer_width = "64"))]
-        let low = u32::from(self.index_low);
-        let high = (self.word >> 32) as u32 & 0xff;
-        ObjectKey::new(high << 16 | low, self.word as u32)
+        let index = ((self.word >> 32) as u32 & 0xff) << 16 | u32::from(self.index_low);
+        ObjectKey::new(index, self.word as u32)
     }
 
     /// The object's generation (the key's, read without unpacking the index).
@@ -597,7 +659,21 @@ impl<T> WeakHandle<T> {
 
     #[inline]
     pub(crate) fn manager_id(&self) -> u32 {
-        (self.word >> 40) as u32
+        #[cfg(target_pointer_width = "64")]
+        return u32::from(self.slot.as_ptr().addr() as u16);
+        #[cfg(not(target_pointer_width = "64"))]
+        return (self.word >> 40) as u32;
+    }
+
+    /// True if the weak handle belongs to the manager with id `manager_id`
+    /// (one 16-bit compare on 64-bit targets, as [`Handle::belongs_to`]).
+    #[inline]
+    pub(crate) fn belongs_to(&self, manager_id: u32) -> bool {
+        debug_assert!(manager_id <= MAX_MANAGER_ID);
+        #[cfg(target_pointer_width = "64")]
+        return self.slot.as_ptr().addr() as u16 == manager_id as u16;
+        #[cfg(not(target_pointer_width = "64"))]
+        return self.manager_id() == manager_id;
     }
 
     /// The slot the weak handle names.
@@ -610,7 +686,7 @@ impl<T> WeakHandle<T> {
     #[inline]
     pub(crate) unsafe fn slot_ptr(&self) -> NonNull<Slot<T>> {
         #[cfg(target_pointer_width = "64")]
-        let slot = self.slot.as_ptr().map_addr(|addr| addr & ADDRESS_MASK);
+        let slot = self.slot.as_ptr().map_addr(|tagged| tagged >> TAG_BITS);
         #[cfg(not(target_pointer_width = "64"))]
         let slot = self.slot.as_ptr();
         // SAFETY: the address bits are a slot's address, never zero.
@@ -637,17 +713,20 @@ impl<T> WeakHandle<T> {
     pub(crate) fn new(slot: NonNull<Slot<T>>, key: ObjectKey, manager: u32) -> Self {
         debug_assert!(manager <= MAX_MANAGER_ID && key.index() < 1 << INDEX_BITS);
         let index = key.index();
-        let word = u64::from(manager) << 40 | u64::from(index >> 16) << 32 | u64::from(key.generation());
         #[cfg(target_pointer_width = "64")]
         {
-            debug_assert!(slot.as_ptr().addr() <= ADDRESS_MASK, "segments lie below 2^48");
-            let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr | (index as usize & 0xffff) << ADDRESS_BITS);
+            debug_assert!(slot.as_ptr().addr() >> ADDRESS_BITS == 0, "segments lie below 2^48");
+            let word = u64::from(index) << 32 | u64::from(key.generation());
+            let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr << TAG_BITS | manager as usize);
             // SAFETY: a slot's address is not zero, so neither is this.
             let slot = unsafe { NonNull::new_unchecked(tagged) };
             WeakHandle { slot, word, _type: PhantomData }
         }
         #[cfg(not(target_pointer_width = "64"))]
-        WeakHandle { slot: slot.cast(), word, index_low: index as u16, _type: PhantomData }
+        {
+            let word = u64::from(manager) << 40 | u64::from(index >> 16) << 32 | u64::from(key.generation());
+            WeakHandle { slot: slot.cast(), word, index_low: index as u16, _type: PhantomData }
+        }
     }
 }
 
@@ -754,7 +833,7 @@ mod tests {
         for (address, index, generation, manager) in [
             (highest, (1 << INDEX_BITS) - 1, u32::MAX, MAX_MANAGER_ID),
             (8, 0, 1, 1),
-            (0x1234_5678_9ab8, 0x00ab_cdef, 0x8000_0001, 0x1_0001),
+            (0x1234_5678_9ab8, 0x00ab_cdef, 0x8000_0001, 0x8001),
         ] {
             let slot = NonNull::new(std::ptr::without_provenance_mut::<Slot<u8>>(address)).unwrap();
             let weak = WeakHandle::<u8>::new(slot, ObjectKey::new(index, generation), manager);

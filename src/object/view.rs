@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 
 use crate::{Error, Result};
 
+use super::handle::{check_manager, ManagerTagged};
 use super::iter::{Iter, IterMut};
 use super::manager::{fail, wrong_manager};
 use super::registry::{Registry, MAX_TYPES};
@@ -51,7 +52,7 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
     /// Panics if the weak handle belongs to another manager.
     #[inline]
     pub fn get_weak(&self, weak: WeakHandle<T>) -> Option<&'a T> {
-        if weak.manager_id() != self.manager_id {
+        if !weak.belongs_to(self.manager_id) {
             wrong_manager(self.manager_id, weak.manager_id())
         }
         // SAFETY: the weak handle belongs to this manager, which the view
@@ -87,7 +88,7 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
     /// Panics if the handle belongs to another manager.
     #[inline]
     pub fn get(&self, handle: &Handle<T>) -> &'a T {
-        if handle.manager_id() != self.manager_id {
+        if !handle.belongs_to(self.manager_id) {
             wrong_manager(self.manager_id, handle.manager_id())
         }
         // SAFETY: the handle is counted, so its slot is occupied and its
@@ -198,17 +199,13 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
         self.store.or_else(|| self.registry.store::<T>())
     }
 
-    fn check_manager(&self, found: u32) -> Result<()> {
-        if found == self.manager_id {
-            Ok(())
-        } else {
-            Err(Error::WrongManager { expected: self.manager_id, found })
-        }
+    fn check_manager(&self, handle: &impl ManagerTagged) -> Result<()> {
+        check_manager(handle, self.manager_id)
     }
 
     /// The slot of a handle of this manager.
     fn handle_slot(&self, handle: &Handle<T>) -> Result<&'a Slot<T>> {
-        self.check_manager(handle.manager_id())?;
+        self.check_manager(handle)?;
         let slot: *const Slot<T> = handle.slot();
         // SAFETY: the handle belongs to this manager, so its slot lies in a
         // segment of the manager's `T` store, which lives as long as the
@@ -218,7 +215,7 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
 
     /// The slot of a weak handle of this manager, if its object is live.
     fn weak_slot(&self, weak: WeakHandle<T>) -> Result<&'a Slot<T>> {
-        self.check_manager(weak.manager_id())?;
+        self.check_manager(&weak)?;
         let stale = || Error::StaleHandle {
             type_name: T::TYPE_NAME,
             index: weak.key().index(),
