@@ -214,18 +214,6 @@ impl<T> Handle<T> {
         return self.chunk().manager_id;
     }
 
-    /// True if the handle belongs to the manager with id `manager_id`. On
-    /// 64-bit targets one 16-bit compare: ids are at most [`MAX_MANAGER_ID`],
-    /// which fills the handle's low 16 bits.
-    #[inline]
-    pub(crate) fn belongs_to(&self, manager_id: u32) -> bool {
-        debug_assert!(manager_id <= MAX_MANAGER_ID);
-        #[cfg(target_pointer_width = "64")]
-        return self.tagged.as_ptr().addr() as u16 == manager_id as u16;
-        #[cfg(not(target_pointer_width = "64"))]
-        return self.chunk().manager_id == manager_id;
-    }
-
     /// The slot's local index in its store.
     #[inline]
     pub(crate) fn local(&self) -> u32 {
@@ -555,8 +543,16 @@ unsafe impl<T> Sync for WeakHandle<T> {}
 pub(crate) trait ManagerTagged {
     /// The id of the manager the handle belongs to.
     fn manager_id(&self) -> u32;
+
     /// True if the handle belongs to the manager with id `manager_id`.
-    fn belongs_to(&self, manager_id: u32) -> bool;
+    /// Both ids are at most [`MAX_MANAGER_ID`], so their low 16 bits decide:
+    /// on 64-bit targets, where the handle's id is its low 16 bits, that is
+    /// one 16-bit compare of the handle itself.
+    #[inline]
+    fn belongs_to(&self, manager_id: u32) -> bool {
+        debug_assert!(manager_id <= MAX_MANAGER_ID && self.manager_id() <= MAX_MANAGER_ID);
+        self.manager_id() as u16 == manager_id as u16
+    }
 }
 
 impl<T> ManagerTagged for Handle<T> {
@@ -564,20 +560,12 @@ impl<T> ManagerTagged for Handle<T> {
     fn manager_id(&self) -> u32 {
         Handle::manager_id(self)
     }
-    #[inline]
-    fn belongs_to(&self, manager_id: u32) -> bool {
-        Handle::belongs_to(self, manager_id)
-    }
 }
 
 impl<T> ManagerTagged for WeakHandle<T> {
     #[inline]
     fn manager_id(&self) -> u32 {
         WeakHandle::manager_id(self)
-    }
-    #[inline]
-    fn belongs_to(&self, manager_id: u32) -> bool {
-        WeakHandle::belongs_to(self, manager_id)
     }
 }
 
@@ -663,17 +651,6 @@ impl<T> WeakHandle<T> {
         return u32::from(self.slot.as_ptr().addr() as u16);
         #[cfg(not(target_pointer_width = "64"))]
         return (self.word >> 40) as u32;
-    }
-
-    /// True if the weak handle belongs to the manager with id `manager_id`
-    /// (one 16-bit compare on 64-bit targets, as [`Handle::belongs_to`]).
-    #[inline]
-    pub(crate) fn belongs_to(&self, manager_id: u32) -> bool {
-        debug_assert!(manager_id <= MAX_MANAGER_ID);
-        #[cfg(target_pointer_width = "64")]
-        return self.slot.as_ptr().addr() as u16 == manager_id as u16;
-        #[cfg(not(target_pointer_width = "64"))]
-        return self.manager_id() == manager_id;
     }
 
     /// The slot the weak handle names.
