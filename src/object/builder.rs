@@ -306,6 +306,7 @@ impl ObjectManagerBuilder {
 }
 
 /// Hands out the next manager id: each once per process, never wrapping.
+#[cfg(not(loom))]
 fn next_manager_id() -> u32 {
     let next = NEXT_MANAGER_ID
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| (id <= MAX_MANAGER_ID).then_some(id + 1));
@@ -315,6 +316,18 @@ fn next_manager_id() -> u32 {
             "mmobject: object manager ids are used up: all {MAX_MANAGER_ID} have been handed out in this process, \
              and ids are never reused (a handle of a dropped manager must never match a new one)"
         ),
+    }
+}
+
+/// Under loom, ids wrap around instead of running out: the loom suite runs
+/// every model many thousands of times in one process (more managers than
+/// handles have id bits for), and no handle outlives the model run that made
+/// its manager, so none can meet a later manager with the same id.
+#[cfg(loom)]
+fn next_manager_id() -> u32 {
+    let wrap = |id: u32| Some(if id >= MAX_MANAGER_ID { 1 } else { id + 1 });
+    match NEXT_MANAGER_ID.fetch_update(Ordering::Relaxed, Ordering::Relaxed, wrap) {
+        Ok(id) | Err(id) => id,
     }
 }
 

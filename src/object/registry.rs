@@ -202,7 +202,12 @@ impl Registry {
     }
 
     /// Creates an object in `T`'s store, taking its slot from `source`.
-    #[inline]
+    ///
+    /// Out of line, once per type: `create` is inlined at every call site,
+    /// and this keeps each of them a call (inlined, the store lookup and the
+    /// insert's fast path added a kilobyte of code per call site, for no
+    /// measured gain).
+    #[inline(never)]
     pub(crate) fn create_at<T: MMObject>(
         &self,
         value: T,
