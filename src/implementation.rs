@@ -46,9 +46,9 @@
 //! below it (so a read checks it with one 16-bit compare, and finds the
 //! address with one shift), and whether the store counts through an owner
 //! thread's reservations and the store's `cyclable` flag in the address's
-//! low bits, which are zero (slots are 8-byte aligned); elsewhere it is the address alone, and those
-//! come from the chunk header. Everything else comes from the
-//! slot's address:
+//! low bits, which are zero (slots are 8-byte aligned); elsewhere it is the
+//! address alone, and those come from the chunk header. Everything else
+//! comes from the slot's address:
 //!
 //! - the chunk header, by masking: the store's shared part (dead list,
 //!   segment starts) and the manager id;
