@@ -56,6 +56,8 @@ fn the_owners_clones_and_drops_keep_exact_counts() {
     drop(e);
     assert!(mm.upgrade(weak).is_none(), "the owner sees the last drop at once");
     assert!(!mm.is_alive(weak));
+    // The view reads the same (it tests `PENDING` only where a manager has an owner).
+    assert!(mm.view::<Entity>().get_weak(weak).is_none() && !mm.view::<Entity>().is_alive(weak));
     assert_eq!((mm.dead_count(), mm.len()), (1, 0));
     assert_eq!(mm.iter::<Entity>().count(), 0);
     assert_eq!(drops.count(), 0, "dead, not destroyed");

@@ -196,6 +196,12 @@ impl Registry {
         self.stores[..count].iter().filter_map(|s| s.get().map(|e| &*e.store))
     }
 
+    /// True if the manager has an owner thread (only then can an object be
+    /// [`PENDING`](super::owner_counts::PENDING)).
+    pub(crate) fn has_owner(&self) -> bool {
+        self.config.owner != 0
+    }
+
     /// The (store index, local slot index) a manager-wide index names.
     pub(crate) fn locate(&self, index: u32) -> Option<(u32, u32)> {
         self.index_space.resolve(index)

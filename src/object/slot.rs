@@ -208,6 +208,18 @@ impl SlotHeader {
         self.generation.load(Ordering::Acquire) == generation && self.is_referenced()
     }
 
+    /// [`is_live`](Self::is_live) for a store whose manager has an owner
+    /// thread (`owned`) or not. Without an owner no object is ever
+    /// [`PENDING`], so the reservation is not read: in a loop of weak reads
+    /// that miss the cache, every instruction of the read costs (see
+    /// `BENCHMARKS.md`, O4).
+    #[inline]
+    pub(crate) fn is_live_in(&self, generation: u32, owned: bool) -> bool {
+        self.generation.load(Ordering::Acquire) == generation
+            && is_count(self.word.load(Ordering::Acquire))
+            && (!owned || self.reserve.load(Ordering::Relaxed) & PENDING == 0)
+    }
+
     /// The second half of [`is_live`](Self::is_live), for a generation
     /// already read odd: a count, and not [`PENDING`].
     #[inline]
@@ -374,6 +386,20 @@ mod tests {
         h.word.store(LINK_FLAG | 7, Ordering::Relaxed);
         assert_eq!(h.state(), SlotState::Dead);
         assert_eq!(h.try_add_ref(3), Err(AddRefError::Stale));
+    }
+
+    #[test]
+    fn only_an_owned_store_reads_pending() {
+        let h = SlotHeader::vacant(2);
+        h.generation.store(3, Ordering::Relaxed);
+        h.word.store(1, Ordering::Relaxed);
+        assert!(h.is_live_in(3, true) && h.is_live_in(3, false));
+        h.reserve.store(1 | PENDING, Ordering::Relaxed);
+        assert!(!h.is_live_in(3, true) && !h.is_live(3), "pending is dead to readers");
+        assert!(h.is_live_in(3, false), "without an owner the reservation is not read");
+        assert!(!h.is_live_in(5, false) && !h.is_live_in(5, true));
+        h.word.store(0, Ordering::Relaxed);
+        assert!(!h.is_live_in(3, false));
     }
 
     #[test]

@@ -27,12 +27,14 @@ use super::{Handle, MMObject, ObjectManager, WeakHandle};
 /// the view was made (then every call forwards to the manager, which sees a
 /// store registered since).
 ///
-/// `manager_id` is a copy of the manager's id (kept here so that a loop holds
-/// it in a register).
+/// `manager_id` is a copy of the manager's id, and `owned` says whether the
+/// manager has an owner thread (both kept here so that a loop holds them in
+/// registers).
 pub struct ObjectView<'a, T> {
     pub(crate) manager: &'a ObjectManager,
     pub(crate) store: Option<&'a Store<T>>,
     pub(crate) manager_id: u32,
+    pub(crate) owned: bool,
 }
 
 impl<T> Clone for ObjectView<'_, T> {
@@ -60,7 +62,7 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
         // manager's `T` store in a segment that stays allocated for `'a`
         // (whether or not the store existed when the view was made).
         let slot = unsafe { weak.slot_ptr().as_ref() };
-        if !slot.header.is_live(weak.generation()) {
+        if !slot.header.is_live_in(weak.generation(), self.owned) {
             return None;
         }
         // SAFETY: `is_live` read the generation as odd with `Acquire`, so the
@@ -607,7 +609,7 @@ impl ObjectManager {
     #[inline]
     pub fn view<T: MMObject>(&self) -> ObjectView<'_, T> {
         let store = self.store::<T>();
-        ObjectView { manager: self, store, manager_id: self.id() }
+        ObjectView { manager: self, store, manager_id: self.id(), owned: self.registry().has_owner() }
     }
 
     /// Iterates over the live objects of type `T` for writing, in key order:
