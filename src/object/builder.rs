@@ -231,7 +231,11 @@ impl ObjectManagerBuilder {
     /// whose last handle may be gone (see `BENCHMARKS.md`, O2, for the
     /// numbers). Turn it on when the manager stays on the thread that builds
     /// it and calls [`collect_garbage`](super::ObjectManager::collect_garbage)
-    /// each frame, as a game's main thread does.
+    /// each frame, as a game's main thread does, and that thread clones and
+    /// drops handles often. It does not speed up churn: the release of an
+    /// object the owner never cloned first reads the reservation, then counts
+    /// down as without an owner, so a frame of creates and releases runs no
+    /// faster (BENCHMARKS.md, O1 and O1c).
     ///
     /// Keep it off if the manager moves to another thread to be collected.
     /// Only the owner can read its reservations, so a collection on another
