@@ -607,7 +607,8 @@ fn o3_strong_read(c: &mut Criterion) {
 /// generational lookup (key from a `Vec`, version compare, value), without
 /// refcounts or a type-erased manager. The `_shuffled_walk` rows
 /// (information only) walk keys already stored in random order: one miss
-/// per read instead of two. The `mmobject_view` row reads through
+/// per read instead of two. `slotmap_get_16B_keys` (information only)
+/// reads with keys padded to a weak handle's 16 bytes. The `mmobject_view` row reads through
 /// `mm.view::<Obj>()`, taken once per pass: the typed fast path for hot
 /// loops, which finds the store once instead of on every read.
 fn o4_weak_read(c: &mut Criterion) {
@@ -666,6 +667,20 @@ fn o4_weak_read(c: &mut Criterion) {
                 let mut sum = 0u64;
                 for &i in &order {
                     if let Some(value) = map.get(keys[i as usize]) {
+                        sum = sum.wrapping_add(value[3]);
+                    }
+                }
+                black_box(sum)
+            })
+        });
+        // Information only: the same gets with each key padded to 16 bytes,
+        // a `WeakHandle`'s size, so the keys' array is as large as ours.
+        let padded: Vec<(DefaultKey, u64)> = keys.iter().map(|&key| (key, 0)).collect();
+        group.bench_function("slotmap_get_16B_keys", |b| {
+            cpu_iter(b, || {
+                let mut sum = 0u64;
+                for &i in &order {
+                    if let Some(value) = map.get(padded[i as usize].0) {
                         sum = sum.wrapping_add(value[3]);
                     }
                 }
@@ -845,7 +860,9 @@ fn o6_threads(c: &mut Criterion) {
 
 /// O1b, a level load: 100k creates into an empty manager, handles kept in a
 /// `Vec` (slotmap: 100k inserts into an empty map, keys kept in a `Vec`).
-/// Dropping what was loaded is not timed.
+/// Dropping what was loaded is not timed. `mmobject_create_many` loads the
+/// same objects with one `create_many` call, the bulk form a level loader
+/// uses (the same `Vec` of handles comes back).
 fn o1b_load(c: &mut Criterion) {
     let mut group = c.benchmark_group("O1b_load");
     group.throughput(Throughput::Elements(FRAME_LIVE as u64));
@@ -856,6 +873,12 @@ fn o1b_load(c: &mut Criterion) {
     };
     group.bench_function("mmobject", |b| cpu_iter_with_setup(b, ObjectManager::new, load));
     group.bench_function("mmobject_owner", |b| cpu_iter_with_setup(b, owned, load));
+    group.bench_function("mmobject_create_many", |b| {
+        cpu_iter_with_setup(b, ObjectManager::new, |mm: ObjectManager| {
+            let handles: Vec<Handle<Obj>> = mm.create_many((0..FRAME_LIVE).map(|i| Obj(payload(i))));
+            (handles, mm)
+        })
+    });
     group.bench_function("mmobject_global_alloc", |b| cpu_iter_with_setup(b, manager_on_global, load));
     group.bench_function("slotmap_insert", |b| {
         cpu_iter_with_setup(b, SlotMap::<DefaultKey, Payload>::new, |mut map| {

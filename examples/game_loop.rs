@@ -148,19 +148,18 @@ fn load_level(mm: &Loader, rng: &mut Rng, spec: &LevelSpec) -> Handle<Level> {
 
 // ---- Systems ------------------------------------------------------------------------
 
-/// Spawns `n` entities using the current level's meshes and materials.
+/// Spawns a wave of `n` entities using the current level's meshes and
+/// materials, with one `create_many` (the store is found once for the wave).
 fn spawn(mm: &ObjectManager, rng: &mut Rng, level: &Handle<Level>, n: usize, out: &mut Vec<Handle<Entity>>) {
     let level = &mm[level];
-    for _ in 0..n {
-        out.push(mm.create(Entity {
-            mesh: level.meshes[rng.below(level.meshes.len())].clone(),
-            material: level.materials[rng.below(level.materials.len())].clone(),
-            wingman: None,
-            pos: [rng.signed() * 100.0, rng.signed() * 100.0],
-            vel: [rng.signed(), rng.signed()],
-            ttl: 30 + rng.below(90) as u32,
-        }));
-    }
+    out.extend(mm.create_many((0..n).map(|_| Entity {
+        mesh: level.meshes[rng.below(level.meshes.len())].clone(),
+        material: level.materials[rng.below(level.materials.len())].clone(),
+        wingman: None,
+        pos: [rng.signed() * 100.0, rng.signed() * 100.0],
+        vel: [rng.signed(), rng.signed()],
+        ttl: 30 + rng.below(90) as u32,
+    })));
 }
 
 /// A turret aims at one entity through a weak handle: it must not keep its target alive.

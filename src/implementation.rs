@@ -275,6 +275,29 @@
 //! touched by one thread at a time (loom checks it: `tests/loom.rs`,
 //! `the_owners_run_races_another_creator`).
 //!
+//! # Many objects at once
+//!
+//! [`create_many`](crate::ObjectManager::create_many) (a level load) finds
+//! the store and numbers the creation site once, reads the handles' tag (the
+//! manager id and counting flags, the same in every chunk header of a store)
+//! from the first slot, and then, per object, pops a free slot or takes the
+//! next never-used one from a run it raised `len` by, sized by the
+//! iterator's `size_hint` (at most 4,096 slots, within one published
+//! segment), stepping through each chunk's contiguous slots instead of
+//! mapping every index to an address. With a tracker, or while an iterator
+//! of the store is alive, each object takes `create`'s own path instead.
+//!
+//! `size_hint` comes from a safe trait, so nothing depends on it being true:
+//! the slots of a run that the iterator does not fill (it yielded less than
+//! it promised, or panicked) are given back when the batch ends, by a guard
+//! that also runs during an unwind. On the store's owner thread with an empty
+//! run of fresh slots, they become that run; elsewhere they are retired as a
+//! slot that reached the generation limit is (an even generation at the
+//! limit, a word that links nowhere, counted in `retired`), so every count
+//! derived from `len` stays exact. While a batch holds a run, a report taken
+//! on another thread counts its unfilled slots as objects (at most 4,096).
+//! Loom: `tests/loom.rs`, `a_batch_races_the_owners_create`.
+//!
 //! # Who owns what: the registry, collection and loaders
 //!
 //! The manager holds its type table and stores in an `Arc`'d registry, and

@@ -312,6 +312,54 @@ fn the_owners_run_races_another_creator() {
     });
 }
 
+/// `create_many` on another thread, taking a run from `len` that its
+/// iterator's `size_hint` oversizes (so it retires the rest), races the
+/// owner's `create` from its own run; every object gets its own slot, and
+/// the counts and shutdown see no phantom objects.
+#[test]
+fn a_batch_races_the_owners_create() {
+    /// Yields `left` textures while promising 3.
+    struct Oversized {
+        left: u32,
+        drops: Arc<AtomicUsize>,
+    }
+    impl Iterator for Oversized {
+        type Item = Texture;
+        fn next(&mut self) -> Option<Texture> {
+            (self.left > 0).then(|| {
+                self.left -= 1;
+                Texture { id: 10 + self.left, token: DropToken(Arc::clone(&self.drops)) }
+            })
+        }
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            (3, Some(3))
+        }
+    }
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = quiet();
+        mm.reserve::<Texture>(7);
+        let mm = Arc::new(mm);
+        let batch = {
+            let mm = Arc::clone(&mm);
+            let drops = Arc::clone(&drops);
+            thread::spawn(move || mm.create_many(Oversized { left: 2, drops }))
+        };
+        let a = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let made = batch.join().unwrap();
+        assert_eq!(made.len(), 2);
+        assert!(made.iter().all(|h| h.key().index() != a.key().index()));
+        assert_ne!(made[0].key().index(), made[1].key().index());
+        assert_eq!(mm.count::<Texture>(), 3);
+        drop((a, made));
+        let mut mm = Arc::try_unwrap(mm).expect("the batch is done");
+        assert_eq!(mm.collect_garbage().objects, 3);
+        let report = mm.shutdown();
+        assert!(report.is_empty() && report.leaked_bytes() == 0);
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+    });
+}
+
 /// A store allocator that refuses its first segment once armed, then serves.
 #[derive(Clone, Default)]
 struct RefuseOneSegment(Arc<std::sync::atomic::AtomicBool>);

@@ -113,16 +113,33 @@ impl<T> Handle<T> {
     /// `origin` and `location` say where it was made (kept only with the
     /// `handle-sites` feature).
     #[inline]
-    #[allow(unused_variables)]
     pub(crate) unsafe fn from_counted(
         slot: NonNull<Slot<T>>,
         origin: HandleOrigin,
         location: &'static std::panic::Location<'static>,
     ) -> Self {
+        // SAFETY: the caller's contract (a published segment's slot, its
+        // count transferred).
+        unsafe { Self::from_counted_tagged(slot, HandleTag::of(slot), origin, location) }
+    }
+
+    /// [`from_counted`](Self::from_counted) with the store's tag already read.
+    ///
+    /// # Safety
+    ///
+    /// As for `from_counted`, and `tag` is [`HandleTag::of`] a slot of
+    /// `slot`'s store.
+    #[inline]
+    #[allow(unused_variables)]
+    pub(crate) unsafe fn from_counted_tagged(
+        slot: NonNull<Slot<T>>,
+        tag: HandleTag,
+        origin: HandleOrigin,
+        location: &'static std::panic::Location<'static>,
+    ) -> Self {
         #[allow(unused_mut)]
         let mut handle = Handle {
-            // SAFETY: the caller's contract (a published segment's slot).
-            tagged: unsafe { tag_slot(slot) },
+            tagged: tag_slot_with(slot, tag),
             #[cfg(feature = "handle-sites")]
             site: 0,
             _type: PhantomData,
@@ -601,26 +618,51 @@ const OWNED_TAG: usize = 1 << 16;
 #[cfg(target_pointer_width = "64")]
 const CYCLABLE_TAG: usize = 1 << 17;
 
-/// A [`Handle`]'s `tagged` word for `slot` (see its layout).
+/// What a [`Handle`] keeps beside its slot's address (the manager id and the
+/// counting flags), read from a slot's chunk header: the same for every slot
+/// of one store, since each chunk header copies its store's values (see
+/// `ChunkHeader`), so a batch of creates reads it once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HandleTag(#[cfg(target_pointer_width = "64")] usize);
+
+impl HandleTag {
+    /// The tag of `slot`'s store.
+    ///
+    /// # Safety
+    ///
+    /// `slot` must be a slot of a published segment, with its provenance.
+    #[inline]
+    #[allow(unused_variables)]
+    pub(crate) unsafe fn of<T>(slot: NonNull<Slot<T>>) -> HandleTag {
+        #[cfg(target_pointer_width = "64")]
+        {
+            // SAFETY: the caller's contract: the chunk header is initialised.
+            let chunk = unsafe { Chunks::header(slot) };
+            debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 16 bits");
+            let flag = match (chunk.cyclable, chunk.owner_thread != 0) {
+                (true, _) => CYCLABLE_TAG,
+                (false, true) => OWNED_TAG,
+                (false, false) => 0,
+            };
+            HandleTag(chunk.manager_id as usize | flag)
+        }
+        #[cfg(not(target_pointer_width = "64"))]
+        HandleTag()
+    }
+}
+
+/// A [`Handle`]'s `tagged` word for `slot` (see its layout), given its
+/// store's tag.
 ///
-/// # Safety
-///
-/// `slot` must be a slot of a published segment, with its provenance.
+/// `tag` must be [`HandleTag::of`] a slot of `slot`'s store: a tag from
+/// another store would give the handle another manager's id or counting.
 #[inline]
-unsafe fn tag_slot<T>(slot: NonNull<Slot<T>>) -> NonNull<u8> {
+#[allow(unused_variables)]
+fn tag_slot_with<T>(slot: NonNull<Slot<T>>, tag: HandleTag) -> NonNull<u8> {
     #[cfg(target_pointer_width = "64")]
     {
-        // SAFETY: the caller's contract: the chunk header is initialised.
-        let chunk = unsafe { Chunks::header(slot) };
-        debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 16 bits");
         debug_assert!(slot.as_ptr().addr() >> ADDRESS_BITS == 0 && slot.as_ptr().addr() % 8 == 0);
-        let flag = match (chunk.cyclable, chunk.owner_thread != 0) {
-            (true, _) => CYCLABLE_TAG,
-            (false, true) => OWNED_TAG,
-            (false, false) => 0,
-        };
-        let tag = chunk.manager_id as usize | flag;
-        let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr << TAG_BITS | tag);
+        let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr << TAG_BITS | tag.0);
         // SAFETY: a slot's address is not zero, so neither is this.
         unsafe { NonNull::new_unchecked(tagged) }
     }

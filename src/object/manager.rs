@@ -187,6 +187,85 @@ impl ObjectManager {
         self.create_at(value, Location::caller(), true)
     }
 
+    /// Creates one object from each value, in order, and returns their
+    /// handles in the same order: what a loop of [`create`](Self::create)
+    /// calls at this line would return, with less work per object.
+    ///
+    /// For level loads and spawn waves. The type's store is found and the
+    /// creation site numbered once per call, not once per object, and
+    /// never-used slots are taken a run at a time (sized by the iterator's
+    /// `size_hint`); free slots are reused first, as `create` does. Every
+    /// object records the caller's location as its creation site.
+    ///
+    /// # Panics
+    ///
+    /// As [`create`](Self::create), at the first value that cannot be
+    /// stored; the objects made before it are released (their handles drop
+    /// during the unwind) and destroyed by the next collection. Use
+    /// [`try_create_many`](Self::try_create_many) to keep them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Tree { x: f32, y: f32 }
+    ///
+    /// let mm = ObjectManager::new();
+    /// let forest = mm.create_many((0..1000).map(|i| Tree { x: i as f32, y: 0.0 }));
+    /// assert_eq!(forest.len(), 1000);
+    /// assert_eq!(mm[&forest[10]].x, 10.0);
+    /// assert_eq!(mm.count::<Tree>(), 1000);
+    /// ```
+    #[track_caller]
+    pub fn create_many<T: MMObject>(&self, values: impl IntoIterator<Item = T>) -> Vec<Handle<T>> {
+        let mut handles = Vec::new();
+        let mut values = values.into_iter();
+        if let Err(e) = self.registry.create_many_at(&mut values, Location::caller(), false, &mut handles) {
+            fail(e.error)
+        }
+        handles
+    }
+
+    /// Creates one object from each value, in order, pushing their handles
+    /// onto `handles`, until a value cannot be stored: the
+    /// [`try_create`](Self::try_create) of [`create_many`](Self::create_many).
+    ///
+    /// Nothing is lost on an error: the objects made before the refused value
+    /// keep their handles in `handles`, the error hands the refused value
+    /// back, and the values after it stay in the iterator (pass
+    /// `iter.by_ref()` to keep it).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_create`](Self::try_create), for the first value refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Spark { life: u32 }
+    ///
+    /// let mm = ObjectManager::builder().max_objects_per_type(64).build();
+    /// let mut sparks = Vec::new();
+    /// let mut wave = (0..100).map(|life| Spark { life });
+    /// let refused = mm.try_create_many(wave.by_ref(), &mut sparks).unwrap_err();
+    /// assert_eq!(sparks.len(), 64, "the first 64 were made");
+    /// assert_eq!(refused.value.life, 64, "the 65th is handed back");
+    /// assert_eq!(wave.next().map(|s| s.life), Some(65), "the rest are still in the iterator");
+    /// ```
+    #[track_caller]
+    pub fn try_create_many<T: MMObject>(
+        &self,
+        values: impl IntoIterator<Item = T>,
+        handles: &mut Vec<Handle<T>>,
+    ) -> std::result::Result<(), TryCreateError<T>> {
+        self.registry.create_many_at(&mut values.into_iter(), Location::caller(), true, handles)
+    }
+
     #[inline]
     fn create_at<T: MMObject>(
         &self,

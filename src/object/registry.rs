@@ -244,6 +244,27 @@ impl Registry {
             Err((value, error)) => Err(TryCreateError { value, error }),
         }
     }
+
+    /// [`ObjectManager::create_many`](crate::ObjectManager::create_many)'s
+    /// work: the store found once, then [`Store::insert_many`]. Out of line,
+    /// once per type and iterator.
+    #[inline(never)]
+    pub(crate) fn create_many_at<T: MMObject>(
+        &self,
+        values: &mut impl Iterator<Item = T>,
+        site: &'static Location<'static>,
+        strict_budget: bool,
+        handles: &mut Vec<Handle<T>>,
+    ) -> std::result::Result<(), TryCreateError<T>> {
+        let store = match self.store_or_register::<T>() {
+            Ok(store) => store,
+            Err(error) => return values.next().map_or(Ok(()), |value| Err(TryCreateError { value, error })),
+        };
+        handles.reserve(values.size_hint().0);
+        store
+            .insert_many(values, site, strict_budget, handles)
+            .map_err(|(value, error)| TryCreateError { value, error })
+    }
 }
 
 impl std::fmt::Debug for Registry {

@@ -8,7 +8,9 @@
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
 //! Never-used slots come from raising `len`, by the owner thread a run at a
-//! time (`fresh.rs`).
+//! time (`fresh.rs`), and by `create_many` a run per batch (`store/batch.rs`).
+
+mod batch;
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -352,13 +354,32 @@ impl<T: MMObject> Store<T> {
     /// the slot until this publishes the generation.
     #[inline(always)]
     fn place(&self, local: u32, value: T, site: &'static Location<'static>) -> NonNull<Slot<T>> {
+        self.place_numbered(local, value, self.sites.number(site).unwrap_or(u32::MAX))
+    }
+
+    /// [`place`](Self::place) with the creation site's number already found.
+    #[inline(always)]
+    fn place_numbered(&self, local: u32, value: T, site_number: u32) -> NonNull<Slot<T>> {
         let slot_ptr = self.slot_ptr(local).expect("an allocated slot's segment is published");
+        // SAFETY: the slot of `local`, which the caller popped or took (see `place`).
+        unsafe { self.place_at(slot_ptr, value, site_number) }
+    }
+
+    /// [`place_numbered`](Self::place_numbered) with the slot's pointer.
+    ///
+    /// # Safety
+    ///
+    /// `slot_ptr` is a slot of one of this store's published segments, with
+    /// the segment's provenance, that the caller popped from the free list
+    /// or took from `len` (so no other thread uses it).
+    #[inline(always)]
+    unsafe fn place_at(&self, slot_ptr: NonNull<Slot<T>>, value: T, site_number: u32) -> NonNull<Slot<T>> {
         // SAFETY: a published segment's slots are initialised and live as long as the store.
         let slot = unsafe { slot_ptr.as_ref() };
         // SAFETY: the slot was popped from the free list or freshly bumped, so
         // this thread owns it exclusively until it publishes the generation below.
         unsafe { slot.write_value(value) };
-        slot.header.site.store(self.sites.number(site).unwrap_or(u32::MAX), Ordering::Relaxed);
+        slot.header.site.store(site_number, Ordering::Relaxed);
         slot.header.word.store(1, Ordering::Relaxed);
         let generation = slot.header.generation.load(Ordering::Relaxed).wrapping_add(1);
         debug_assert!(generation & 1 == 1, "a vacant slot's generation is even");

@@ -1,0 +1,157 @@
+//! Many objects of one type at once, for [`ObjectManager::create_many`]
+//! (a level load): the creation site is numbered and the handles' tag read
+//! once, and never-used slots are taken from `len` a run at a time, then
+//! filled by stepping through each chunk, instead of one compare-exchange
+//! (or one owner's-run step) and one index-to-address lookup per object.
+//!
+//! [`ObjectManager::create_many`]: crate::ObjectManager::create_many
+
+use std::panic::Location;
+use std::ptr::NonNull;
+
+use crate::sync::Ordering;
+use crate::Error;
+
+use super::super::handle::HandleTag;
+use super::super::layout::{locate, Chunks};
+use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::super::{Handle, HandleOrigin, MMObject};
+use super::{SlotSource, Store};
+
+/// The most never-used slots one step of a batch takes from `len`.
+const MAX_TAKE: u32 = 1 << 12;
+
+/// Never-used slots a batch took from `len` and has not filled yet; what is
+/// left when it drops (an iterator that yielded fewer values than its
+/// `size_hint` promised, or panicked) goes back (see [`Store::give_back`]).
+///
+/// # Invariants
+///
+/// - `next..end` are local indices below the store's `len`, in one
+///   published segment, whose slots are vacant, never used and on no list,
+///   known to no other thread. (Until they are filled or given back, the
+///   store's counts take them for objects: a report made meanwhile on
+///   another thread counts at most [`MAX_TAKE`] too many.)
+/// - `slot` is slot `next` (with its segment's provenance) while
+///   `in_chunk > 0`, and `in_chunk` slots lie contiguously from it.
+struct Taken<'s, T: MMObject> {
+    store: &'s Store<T>,
+    next: u32,
+    end: u32,
+    slot: NonNull<Slot<T>>,
+    in_chunk: u32,
+}
+
+impl<T: MMObject> Taken<'_, T> {
+    /// The next never-used slot, taking a run of up to `want()` more from
+    /// `len` (growing the store) when the last one is used up.
+    #[inline]
+    fn next_slot(&mut self, want: impl FnOnce() -> usize) -> Result<NonNull<Slot<T>>, Error> {
+        if self.next == self.end {
+            let want = want().clamp(1, MAX_TAKE as usize) as u32;
+            let (start, end) = self.store.raise_len(want, true)?.expect("a grown segment has room");
+            (self.next, self.end, self.in_chunk) = (start, end, 0);
+        }
+        if self.in_chunk == 0 {
+            (self.slot, self.in_chunk) = self.store.chunk_run(self.next, self.end);
+        }
+        let slot = self.slot;
+        self.next += 1;
+        self.in_chunk -= 1;
+        if self.in_chunk > 0 {
+            // SAFETY: `in_chunk` more slots lie contiguously from `slot`
+            // (invariant), so the next one is in the same allocation.
+            self.slot = unsafe { slot.add(1) };
+        }
+        Ok(slot)
+    }
+}
+
+impl<T: MMObject> Drop for Taken<'_, T> {
+    fn drop(&mut self) {
+        if self.next < self.end {
+            self.store.give_back(self.next, self.end);
+        }
+    }
+}
+
+impl<T: MMObject> Store<T> {
+    /// Creates an object from each of `values`, in order, pushing its handle
+    /// onto `handles`, all created at `site`; on the first error, returns the
+    /// value it refused (the objects made before it keep their handles in
+    /// `handles`, the values after it stay in the iterator).
+    ///
+    /// Each object takes the path `create` would: with a tracker, or while an
+    /// iterator runs, [`try_insert`](Self::try_insert) itself; else a free
+    /// slot, or a never-used one from the batch's run.
+    pub(crate) fn insert_many(
+        &self,
+        values: &mut impl Iterator<Item = T>,
+        site: &'static Location<'static>,
+        strict: bool,
+        handles: &mut Vec<Handle<T>>,
+    ) -> Result<(), (T, Error)> {
+        let site_number = self.sites.number(site).unwrap_or(u32::MAX);
+        let mut taken = Taken { store: self, next: 0, end: 0, slot: NonNull::dangling(), in_chunk: 0 };
+        let mut tag = None;
+        while let Some(value) = values.next() {
+            let slot = if self.tracking.is_none() && self.iterating.load(Ordering::Relaxed) == 0 {
+                match self.pop_free() {
+                    Some(local) => self.place_numbered(local, value, site_number),
+                    // The hint only sizes the next run: a wrong one wastes or
+                    // costs a step, never a slot (`Taken` gives the rest back).
+                    None => match taken.next_slot(|| values.size_hint().0.saturating_add(1)) {
+                        // SAFETY: a never-used slot of a published segment of
+                        // this store, taken from `len` for this batch alone.
+                        Ok(slot) => unsafe { self.place_at(slot, value, site_number) },
+                        Err(error) => return Err((value, error)),
+                    },
+                }
+            } else {
+                self.try_insert(value, site, strict, SlotSource::Manager)?
+            };
+            // SAFETY: `slot` is a slot of this store's published segment.
+            let tag = *tag.get_or_insert_with(|| unsafe { HandleTag::of(slot) });
+            // SAFETY: `place_numbered`, `place_at` and `try_insert` return an
+            // occupied slot of this store (a published segment's) with a
+            // count of one, which the new handle takes over; `tag` was read
+            // from a slot of this store.
+            handles.push(unsafe { Handle::from_counted_tagged(slot, tag, HandleOrigin::Created, site) });
+        }
+        Ok(())
+    }
+
+    /// The slots from `local` to the end of its chunk (or `end`, if sooner):
+    /// the first, and how many.
+    ///
+    /// `local..end` must lie in one published segment, as a run from
+    /// `raise_len` does.
+    fn chunk_run(&self, local: u32, end: u32) -> (NonNull<Slot<T>>, u32) {
+        let (segment, offset) = locate(local, self.config.base_bits);
+        let base = NonNull::new(self.segments[segment].load(Ordering::Acquire)).expect("taken slots are published");
+        // SAFETY: the segment is published, so it holds `segment_len` slots,
+        // and `offset..offset + (end - local)` lies inside it (the caller).
+        unsafe { Chunks::run(base, offset, offset + (end - local)) }
+    }
+
+    /// Takes back never-used slots `start..end` a batch did not fill: as the
+    /// owner's run of fresh slots if the calling thread owns an empty one,
+    /// else retired for good (only an iterator that broke its `size_hint`
+    /// promise, or panicked, leaves any).
+    #[cold]
+    fn give_back(&self, start: u32, end: u32) {
+        if self.fresh.is_owner() && self.fresh.left() == 0 {
+            self.fresh.refill(start, end);
+            return;
+        }
+        for local in start..end {
+            let slot = self.slot(local).expect("taken slots live in published segments");
+            // Marked as `free_slot` marks a slot that reached the limit: an
+            // even generation (vacant) that is never raised again, and a
+            // word that links nowhere. No handle to it was ever made.
+            slot.header.generation.store(GENERATION_LIMIT, Ordering::Release);
+            slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
+            self.retire();
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! `ObjectManager::create_many` and `try_create_many`: the same objects,
+//! handles and counts as a loop of `create`, through the bulk path, and
+//! nothing lost when the iterator misbehaves or a value is refused.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use mmobject::track::Tracker;
+use mmobject::{Error, Handle, MMObject, ObjectManager, WeakHandle};
+
+#[derive(MMObject, Debug, PartialEq)]
+struct Unit {
+    id: u32,
+    hp: [u64; 7],
+}
+
+fn unit(id: u32) -> Unit {
+    Unit { id, hp: [u64::from(id); 7] }
+}
+
+/// A type whose objects may hold handles (its drops take the cyclable path).
+#[derive(MMObject)]
+struct Squad {
+    leader: Option<Handle<Unit>>,
+    id: u32,
+}
+
+/// Small under Miri, where every step is slow; large enough elsewhere to
+/// span several segments and many chunks.
+const N: u32 = if cfg!(miri) { 40 } else { 5000 };
+
+/// An iterator that promises `promised` values in its `size_hint` and
+/// yields `yields`: a safe trait's answer the store must not trust.
+struct Liar {
+    next: u32,
+    yields: u32,
+    promised: usize,
+}
+
+impl Iterator for Liar {
+    type Item = Unit;
+    fn next(&mut self) -> Option<Unit> {
+        (self.next < self.yields).then(|| {
+            self.next += 1;
+            unit(self.next - 1)
+        })
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.promised, Some(self.promised))
+    }
+}
+
+/// Drops what `mm` holds, collects, and checks that shutdown finds nothing
+/// alive, no outliving handle and no leaked memory: the store's counts
+/// matched its slots.
+fn assert_clean_shutdown(mut mm: ObjectManager, handles: Vec<Handle<Unit>>) {
+    drop(handles);
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Unit>(), 0);
+    let report = mm.shutdown();
+    assert!(report.is_empty(), "{report}");
+    assert_eq!(report.outliving_handles(), 0);
+    assert_eq!(report.leaked_bytes(), 0);
+}
+
+#[test]
+fn the_handles_come_back_in_order_each_counted_once() {
+    let mm = ObjectManager::builder().segment_base(4).build();
+    let handles = mm.create_many((0..N).map(unit));
+    assert_eq!(handles.len(), N as usize);
+    assert_eq!(mm.count::<Unit>(), N as usize);
+    for (i, h) in handles.iter().enumerate() {
+        assert_eq!(mm[h], unit(i as u32));
+        assert_eq!(h.ref_count(), 1);
+    }
+    let mut keys: Vec<_> = handles.iter().map(Handle::key).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), N as usize, "every object has its own slot");
+    assert_clean_shutdown(mm, handles);
+}
+
+#[test]
+fn the_creation_site_is_the_callers_line() {
+    let mm = ObjectManager::builder().report_leaks(false).build();
+    let line = line!() + 1;
+    let handles = mm.create_many((0..3).map(unit));
+    // Held only by raw handles, the objects are alive at shutdown (so
+    // reported) and their memory is still freed.
+    let _raw: Vec<_> = handles.into_iter().map(Handle::into_raw).collect();
+    let report = mm.shutdown();
+    assert_eq!(report.len(), 3);
+    for leak in report.iter() {
+        assert_eq!((leak.site.file(), leak.site.line()), (file!(), line));
+    }
+    assert_eq!(report.leaked_bytes(), 0);
+}
+
+#[test]
+fn free_slots_are_reused_first_and_stale_handles_stay_stale() {
+    let mut mm = ObjectManager::builder().segment_base(4).build();
+    let old: Vec<Handle<Unit>> = (0..16).map(|i| mm.create(unit(i))).collect();
+    let weak: Vec<WeakHandle<Unit>> = old.iter().map(Handle::downgrade).collect();
+    let slots_before = mm.report().types[0].slot_bytes;
+    drop(old);
+    mm.collect_garbage();
+    let new = mm.create_many((100..116).map(unit));
+    assert_eq!(mm.report().types[0].slot_bytes, slots_before, "the 16 freed slots were reused");
+    for w in &weak {
+        assert!(mm.get_weak(*w).is_none(), "a reused slot does not revive an old weak handle");
+    }
+    for (i, h) in new.iter().enumerate() {
+        assert_eq!(mm[h].id, 100 + i as u32);
+    }
+    assert_clean_shutdown(mm, new);
+}
+
+#[test]
+fn a_size_hint_that_promises_too_much_loses_no_slot() {
+    // On the thread that made the store (which owns its run of fresh
+    // slots): the slots taken and not filled become that run.
+    let mm = ObjectManager::builder().segment_base(4).build();
+    let handles = mm.create_many(Liar { next: 0, yields: 3, promised: 1000 });
+    assert_eq!(handles.len(), 3);
+    assert_eq!(mm.count::<Unit>(), 3, "counts see no phantom objects");
+    let more: Vec<Handle<Unit>> = (0..5).map(|i| mm.create(unit(i))).collect();
+    assert_eq!(mm.count::<Unit>(), 8);
+    let all: Vec<Handle<Unit>> = handles.into_iter().chain(more).collect();
+    assert_clean_shutdown(mm, all);
+
+    // On another thread: they are retired.
+    let mm = ObjectManager::builder().segment_base(4).build();
+    mm.reserve::<Unit>(1);
+    let handles =
+        std::thread::scope(|s| s.spawn(|| mm.create_many(Liar { next: 0, yields: 2, promised: 500 })).join().unwrap());
+    assert_eq!(handles.len(), 2);
+    assert_eq!(mm.count::<Unit>(), 2, "counts see no phantom objects");
+    assert_clean_shutdown(mm, handles);
+}
+
+#[test]
+fn a_size_hint_that_promises_too_little_still_creates_everything() {
+    let mm = ObjectManager::new();
+    let handles = mm.create_many(Liar { next: 0, yields: N, promised: 0 });
+    assert_eq!(handles.len(), N as usize);
+    assert_eq!(mm.count::<Unit>(), N as usize);
+    assert_clean_shutdown(mm, handles);
+}
+
+#[test]
+fn an_iterator_that_panics_leaves_the_store_consistent() {
+    let mut mm = ObjectManager::builder().segment_base(4).build();
+    let values = (0..100).map(|i| if i == 7 { panic!("the level file is corrupt") } else { unit(i) });
+    let caught = catch_unwind(AssertUnwindSafe(|| mm.create_many(values)));
+    assert!(caught.is_err());
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Unit>(), 0, "the 7 made before the panic were released by the unwind");
+    let handles = mm.create_many((0..10).map(unit));
+    assert_eq!(mm.count::<Unit>(), 10);
+    assert_clean_shutdown(mm, handles);
+}
+
+#[test]
+fn try_create_many_keeps_what_it_made_and_hands_back_the_refused_value() {
+    let mm = ObjectManager::builder().max_objects_per_type(50).build();
+    let first = mm.create(unit(0));
+    let mut handles = vec![first];
+    let mut wave = (1..80).map(unit);
+    let refused = mm.try_create_many(wave.by_ref(), &mut handles).unwrap_err();
+    assert!(matches!(refused.error, Error::CapacityExceeded { limit: 50, .. }), "{:?}", refused.error);
+    assert_eq!(refused.value, unit(50));
+    assert_eq!(handles.len(), 50);
+    assert_eq!(wave.next(), Some(unit(51)), "the values after the refused one stay in the iterator");
+    assert_eq!(mm.count::<Unit>(), 50);
+    for (i, h) in handles.iter().enumerate() {
+        assert_eq!(mm[h].id, i as u32);
+    }
+    assert_clean_shutdown(mm, handles);
+}
+
+#[test]
+#[should_panic(expected = "capacity")]
+fn create_many_panics_on_the_first_refused_value() {
+    let mm = ObjectManager::builder().max_objects_per_type(4).report_leaks(false).build();
+    let _handles = mm.create_many((0..10).map(unit));
+}
+
+#[test]
+fn with_a_tracker_each_object_is_charged_and_budgets_hold() {
+    static TRACKER: Tracker = Tracker::new();
+    let tag = TRACKER.tag_named("Unit");
+    let each = std::mem::size_of::<Unit>();
+    TRACKER.set_budget(tag, 10 * each);
+    let mut mm = ObjectManager::builder().tracker(&TRACKER).build();
+    let mut handles = Vec::new();
+    let refused = mm.try_create_many((0..20).map(unit), &mut handles).unwrap_err();
+    assert!(matches!(refused.error, Error::BudgetExceeded { .. }), "{:?}", refused.error);
+    assert_eq!(handles.len(), 10);
+    assert_eq!(TRACKER.tag_stats(tag).bytes, 10 * each);
+    drop(handles);
+    mm.collect_garbage();
+    assert_eq!(TRACKER.tag_stats(tag).bytes, 0, "every charge credited back");
+}
+
+#[test]
+fn objects_made_while_an_iterator_runs_are_not_yielded_by_it() {
+    let mm = ObjectManager::new();
+    let first = mm.create_many((0..4).map(unit));
+    let mut seen = 0;
+    let mut later = Vec::new();
+    for (_, u) in mm.iter::<Unit>() {
+        if later.is_empty() {
+            later = mm.create_many((100..140).map(unit));
+        }
+        assert!(u.id < 100, "a running iterator never yields an object created after it began");
+        seen += 1;
+    }
+    assert_eq!(seen, 4);
+    assert_eq!(mm.count::<Unit>(), 44);
+    let all: Vec<Handle<Unit>> = first.into_iter().chain(later).collect();
+    assert_clean_shutdown(mm, all);
+}
+
+#[test]
+fn threads_creating_many_at_once_get_distinct_slots() {
+    let threads = if cfg!(miri) { 2 } else { 4 };
+    let mm = ObjectManager::builder().segment_base(4).build();
+    let batches: Vec<Vec<Handle<Unit>>> = std::thread::scope(|s| {
+        let spawned: Vec<_> = (0..threads)
+            .map(|t| {
+                let mm = &mm;
+                s.spawn(move || mm.create_many((0..N).map(|i| unit(t * N + i))))
+            })
+            .collect();
+        spawned.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let handles: Vec<Handle<Unit>> = batches.into_iter().flatten().collect();
+    assert_eq!(mm.count::<Unit>(), (threads * N) as usize);
+    let mut ids: Vec<u32> = handles.iter().map(|h| mm[h].id).collect();
+    ids.sort_unstable();
+    assert!(ids.iter().copied().eq(0..threads * N), "each object holds its own value");
+    assert_clean_shutdown(mm, handles);
+}
+
+#[test]
+fn handles_count_as_creates_do_with_an_owner_and_for_types_that_hold_handles() {
+    let mut mm = ObjectManager::builder().owner_thread(true).segment_base(4).build();
+    let units = mm.create_many((0..N).map(unit));
+    let squads =
+        mm.create_many(units.iter().take(8).enumerate().map(|(i, u)| Squad { leader: Some(u.clone()), id: i as u32 }));
+    // Clones and drops on the owner, then on another thread.
+    let clones: Vec<Handle<Unit>> = units.iter().map(Handle::clone).collect();
+    assert!(units.iter().take(8).all(|u| u.ref_count() == 3));
+    assert!(units.iter().skip(8).all(|u| u.ref_count() == 2));
+    std::thread::scope(|s| {
+        s.spawn(move || drop(clones));
+    });
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Unit>(), N as usize);
+    assert_eq!(mm[&squads[3]].id, 3);
+    drop(squads);
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Squad>(), 0);
+    assert!(units.iter().all(|u| u.ref_count() == 1), "the squads' leaders were released");
+    assert_clean_shutdown(mm, units);
+}
