@@ -251,7 +251,7 @@ impl Registry {
     #[inline(never)]
     pub(crate) fn create_many_at<T: MMObject>(
         &self,
-        values: &mut impl Iterator<Item = T>,
+        mut values: impl Iterator<Item = T>,
         site: &'static Location<'static>,
         strict_budget: bool,
         handles: &mut Vec<Handle<T>>,

@@ -86,7 +86,7 @@ impl<T: MMObject> Store<T> {
     /// slot, or a never-used one from the batch's run.
     pub(crate) fn insert_many(
         &self,
-        values: &mut impl Iterator<Item = T>,
+        mut values: impl Iterator<Item = T>,
         site: &'static Location<'static>,
         strict: bool,
         handles: &mut Vec<Handle<T>>,
