@@ -891,6 +891,8 @@ fn o1b_load(c: &mut Criterion) {
 
 /// O1c, a level unload: drop 100k handles, `collect_garbage`, drop the empty
 /// manager (slotmap: remove 100k keys, drop the map). Loading is not timed.
+/// `mmobject_release_many` gives the handles back with one `release_many`
+/// call instead of dropping the `Vec`, the bulk form an unload uses.
 fn o1c_unload(c: &mut Criterion) {
     let mut group = c.benchmark_group("O1c_unload");
     group.throughput(Throughput::Elements(FRAME_LIVE as u64));
@@ -906,6 +908,17 @@ fn o1c_unload(c: &mut Criterion) {
     };
     group.bench_function("mmobject", |b| cpu_iter_with_setup(b, || loaded(ObjectManager::new()), unload));
     group.bench_function("mmobject_owner", |b| cpu_iter_with_setup(b, || loaded(owned()), unload));
+    group.bench_function("mmobject_release_many", |b| {
+        cpu_iter_with_setup(
+            b,
+            || loaded(ObjectManager::new()),
+            |(handles, mut mm): (Vec<Handle<Obj>>, ObjectManager)| {
+                mm.release_many(handles);
+                black_box(mm.collect_garbage());
+                drop(mm);
+            },
+        )
+    });
     group.bench_function("mmobject_global_alloc", |b| cpu_iter_with_setup(b, || loaded(manager_on_global()), unload));
     group.bench_function("slotmap_remove", |b| {
         cpu_iter_with_setup(

@@ -298,6 +298,20 @@
 //! on another thread counts its unfilled slots as objects (at most 4,096).
 //! Loom: `tests/loom.rs`, `a_batch_races_the_owners_create`.
 //!
+//! [`release_many`](crate::ObjectManager::release_many) (an unload) is the
+//! other direction, under `&mut ObjectManager`. A handle whose slot's count
+//! word reads exactly one (with `Acquire`: no flag, and no owner's
+//! reservation, which is part of the count) is its object's only reference,
+//! and while the manager is borrowed mutably nothing can make another: a new
+//! strong handle comes only from an existing one, or through the manager
+//! (`upgrade`, raw handles, views), and loaders only create. So the release
+//! links the slot into a chain in its count word with a plain store, forgets
+//! the handle, and pushes the chain onto the dead list once; the next
+//! collection destroys the objects as any others. Every other handle (a
+//! larger count, another manager's, a store of a type that may hold handles,
+//! the `handle-sites` feature) drops the ordinary way. Loom:
+//! `a_release_races_a_workers_drop` (a worker drops the other handle meanwhile).
+//!
 //! # Who owns what: the registry, collection and loaders
 //!
 //! The manager holds its type table and stores in an `Arc`'d registry, and

@@ -360,6 +360,26 @@ fn a_batch_races_the_owners_create() {
     });
 }
 
+/// `release_many` of one handle while a worker drops the object's other
+/// handle: whichever goes last makes the object dead (the release with a
+/// plain load when it sees a count of one, else an ordinary drop), and the
+/// collection destroys it exactly once.
+#[test]
+fn a_release_races_a_workers_drop() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        let mine = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let theirs = mine.clone();
+        let worker = thread::spawn(move || drop(theirs));
+        mm.release_many([mine]);
+        worker.join().unwrap();
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
 /// A store allocator that refuses its first segment once armed, then serves.
 #[derive(Clone, Default)]
 struct RefuseOneSegment(Arc<std::sync::atomic::AtomicBool>);

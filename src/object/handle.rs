@@ -335,6 +335,35 @@ impl<T> Handle<T> {
     }
 }
 
+impl<T> Handle<T> {
+    /// Gives up the handle's count without an atomic read-modify-write if it
+    /// is its object's only reference: `Ok` with the slot, which the caller
+    /// must put on its store's dead list, else the handle back (a type whose
+    /// objects may hold handles, or with the `handle-sites` feature, always).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of the handle's manager. With a
+    /// count of one, only this handle references the object, and only the
+    /// manager (`upgrade`, raw handles, views) can make another: so nothing
+    /// can add a count, and the object is dead once this returns `Ok`. The
+    /// caller puts the slot on the dead list before that borrow ends.
+    pub(crate) unsafe fn release_last(self) -> Result<NonNull<Slot<T>>, Self> {
+        if cfg!(feature = "handle-sites") || self.counting() == Counting::Cyclable {
+            return Err(self);
+        }
+        // Exactly one: no flag, no owner's reservation (it is part of the
+        // count). Acquire: pairs with the `Release` of the other handles'
+        // drops, so their uses of the object come before its destruction.
+        if self.slot().header.word.load(AtomicOrdering::Acquire) != 1 {
+            return Err(self);
+        }
+        let slot = self.slot_ptr();
+        std::mem::forget(self);
+        Ok(slot)
+    }
+}
+
 impl<T> Clone for Handle<T> {
     #[inline]
     #[cfg_attr(feature = "handle-sites", track_caller)]

@@ -16,7 +16,7 @@ use super::super::handle::HandleTag;
 use super::super::layout::{locate, Chunks};
 use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::super::{Handle, HandleOrigin, MMObject};
-use super::{SlotSource, Store};
+use super::{SlotChain, SlotSource, Store};
 
 /// The most never-used slots one step of a batch takes from `len`.
 const MAX_TAKE: u32 = 1 << 12;
@@ -119,6 +119,36 @@ impl<T: MMObject> Store<T> {
             handles.push(unsafe { Handle::from_counted_tagged(slot, tag, HandleOrigin::Created, site) });
         }
         Ok(())
+    }
+
+    /// Drops `handles`, putting the objects whose last reference they held
+    /// straight on the dead list, in one push, with no atomic
+    /// read-modify-write per handle; other handles (shared objects, another
+    /// manager's, types whose objects may hold handles) drop as usual.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager.
+    pub(crate) unsafe fn release_many(&self, handles: impl Iterator<Item = Handle<T>>) {
+        let mut dead = SlotChain::default();
+        for handle in handles {
+            if handle.manager_id() != self.config.manager_id {
+                drop(handle);
+                continue;
+            }
+            // SAFETY: the caller holds `&mut ObjectManager` of the handle's
+            // manager (this store's); the slot goes onto the dead list below.
+            if let Ok(slot) = unsafe { handle.release_last() } {
+                // SAFETY: a handle's slot lies in a published segment of its
+                // store, which lives as long as the store.
+                let (local, slot) = unsafe { (Chunks::local(slot), slot.as_ref()) };
+                dead.push(local, slot);
+            }
+        }
+        if dead.head != NIL {
+            let tail = self.slot(dead.tail).expect("dead slots live in published segments");
+            self.shared().push_dead_chain(dead.head, &tail.header.word);
+        }
     }
 
     /// The slots from `local` to the end of its chunk (or `end`, if sooner):

@@ -1,8 +1,11 @@
-//! `ObjectManager::create_many` and `try_create_many`: the same objects,
-//! handles and counts as a loop of `create`, through the bulk path, and
-//! nothing lost when the iterator misbehaves or a value is refused.
+//! The bulk calls. `create_many` and `try_create_many`: the same objects,
+//! handles and counts as a loop of `create`, and nothing lost when the
+//! iterator misbehaves or a value is refused. `release_many`: the same
+//! outcome as dropping the handles, whoever else holds them.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use mmobject::track::Tracker;
 use mmobject::{Error, Handle, MMObject, ObjectManager, WeakHandle};
@@ -262,4 +265,112 @@ fn handles_count_as_creates_do_with_an_owner_and_for_types_that_hold_handles() {
     assert_eq!(mm.count::<Squad>(), 0);
     assert!(units.iter().all(|u| u.ref_count() == 1), "the squads' leaders were released");
     assert_clean_shutdown(mm, units);
+}
+
+// ---- release_many ----------------------------------------------------------
+
+/// Counts its drops, to check each object is destroyed exactly once.
+#[derive(MMObject)]
+struct Counted {
+    id: u32,
+    #[mm(skip)]
+    drops: Arc<AtomicUsize>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn counted(mm: &ObjectManager, n: u32, drops: &Arc<AtomicUsize>) -> Vec<Handle<Counted>> {
+    mm.create_many((0..n).map(|id| Counted { id, drops: Arc::clone(drops) }))
+}
+
+#[test]
+fn released_objects_die_at_once_and_are_destroyed_once_by_the_next_collection() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut mm = ObjectManager::builder().segment_base(4).build();
+    let level = counted(&mm, N, &drops);
+    let weak: Vec<WeakHandle<Counted>> = level.iter().map(Handle::downgrade).collect();
+    mm.release_many(level);
+    assert!(weak.iter().all(|w| mm.upgrade(*w).is_none()), "dead from the release on");
+    assert_eq!(drops.load(Ordering::SeqCst), 0, "destroyed only by collection");
+    assert_eq!(mm.collect_garbage().objects, N as usize);
+    assert_eq!(drops.load(Ordering::SeqCst), N as usize);
+    assert_eq!(mm.count::<Counted>(), 0);
+    let report = mm.shutdown();
+    assert!(report.is_empty() && report.leaked_bytes() == 0);
+}
+
+#[test]
+fn shared_objects_survive_a_release_of_one_of_their_handles() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut mm = ObjectManager::new();
+    let level = counted(&mm, 10, &drops);
+    let kept: Vec<Handle<Counted>> = level.iter().step_by(3).cloned().collect();
+    mm.release_many(level);
+    assert_eq!(mm.collect_garbage().objects, 6);
+    assert_eq!(mm.count::<Counted>(), 4);
+    assert!(kept.iter().all(|h| h.ref_count() == 1));
+    assert_eq!(kept.iter().map(|h| mm[h].id).collect::<Vec<_>>(), [0, 3, 6, 9]);
+    mm.release_many(kept);
+    assert_eq!(mm.collect_garbage().objects, 4);
+    assert_eq!(drops.load(Ordering::SeqCst), 10);
+}
+
+#[test]
+fn another_managers_handles_drop_the_ordinary_way() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut mm = ObjectManager::new();
+    let mut other = ObjectManager::new();
+    let mine = counted(&mm, 5, &drops);
+    let theirs = counted(&other, 5, &drops);
+    mm.release_many(theirs.into_iter().chain(mine));
+    assert_eq!(mm.collect_garbage().objects, 5);
+    assert_eq!(other.collect_garbage().objects, 5, "released to their own manager");
+    assert_eq!(drops.load(Ordering::SeqCst), 10);
+    // A manager with no store of the type only drops them.
+    let mut empty = ObjectManager::new();
+    empty.release_many(counted(&other, 3, &drops));
+    assert_eq!(other.collect_garbage().objects, 3);
+}
+
+#[test]
+fn types_that_hold_handles_and_owned_managers_release_correctly() {
+    let mut mm = ObjectManager::builder().owner_thread(true).segment_base(4).build();
+    let units = mm.create_many((0..N).map(unit));
+    let squads =
+        mm.create_many(units.iter().take(4).enumerate().map(|(i, u)| Squad { leader: Some(u.clone()), id: i as u32 }));
+    // The owner's own clones and drops leave a reservation in some counts.
+    for u in units.iter().take(16) {
+        drop(u.clone());
+    }
+    // Another thread holds clones of a few, and drops them meanwhile.
+    let held: Vec<Handle<Unit>> = units.iter().skip(16).take(8).cloned().collect();
+    let worker = std::thread::spawn(move || drop(held));
+    mm.release_many(squads);
+    mm.release_many(units);
+    worker.join().unwrap();
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Squad>(), 0);
+    assert_eq!(mm.count::<Unit>(), 0, "the squads' leaders went with them");
+    let report = mm.shutdown();
+    assert!(report.is_empty() && report.leaked_bytes() == 0);
+}
+
+#[test]
+fn a_manager_moved_to_another_thread_releases_there() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mm = ObjectManager::new();
+    let level = counted(&mm, 100, &drops);
+    let mut mm = std::thread::spawn(move || {
+        let mut mm = mm;
+        mm.release_many(level);
+        mm
+    })
+    .join()
+    .unwrap();
+    assert_eq!(mm.collect_garbage().objects, 100);
+    assert_eq!(drops.load(Ordering::SeqCst), 100);
 }
