@@ -1,10 +1,17 @@
-//! Many objects of one type at once, for [`ObjectManager::create_many`]
-//! (a level load): the creation site is numbered and the handles' tag read
-//! once, and never-used slots are taken from `len` a run at a time, then
-//! filled by stepping through each chunk, instead of one compare-exchange
-//! (or one owner's-run step) and one index-to-address lookup per object.
+//! Many objects of one type at once.
+//!
+//! [`ObjectManager::create_many`] (a level load): the creation site is
+//! numbered and the handles' tag read once, and never-used slots are taken
+//! from `len` a run at a time, then filled by stepping through each chunk,
+//! instead of one compare-exchange (or one owner's-run step) and one
+//! index-to-address lookup per object.
+//!
+//! [`ObjectManager::release_many`] (an unload): under `&mut ObjectManager`,
+//! the objects the handles alone hold go dead with a plain load each and
+//! onto the dead list in one push (see `implementation.rs`).
 //!
 //! [`ObjectManager::create_many`]: crate::ObjectManager::create_many
+//! [`ObjectManager::release_many`]: crate::ObjectManager::release_many
 
 use std::panic::Location;
 use std::ptr::NonNull;
