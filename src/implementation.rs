@@ -305,12 +305,16 @@
 //! and while the manager is borrowed mutably nothing can make another: a new
 //! strong handle comes only from an existing one, or through the manager
 //! (`upgrade`, raw handles, views), and loaders only create. So the release
-//! links the slot into a chain in its count word with a plain store, forgets
-//! the handle, and pushes the chain onto the dead list once; the next
-//! collection destroys the objects as any others. Every other handle (a
+//! forgets the handle, marks the word dead (no count) with a plain store and
+//! destroys the object at once, through the same per-object step as
+//! collection (`Store::destroy_dead`: `size()`, the destroy hook, the event,
+//! the slot freed, the value dropped, the tracker credited), while the slot
+//! is still in cache; the freed slots go onto the free list in one chain at
+//! the end, or during the unwind if a `Drop` panics. Every other handle (a
 //! larger count, another manager's, a store of a type that may hold handles,
-//! the `handle-sites` feature) drops the ordinary way. Loom:
-//! `a_release_races_a_workers_drop` (a worker drops the other handle meanwhile).
+//! whose drops keep the cycle collector's candidates) drops the ordinary way,
+//! and collection destroys its object. Loom: `a_release_races_a_workers_drop` (a worker
+//! drops the other handle meanwhile).
 //!
 //! # Who owns what: the registry, collection and loaders
 //!

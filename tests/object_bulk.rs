@@ -1,7 +1,7 @@
 //! The bulk calls. `create_many` and `try_create_many`: the same objects,
 //! handles and counts as a loop of `create`, and nothing lost when the
 //! iterator misbehaves or a value is refused. `release_many`: the same
-//! outcome as dropping the handles, whoever else holds them.
+//! outcome as dropping the handles and collecting, whoever else holds them.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -288,17 +288,57 @@ fn counted(mm: &ObjectManager, n: u32, drops: &Arc<AtomicUsize>) -> Vec<Handle<C
 }
 
 #[test]
-fn released_objects_die_at_once_and_are_destroyed_once_by_the_next_collection() {
+fn released_objects_are_destroyed_once_at_the_release() {
     let drops = Arc::new(AtomicUsize::new(0));
-    let mut mm = ObjectManager::builder().segment_base(4).build();
+    let mut mm = ObjectManager::builder().segment_base(4).destroy_events(true).build();
     let level = counted(&mm, N, &drops);
     let weak: Vec<WeakHandle<Counted>> = level.iter().map(Handle::downgrade).collect();
-    mm.release_many(level);
-    assert!(weak.iter().all(|w| mm.upgrade(*w).is_none()), "dead from the release on");
-    assert_eq!(drops.load(Ordering::SeqCst), 0, "destroyed only by collection");
-    assert_eq!(mm.collect_garbage().objects, N as usize);
+    let hooked = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&hooked);
+    mm.on_destroy::<Counted>(move |_, _| {
+        seen.fetch_add(1, Ordering::SeqCst);
+    });
+    let stats = mm.release_many(level);
+    assert_eq!((stats.objects, stats.rounds), (N as usize, 1));
+    assert_eq!(stats.bytes, N as usize * std::mem::size_of::<Counted>());
     assert_eq!(drops.load(Ordering::SeqCst), N as usize);
+    assert_eq!(hooked.load(Ordering::SeqCst), N as usize, "the destroy hook saw each");
+    assert_eq!(mm.drain_destroyed().count(), N as usize, "an event for each");
+    assert!(weak.iter().all(|w| mm.upgrade(*w).is_none()));
     assert_eq!(mm.count::<Counted>(), 0);
+    assert_eq!(mm.collect_garbage().objects, 0, "nothing left for collection");
+    // The freed slots are reused.
+    let slots = mm.report().types[0].slot_bytes;
+    let again = counted(&mm, N, &drops);
+    assert_eq!(mm.report().types[0].slot_bytes, slots);
+    mm.release_many(again);
+    let report = mm.shutdown();
+    assert!(report.is_empty() && report.leaked_bytes() == 0);
+}
+
+#[derive(MMObject)]
+struct Fragile {
+    id: u32,
+}
+
+impl Drop for Fragile {
+    fn drop(&mut self) {
+        if self.id == 3 {
+            panic!("fragile 3 breaks");
+        }
+    }
+}
+
+#[test]
+fn a_panicking_drop_leaves_the_manager_consistent() {
+    let mut mm = ObjectManager::new();
+    let level = mm.create_many((0..8).map(|id| Fragile { id }));
+    let caught = catch_unwind(AssertUnwindSafe(|| mm.release_many(level)));
+    assert!(caught.is_err());
+    // 0..=3 were destroyed (3 with its panic); 4..8 dropped the ordinary way
+    // in the unwind, and collection destroys them.
+    assert_eq!(mm.collect_garbage().objects, 4);
+    assert_eq!(mm.count::<Fragile>(), 0);
     let report = mm.shutdown();
     assert!(report.is_empty() && report.leaked_bytes() == 0);
 }
@@ -309,13 +349,12 @@ fn shared_objects_survive_a_release_of_one_of_their_handles() {
     let mut mm = ObjectManager::new();
     let level = counted(&mm, 10, &drops);
     let kept: Vec<Handle<Counted>> = level.iter().step_by(3).cloned().collect();
-    mm.release_many(level);
-    assert_eq!(mm.collect_garbage().objects, 6);
+    assert_eq!(mm.release_many(level).objects, 6);
+    assert_eq!(mm.collect_garbage().objects, 0);
     assert_eq!(mm.count::<Counted>(), 4);
     assert!(kept.iter().all(|h| h.ref_count() == 1));
     assert_eq!(kept.iter().map(|h| mm[h].id).collect::<Vec<_>>(), [0, 3, 6, 9]);
-    mm.release_many(kept);
-    assert_eq!(mm.collect_garbage().objects, 4);
+    assert_eq!(mm.release_many(kept).objects, 4);
     assert_eq!(drops.load(Ordering::SeqCst), 10);
 }
 
@@ -326,8 +365,7 @@ fn another_managers_handles_drop_the_ordinary_way() {
     let mut other = ObjectManager::new();
     let mine = counted(&mm, 5, &drops);
     let theirs = counted(&other, 5, &drops);
-    mm.release_many(theirs.into_iter().chain(mine));
-    assert_eq!(mm.collect_garbage().objects, 5);
+    assert_eq!(mm.release_many(theirs.into_iter().chain(mine)).objects, 5);
     assert_eq!(other.collect_garbage().objects, 5, "released to their own manager");
     assert_eq!(drops.load(Ordering::SeqCst), 10);
     // A manager with no store of the type only drops them.
@@ -364,13 +402,14 @@ fn a_manager_moved_to_another_thread_releases_there() {
     let drops = Arc::new(AtomicUsize::new(0));
     let mm = ObjectManager::new();
     let level = counted(&mm, 100, &drops);
-    let mut mm = std::thread::spawn(move || {
+    let (mut mm, destroyed) = std::thread::spawn(move || {
         let mut mm = mm;
-        mm.release_many(level);
-        mm
+        let destroyed = mm.release_many(level).objects;
+        (mm, destroyed)
     })
     .join()
     .unwrap();
-    assert_eq!(mm.collect_garbage().objects, 100);
+    assert_eq!(destroyed, 100);
+    assert_eq!(mm.collect_garbage().objects, 0);
     assert_eq!(drops.load(Ordering::SeqCst), 100);
 }

@@ -337,9 +337,10 @@ impl<T> Handle<T> {
 
 impl<T> Handle<T> {
     /// Gives up the handle's count without an atomic read-modify-write if it
-    /// is its object's only reference: `Ok` with the slot, which the caller
-    /// must put on its store's dead list, else the handle back (a type whose
-    /// objects may hold handles, or with the `handle-sites` feature, always).
+    /// is its object's only reference: `Ok` with the slot, whose object the
+    /// caller must destroy, else the handle back (always for a type whose
+    /// objects may hold handles: their drops keep the cycle collector's
+    /// candidates).
     ///
     /// # Safety
     ///
@@ -347,9 +348,9 @@ impl<T> Handle<T> {
     /// count of one, only this handle references the object, and only the
     /// manager (`upgrade`, raw handles, views) can make another: so nothing
     /// can add a count, and the object is dead once this returns `Ok`. The
-    /// caller puts the slot on the dead list before that borrow ends.
+    /// caller destroys it before that borrow ends.
     pub(crate) unsafe fn release_last(self) -> Result<NonNull<Slot<T>>, Self> {
-        if cfg!(feature = "handle-sites") || self.counting() == Counting::Cyclable {
+        if self.counting() == Counting::Cyclable {
             return Err(self);
         }
         // Exactly one: no flag, no owner's reservation (it is part of the
@@ -358,6 +359,8 @@ impl<T> Handle<T> {
         if self.slot().header.word.load(AtomicOrdering::Acquire) != 1 {
             return Err(self);
         }
+        #[cfg(feature = "handle-sites")]
+        self.unregister_site();
         let slot = self.slot_ptr();
         std::mem::forget(self);
         Ok(slot)

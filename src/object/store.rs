@@ -682,44 +682,73 @@ impl<T: MMObject> Store<T> {
             // as long as the store.
             let slot = unsafe { &*slot_ptr };
             requeue.rest = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-            requeue.current = local;
-            let generation = slot.header.generation.load(Ordering::Relaxed);
-            // A panicking `size()` or hook must not keep the object queued
-            // forever (every later collection, and shutdown, would stop at
-            // it): destroy the object first, then let the panic propagate.
-            let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                // SAFETY: a dead slot is still occupied, and the caller's
-                // `&mut ObjectManager` excludes every other reference to it.
-                let value = unsafe { slot.value_mut() };
-                let bytes = value.size();
-                if let Some(hook) = hook.as_mut() {
-                    hook(self.key_of(local, generation), value);
-                }
-                bytes
-            }));
-            requeue.current = NIL;
-            if let Some(events) = events.as_deref_mut() {
-                events.push(Destroyed::new::<T>(self.key_of(local, generation)));
-            }
-            requeue.freed.destroyed += 1;
-            if self.free_slot(slot) {
-                requeue.freed.push(local, slot);
-            }
-            // SAFETY: the slot was occupied (its value initialised) and is now
-            // vacant and unreachable from any handle; the value is dropped
-            // exactly once, here.
-            unsafe { slot.drop_value() };
             *budget -= 1;
-            stats.objects += 1;
-            if let Some(tracking) = &self.tracking {
-                tracking.release(local);
-            }
-            match seen {
-                Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),
-                Err(payload) => std::panic::resume_unwind(payload),
-            }
+            // SAFETY: a slot taken off the dead list holds a dead object that
+            // nothing references; the caller holds `&mut ObjectManager`.
+            unsafe { self.destroy_dead(local, slot, &mut requeue, &mut hook, events.as_deref_mut(), stats) };
         }
         requeue.freed.destroyed as usize
+    }
+
+    /// Destroys the dead object in slot `local`: its `size()` and the destroy
+    /// hook, its event, the slot freed into `requeue`'s chain, its value
+    /// dropped, its tracker charge credited.
+    ///
+    /// If `size()`, the hook or the value's `Drop` panics, the object is
+    /// destroyed all the same (its value counts as dropped, as after any
+    /// panicking drop) and the panic propagates; `requeue` finishes the rest
+    /// as it drops.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager, and the
+    /// slot holds a dead object (occupied, its count gone, on no list) that
+    /// nothing references.
+    #[inline(always)]
+    unsafe fn destroy_dead(
+        &self,
+        local: u32,
+        slot: &Slot<T>,
+        requeue: &mut Requeue<'_, T>,
+        hook: &mut Option<DestroyHook<T>>,
+        events: Option<&mut Vec<Destroyed>>,
+        stats: &mut CollectStats,
+    ) {
+        requeue.current = local;
+        let generation = slot.header.generation.load(Ordering::Relaxed);
+        // A panicking `size()` or hook must not keep the object queued
+        // forever (every later collection, and shutdown, would stop at
+        // it): destroy the object first, then let the panic propagate.
+        let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: a dead slot is still occupied, and the caller's
+            // `&mut ObjectManager` excludes every other reference to it.
+            let value = unsafe { slot.value_mut() };
+            let bytes = value.size();
+            if let Some(hook) = hook.as_mut() {
+                hook(self.key_of(local, generation), value);
+            }
+            bytes
+        }));
+        requeue.current = NIL;
+        if let Some(events) = events {
+            events.push(Destroyed::new::<T>(self.key_of(local, generation)));
+        }
+        requeue.freed.destroyed += 1;
+        if self.free_slot(slot) {
+            requeue.freed.push(local, slot);
+        }
+        // SAFETY: the slot was occupied (its value initialised) and is now
+        // vacant and unreachable from any handle; the value is dropped
+        // exactly once, here.
+        unsafe { slot.drop_value() };
+        stats.objects += 1;
+        if let Some(tracking) = &self.tracking {
+            tracking.release(local);
+        }
+        match seen {
+            Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),
+            Err(payload) => std::panic::resume_unwind(payload),
+        }
     }
 
     /// Decides the queued checks (see `owner_counts.rs`): the dead go onto

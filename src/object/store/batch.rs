@@ -7,8 +7,9 @@
 //! index-to-address lookup per object.
 //!
 //! [`ObjectManager::release_many`] (an unload): under `&mut ObjectManager`,
-//! the objects the handles alone hold go dead with a plain load each and
-//! onto the dead list in one push (see `implementation.rs`).
+//! the objects the handles alone hold are given up with a plain load each
+//! and destroyed at once, through collection's per-object step (see
+//! `implementation.rs`).
 //!
 //! [`ObjectManager::create_many`]: crate::ObjectManager::create_many
 //! [`ObjectManager::release_many`]: crate::ObjectManager::release_many
@@ -22,8 +23,9 @@ use crate::Error;
 use super::super::handle::HandleTag;
 use super::super::layout::{locate, Chunks};
 use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::super::{CollectStats, Destroyed};
 use super::super::{Handle, HandleOrigin, MMObject};
-use super::{SlotChain, SlotSource, Store};
+use super::{Requeue, SlotChain, SlotSource, Store};
 
 /// The most never-used slots one step of a batch takes from `len`.
 const MAX_TAKE: u32 = 1 << 12;
@@ -128,34 +130,49 @@ impl<T: MMObject> Store<T> {
         Ok(())
     }
 
-    /// Drops `handles`, putting the objects whose last reference they held
-    /// straight on the dead list, in one push, with no atomic
-    /// read-modify-write per handle; other handles (shared objects, another
-    /// manager's, types whose objects may hold handles) drop as usual.
+    /// Drops `handles`, destroying at once the objects whose only reference
+    /// they held (as a collection would, recording events in `events`), with
+    /// no atomic read-modify-write per handle; other handles (shared objects,
+    /// another manager's, types whose objects may hold handles) drop as
+    /// usual. Returns what it destroyed.
+    ///
+    /// If a value's `Drop`, `size()` or the destroy hook panics, that object
+    /// is destroyed all the same, the panic propagates, and the handles not
+    /// reached yet drop as usual during the unwind.
     ///
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager.
-    pub(crate) unsafe fn release_many(&self, handles: impl Iterator<Item = Handle<T>>) {
-        let mut dead = SlotChain::default();
+    pub(crate) unsafe fn release_many(
+        &self,
+        handles: impl Iterator<Item = Handle<T>>,
+        mut events: Option<&mut Vec<Destroyed>>,
+    ) -> CollectStats {
+        let mut stats = CollectStats::default();
+        self.note_peak();
+        let mut hook = self.on_destroy.lock();
+        let mut requeue = Requeue { store: self, rest: NIL, current: NIL, freed: SlotChain::default() };
         for handle in handles {
             if handle.manager_id() != self.config.manager_id {
                 drop(handle);
                 continue;
             }
             // SAFETY: the caller holds `&mut ObjectManager` of the handle's
-            // manager (this store's); the slot goes onto the dead list below.
+            // manager (this store's); the object is destroyed below.
             if let Ok(slot) = unsafe { handle.release_last() } {
                 // SAFETY: a handle's slot lies in a published segment of its
                 // store, which lives as long as the store.
                 let (local, slot) = unsafe { (Chunks::local(slot), slot.as_ref()) };
-                dead.push(local, slot);
+                // Dead from here, as on the dead list: the word holds no count.
+                slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
+                // SAFETY: the object is dead (its last reference was the
+                // handle just given up) and on no list; the caller holds
+                // `&mut ObjectManager`.
+                unsafe { self.destroy_dead(local, slot, &mut requeue, &mut hook, events.as_deref_mut(), &mut stats) };
             }
         }
-        if dead.head != NIL {
-            let tail = self.slot(dead.tail).expect("dead slots live in published segments");
-            self.shared().push_dead_chain(dead.head, &tail.header.word);
-        }
+        stats.rounds = usize::from(stats.objects > 0);
+        stats
     }
 
     /// The slots from `local` to the end of its chunk (or `end`, if sooner):
