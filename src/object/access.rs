@@ -42,7 +42,8 @@ impl ObjectManager {
         debug_assert!(slot.header.generation.load(Ordering::Relaxed) & 1 == 1, "a handle's slot is occupied");
         // SAFETY: the handle is counted, so its slot is occupied and its value
         // initialised; it belongs to this manager, and `&self` keeps
-        // collection (the only thing that destroys values) away.
+        // collection and `release_many` (the only things that destroy
+        // values, both under `&mut`) away.
         Ok(unsafe { slot.value_ref() })
     }
 

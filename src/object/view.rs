@@ -67,7 +67,8 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
         }
         // SAFETY: `is_live` read the generation as odd with `Acquire`, so the
         // value is initialised; the view borrows the manager, which keeps
-        // collection (the only thing that destroys values) away for `'a`.
+        // collection and `release_many` (the only things that destroy
+        // values, both under `&mut`) away for `'a`.
         Some(unsafe { Store::value_unchecked(slot) })
     }
 
@@ -95,8 +96,8 @@ impl<'a, T: MMObject> ObjectView<'a, T> {
         }
         // SAFETY: the handle is counted, so its slot is occupied and its
         // value initialised; it belongs to this manager, which the view
-        // borrows for `'a`, keeping collection (the only thing that destroys
-        // values) away.
+        // borrows for `'a`, keeping collection and `release_many` (the only
+        // things that destroy values, both under `&mut`) away.
         unsafe { handle.slot().value_ref() }
     }
 
