@@ -205,7 +205,7 @@ impl SlotHeader {
     /// threads see it live until collection, see `owner_counts.rs`.)
     #[inline]
     pub(crate) fn is_live(&self, generation: u32) -> bool {
-        self.generation.load(Ordering::Acquire) == generation && self.is_referenced()
+        self.is_live_in(generation, true)
     }
 
     /// [`is_live`](Self::is_live) for a store whose manager has an owner

@@ -800,8 +800,7 @@ impl<T: MMObject> Store<T> {
         debug_assert!(generation <= GENERATION_LIMIT, "generations never pass the limit");
         slot.header.generation.store(generation, Ordering::Release);
         if generation >= GENERATION_LIMIT {
-            slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
-            self.retire();
+            self.retire(slot);
             return false;
         }
         true
@@ -869,9 +868,13 @@ impl<T> Store<T> {
         used.saturating_sub(free + retired + fresh + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
+    /// Retires a vacant slot whose generation is at the limit (see
+    /// [`GENERATION_LIMIT`]): its word links nowhere, it goes on no list, and
+    /// the count of retired slots takes it.
     #[cold]
     #[inline(never)]
-    fn retire(&self) {
+    fn retire(&self, slot: &Slot<T>) {
+        slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
         self.retired.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 use crate::sync::Ordering;
 use crate::Error;
 
-use super::super::handle::HandleTag;
+use super::super::handle::{HandleTag, ManagerTagged};
 use super::super::layout::{locate, Chunks};
 use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed};
@@ -91,8 +91,8 @@ impl<T: MMObject> Store<T> {
     /// `handles`, the values after it stay in the iterator).
     ///
     /// Each object takes the path `create` would: with a tracker, or while an
-    /// iterator runs, [`try_insert`](Self::try_insert) itself; else a free
-    /// slot, or a never-used one from the batch's run.
+    /// iterator runs, [`try_insert`](Self::try_insert)'s general path; else a
+    /// free slot, or a never-used one from the batch's run.
     pub(crate) fn insert_many(
         &self,
         mut values: impl Iterator<Item = T>,
@@ -117,11 +117,11 @@ impl<T: MMObject> Store<T> {
                     },
                 }
             } else {
-                self.try_insert(value, site, strict, SlotSource::Manager)?
+                self.try_insert_general(value, site, strict, SlotSource::Manager)?
             };
             // SAFETY: `slot` is a slot of this store's published segment.
             let tag = *tag.get_or_insert_with(|| unsafe { HandleTag::of(slot) });
-            // SAFETY: `place_numbered`, `place_at` and `try_insert` return an
+            // SAFETY: `place_numbered`, `place_at` and `try_insert_general` return an
             // occupied slot of this store (a published segment's) with a
             // count of one, which the new handle takes over; `tag` was read
             // from a slot of this store.
@@ -153,7 +153,7 @@ impl<T: MMObject> Store<T> {
         let mut hook = self.on_destroy.lock();
         let mut requeue = Requeue { store: self, rest: NIL, current: NIL, freed: SlotChain::default() };
         for handle in handles {
-            if handle.manager_id() != self.config.manager_id {
+            if !handle.belongs_to(self.config.manager_id) {
                 drop(handle);
                 continue;
             }
@@ -200,12 +200,10 @@ impl<T: MMObject> Store<T> {
         }
         for local in start..end {
             let slot = self.slot(local).expect("taken slots live in published segments");
-            // Marked as `free_slot` marks a slot that reached the limit: an
-            // even generation (vacant) that is never raised again, and a
-            // word that links nowhere. No handle to it was ever made.
+            // As a slot that reached the limit: an even generation (vacant)
+            // that is never raised again. No handle to it was ever made.
             slot.header.generation.store(GENERATION_LIMIT, Ordering::Release);
-            slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
-            self.retire();
+            self.retire(slot);
         }
     }
 }
