@@ -358,11 +358,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: if cfg!(miri) { 4 } else { 256 },
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(crate::alloc::model_config())]
         #[test]
         fn model(frames in proptest::collection::vec(proptest::collection::vec(any::<u64>(), 0..10),
                                                      0..if cfg!(miri) { 4 } else { 12 })) {

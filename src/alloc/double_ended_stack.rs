@@ -461,11 +461,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: if cfg!(miri) { 4 } else { 256 },
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(crate::alloc::model_config())]
         #[test]
         fn model(ops in proptest::collection::vec((any::<bool>(), 0usize..6, 0usize..64, 0u32..6),
                                                   0..if cfg!(miri) { 20 } else { 100 })) {

@@ -267,11 +267,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: if cfg!(miri) { 4 } else { 256 },
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(crate::alloc::model_config())]
         #[test]
         fn model(frames in proptest::collection::vec(
             proptest::collection::vec((1usize..100, 0u32..7), 0..20), 0..if cfg!(miri) { 3 } else { 10 })) {

@@ -153,6 +153,17 @@ mod stack;
 mod stats;
 mod thread_cache;
 
+/// The settings of every allocator's proptest model: 256 cases, 4 under Miri, and no
+/// failure files written into the source tree.
+#[cfg(test)]
+fn model_config() -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases: if cfg!(miri) { 4 } else { 256 },
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
 pub use aligned::{AlignedAlloc, RawAlloc, SystemRaw, HEADER as ALIGNED_HEADER};
 pub use double_buffered::{DoubleBufferedAllocator, FrameRef};
 pub use double_ended_stack::{DoubleEndedStack, End};

@@ -556,11 +556,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: if cfg!(miri) { 4 } else { 256 },
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(crate::alloc::model_config())]
         #[test]
         fn model(ops in proptest::collection::vec((any::<bool>(), any::<u32>(), any::<usize>()),
                                                   0..if cfg!(miri) { 30 } else { 200 })) {

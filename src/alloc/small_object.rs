@@ -1208,11 +1208,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: if cfg!(miri) { 4 } else { 256 },
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(crate::alloc::model_config())]
         #[test]
         fn model(ops in proptest::collection::vec((any::<bool>(), 0usize..160, 0u32..8, any::<usize>()),
                                                   0..if cfg!(miri) { 30 } else { 200 })) {

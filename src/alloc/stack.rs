@@ -632,11 +632,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: if cfg!(miri) { 4 } else { 256 },
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(crate::alloc::model_config())]
         #[test]
         fn model(ops in proptest::collection::vec(op(), 0..if cfg!(miri) { 20 } else { 100 })) {
             let mut s = StackAllocator::with_capacity(2048);
