@@ -5,8 +5,8 @@
 //!   reservations (its drops and a worker's racing to the last, a worker's
 //!   drop racing the owner's collection, a worker's `upgrade` racing the
 //!   owner's last drop), concurrent `create`
-//!   popping the free list, the owner's run of fresh slots racing another
-//!   creator, a refused segment racing a served one, loaders creating while
+//!   popping the free list, the owner's run of fresh slots and its kept
+//!   freed slots racing another creator, a refused segment racing a served one, loaders creating while
 //!   the owner collects or shuts down, and a candidate root's drop racing the
 //!   cycle collector;
 //! - allocators: remote frees and double frees of the size-class pool and the
@@ -214,10 +214,13 @@ fn concurrent_create_pops_distinct_slots() {
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut mm = quiet();
-        // Put two slots on the free list (segment_base(1): segments of 1 and 2 slots).
+        // Put two slots on the free list (segment_base(1): segments of 1 and
+        // 2 slots): a collection keeps what it freed for this thread, the
+        // next one hands it to every thread.
         drop(mm.create(Texture { id: 0, token: DropToken(Arc::clone(&drops)) }));
         drop(mm.create(Texture { id: 0, token: DropToken(Arc::clone(&drops)) }));
         assert_eq!(mm.collect_garbage().objects, 2);
+        assert_eq!(mm.collect_garbage().objects, 0);
         let mm = Arc::new(mm);
         let spawn = |id| {
             let mm = Arc::clone(&mm);
@@ -250,6 +253,8 @@ fn concurrent_create_pop_and_bump() {
         mm.reserve::<Texture>(4);
         drop(mm.create(Texture { id: 0, token: DropToken(Arc::clone(&drops)) }));
         assert_eq!(mm.collect_garbage().objects, 1);
+        // The freed slot was kept for this thread; this hands it to everyone.
+        assert_eq!(mm.collect_garbage().objects, 0);
         let mm = Arc::new(mm);
         let spawn = |id| {
             let mm = Arc::clone(&mm);
@@ -309,6 +314,59 @@ fn the_owners_run_races_another_creator() {
         let report = mm.shutdown();
         assert!(report.is_empty());
         assert_eq!(drops.load(Ordering::SeqCst), 3);
+    });
+}
+
+/// The owner pops the slot its last collection kept for it (plain loads and
+/// stores) and then the free list, while another thread pops the free list
+/// or takes a fresh slot: every slot is handed out once. Then a collection
+/// on that other thread hands the owner's kept slots to everyone and keeps
+/// what it frees for itself; shutdown accounts for every slot.
+#[test]
+fn the_owners_kept_slots_race_another_creator() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let token = || DropToken(Arc::clone(&drops));
+        let mut mm = quiet();
+        mm.reserve::<Texture>(7);
+        // Slot `a` on the free list, slot `b` kept for this thread.
+        let a = mm.create(Texture { id: 0, token: token() });
+        let b = mm.create(Texture { id: 0, token: token() });
+        let (a_index, b_index) = (a.key().index(), b.key().index());
+        drop(a);
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(mm.collect_garbage().objects, 0);
+        drop(b);
+        assert_eq!(mm.collect_garbage().objects, 1);
+        let mm = Arc::new(mm);
+        let other = {
+            let mm = Arc::clone(&mm);
+            let drops = Arc::clone(&drops);
+            thread::spawn(move || mm.create(Texture { id: 9, token: DropToken(drops) }))
+        };
+        let c = mm.create(Texture { id: 1, token: token() });
+        assert_eq!(c.key().index(), b_index, "the owner's first create takes its kept slot");
+        let d = mm.create(Texture { id: 2, token: token() });
+        let e = other.join().unwrap();
+        let indices = [c.key().index(), d.key().index(), e.key().index()];
+        assert!(indices[0] != indices[1] && indices[1] != indices[2] && indices[0] != indices[2], "{indices:?}");
+        assert!(indices[1] == a_index || indices[2] == a_index, "the free slot is reused");
+        assert_eq!((mm[&c].id, mm[&d].id, mm[&e].id), (1, 2, 9));
+        assert_eq!(mm.count::<Texture>(), 3);
+        drop((c, d));
+        let mm = Arc::try_unwrap(mm).expect("the creator is done");
+        let (mm, e) = thread::spawn(move || {
+            let mut mm = mm;
+            assert_eq!(mm.collect_garbage().objects, 2);
+            assert_eq!(mm.count::<Texture>(), 1);
+            (mm, e)
+        })
+        .join()
+        .unwrap();
+        drop(e);
+        let report = mm.shutdown();
+        assert!(report.is_empty());
+        assert_eq!(drops.load(Ordering::SeqCst), 5);
     });
 }
 
@@ -550,9 +608,12 @@ fn loader_creates_while_the_owner_collects() {
         let mut mm = quiet();
         mm.reserve::<Texture>(4);
         let token = || DropToken(Arc::clone(&drops));
-        // One free slot for the loader, one dead object for the collector.
+        // One free slot for the loader (freed, kept for this thread by one
+        // collection, handed to every thread by the next), one dead object
+        // for the collector.
         drop(mm.create(Texture { id: 0, token: token() }));
         assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(mm.collect_garbage().objects, 0);
         let dead = mm.create(Texture { id: 1, token: token() });
         drop(dead);
         let loader = mm.loader();

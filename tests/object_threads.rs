@@ -373,6 +373,100 @@ fn the_owners_run_of_fresh_slots_is_never_counted_or_lost() {
     assert_eq!(drops.count(), 27);
 }
 
+/// A collection keeps the slots it freed for the owner thread (the one that
+/// collects): the owner's next creates reuse exactly those slots, another
+/// thread's creates do not see them until the next collection, which puts
+/// what the owner left on the shared free list. Counts stay exact while
+/// slots are kept, a thread that only creates never makes the store grow
+/// without bound, and shutdown with kept slots frees everything.
+#[test]
+fn a_collection_keeps_the_slots_it_freed_for_the_owner_until_the_next() {
+    let drops = Drops::default();
+    let mut mm = quiet_with(1024);
+    let mut held: Vec<Handle<Texture>> = (0..8).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+    let released: Vec<Handle<Texture>> = held.drain(4..).collect();
+    let freed: HashSet<u32> = released.iter().map(|h| h.key().index()).collect();
+    let stale: Vec<WeakHandle<Texture>> = released.iter().map(Handle::downgrade).collect();
+    drop(released);
+    assert_eq!(mm.collect_garbage().objects, 4);
+    assert_eq!((mm.count::<Texture>(), mm.report().get("Texture").unwrap().live), (4, 4));
+
+    // Another thread's creates take other slots: the freed ones are kept.
+    let mm = std::sync::Arc::new(mm);
+    let theirs = {
+        let mm = std::sync::Arc::clone(&mm);
+        let drops = drops.clone();
+        std::thread::spawn(move || {
+            (10..14).map(|id| mm.create(Texture { id, token: drops.token() })).collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(theirs.iter().all(|h| !freed.contains(&h.key().index())), "kept for the owner");
+    // The owner's creates reuse exactly the freed slots.
+    let mine: Vec<Handle<Texture>> = (20..24).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+    assert_eq!(mine.iter().map(|h| h.key().index()).collect::<HashSet<_>>(), freed);
+    assert!(stale.iter().all(|&w| mm.get_weak(w).is_none()), "a reused slot never answers a stale handle");
+    assert_eq!(mm.count::<Texture>(), 12);
+    let report = mm.report();
+    let textures = report.get("Texture").unwrap();
+    assert_eq!((textures.live, textures.created, textures.destroyed), (12, 16, 4));
+
+    // Freed again and kept; the next collection frees nothing and hands
+    // them to everyone: another thread's creates reuse them.
+    let mut mm = std::sync::Arc::try_unwrap(mm).expect("the worker is done");
+    drop(mine);
+    assert_eq!(mm.collect_garbage().objects, 4);
+    assert_eq!(mm.collect_garbage().objects, 0);
+    let mm = std::sync::Arc::new(mm);
+    let reused = {
+        let mm = std::sync::Arc::clone(&mm);
+        let drops = drops.clone();
+        std::thread::spawn(move || {
+            (30..34).map(|id| mm.create(Texture { id, token: drops.token() })).collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    };
+    assert_eq!(reused.iter().map(|h| h.key().index()).collect::<HashSet<_>>(), freed);
+    let mut mm = std::sync::Arc::try_unwrap(mm).expect("the worker is done");
+    drop((held, theirs, reused));
+    assert_eq!(mm.collect_garbage().objects, 12);
+
+    // Frames where only another thread creates: what the owner does not use
+    // goes back to everyone one collection later, so after two frames the
+    // worker only reuses slots and the store stops growing.
+    let mut first_two = 0;
+    for frame in 0..40 {
+        let top = std::thread::scope(|scope| {
+            let mm = &mm;
+            let drops = &drops;
+            scope
+                .spawn(move || {
+                    let made: Vec<_> = (0..16).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+                    made.iter().map(|h| h.key().index()).max().unwrap()
+                })
+                .join()
+                .unwrap()
+        });
+        if frame < 2 {
+            first_two = first_two.max(top);
+        } else {
+            assert!(top <= first_two, "frame {frame}: the store grew to index {top}, past {first_two}");
+        }
+        assert_eq!(mm.collect_garbage().objects, 16);
+    }
+
+    // Shutdown with kept slots: every slot is accounted for.
+    let kept = mm.create(Texture { id: 99, token: drops.token() });
+    drop(kept);
+    assert_eq!(mm.collect_garbage().objects, 1);
+    let report = mm.shutdown();
+    assert!(report.is_empty(), "{report}");
+    assert_eq!((report.outliving_handles(), report.leaked_bytes()), (0, 0));
+    assert_eq!(drops.count(), 8 + 4 + 4 + 4 + 40 * 16 + 1);
+}
+
 /// A thread's last drops wait in a ring of its own until something drains
 /// it. The owner's `collect_garbage` drains every thread's ring, so a worker
 /// that is still running (here: blocked) has its drops collected, including

@@ -123,6 +123,10 @@ impl ObjectManager {
         let mut stats = CollectStats::default();
         let mut budget = max_objects;
         let registry = std::sync::Arc::clone(self.registry());
+        for store in registry.all_stores() {
+            // SAFETY: we hold `&mut self`.
+            unsafe { store.share_unused_kept() };
+        }
         loop {
             // Every round: the last drops made so far, including the
             // cascades of the round before, go onto their dead lists.

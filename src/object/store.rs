@@ -8,7 +8,7 @@
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
 //! Never-used slots come from raising `len`, by the owner thread a run at a
-//! time (`fresh.rs`), and by `create_many` a run per batch (`store/batch.rs`).
+//! time (`owner_slots.rs`), and by `create_many` a run per batch (`store/batch.rs`).
 
 mod batch;
 
@@ -27,11 +27,11 @@ use crate::track::StackTrace;
 use crate::Error;
 
 use super::creation_sites::CreationSites;
-use super::fresh::{FreshRun, RUN};
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
+use super::owner_slots::{Chain, OwnerSlots, RUN};
 use super::report::TypeReport;
 use super::shared::StoreShared;
 use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
@@ -69,8 +69,9 @@ pub(crate) struct StoreConfig {
 /// - Every local index below `len` names a slot that is occupied, on the dead
 ///   list, on the free list (or is about to be, inside `create`), retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
-///   `retired`), or in the owner's run of fresh slots (`fresh`, counted in
-///   its `left`). `len` only grows, and only over slots of published segments.
+///   `retired`), or held for the owner thread, in its run of fresh slots or
+///   its chain of kept ones (`owner_slots`, counted in its `left`). `len`
+///   only grows, and only over slots of published segments.
 /// - The store is only ever borrowed shared (see `registry.rs`). The free
 ///   list is popped by `create` with a CAS while the manager is borrowed
 ///   shared, and by loaders at any time, under `free_lock`; it is pushed only
@@ -84,7 +85,7 @@ pub(crate) struct StoreConfig {
 /// - The free list's length is the high half of `free_head`, kept in the same
 ///   word as its head so that a pop updates both with its one CAS. Objects
 ///   created and not yet destroyed are therefore
-///   `len - free length - retired - destroyed_in_place - fresh.left()`, with
+///   `len - free length - retired - destroyed_in_place - owner_slots.left()`, with
 ///   no counter on `create`.
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
@@ -97,8 +98,8 @@ pub(crate) struct Store<T> {
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
-    /// The owner thread's run of never-used slots (see `fresh.rs`).
-    fresh: FreshRun,
+    /// The owner thread's run of never-used slots (see `owner_slots.rs`).
+    owner_slots: OwnerSlots,
     destroyed: AtomicU64,
     /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
     destroyed_in_place: AtomicU64,
@@ -187,7 +188,7 @@ impl<T: MMObject> Store<T> {
             _type: std::marker::PhantomData,
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
-            fresh: FreshRun::new(),
+            owner_slots: OwnerSlots::new(),
             destroyed: AtomicU64::new(0),
             destroyed_in_place: AtomicU64::new(0),
             retired: AtomicU64::new(0),
@@ -276,7 +277,8 @@ impl<T: MMObject> Store<T> {
     /// `strict` refuses anything over the tag's budget (see [`Tracking::charge`]).
     ///
     /// The common case (no tracker, the manager's own `create`, no iterator
-    /// running, a slot on the free list or in the owner's run of fresh ones)
+    /// running, a slot kept for the owner, on the free list or in the owner's
+    /// run of fresh ones)
     /// is a short path inlined into the caller; everything else is out of
     /// line in [`try_insert_general`](Self::try_insert_general). With the
     /// rare paths in the same function, their frame and spills weighed on
@@ -290,9 +292,10 @@ impl<T: MMObject> Store<T> {
         source: SlotSource,
     ) -> Result<NonNull<Slot<T>>, (T, Error)> {
         if self.tracking.is_none() && source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 {
-            let local = match self.pop_free() {
+            let owner = self.owner_slots.is_owner();
+            let local = match self.pop_reused(owner) {
                 Some(local) => Some(local),
-                None if self.fresh.is_owner() => self.fresh.take(),
+                None if owner => self.owner_slots.take(),
                 None => None,
             };
             if let Some(local) = local {
@@ -323,7 +326,7 @@ impl<T: MMObject> Store<T> {
         };
         let reused = match source {
             _ if self.iterating.load(Ordering::Relaxed) > 0 => None,
-            SlotSource::Manager => self.pop_free(),
+            SlotSource::Manager => self.pop_reused(self.owner_slots.is_owner()),
             SlotSource::Loader => {
                 let _free = self.free_lock.lock();
                 self.pop_free()
@@ -388,6 +391,22 @@ impl<T: MMObject> Store<T> {
         slot_ptr
     }
 
+    /// Takes a freed slot: on the owner thread (`owner`) one the last
+    /// collection kept for it (plain loads and stores), else one from the
+    /// free list.
+    #[inline]
+    pub(crate) fn pop_reused(&self, owner: bool) -> Option<u32> {
+        let kept = if owner {
+            self.owner_slots.take_kept(|head| {
+                let slot = self.slot(head).expect("kept slots live in published segments");
+                slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG
+            })
+        } else {
+            None
+        };
+        kept.or_else(|| self.pop_free())
+    }
+
     /// Pops the free list, decrementing its length in the same CAS.
     /// Concurrent callers only pop (see the type's invariants), so the head
     /// never returns to a value it held: a stale `next` read makes the CAS fail.
@@ -414,15 +433,15 @@ impl<T: MMObject> Store<T> {
     /// (refilling it from `len` when it is empty), else straight from `len`.
     #[inline]
     fn take_fresh(&self, source: SlotSource) -> Result<u32, Error> {
-        if source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 && self.fresh.is_owner() {
-            if let Some(local) = self.fresh.take() {
+        if source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 && self.owner_slots.is_owner() {
+            if let Some(local) = self.owner_slots.take() {
                 return Ok(local);
             }
             // No growing here: that runs the allocator, which must not find
             // the run half refilled. `bump` grows, and the next call refills.
             if let Some((start, end)) = self.raise_len(RUN, false)? {
                 if end - start > 1 {
-                    self.fresh.refill(start + 1, end);
+                    self.owner_slots.refill(start + 1, end);
                 }
                 return Ok(start);
             }
@@ -465,20 +484,57 @@ impl<T: MMObject> Store<T> {
         }
     }
 
-    /// Puts the owner's run of fresh slots on the free list, and gives the
-    /// run to the calling thread if `adopt`.
+    /// Puts the owner's run of fresh slots and its kept ones on the free
+    /// list, and makes the calling thread the owner if `adopt`.
     ///
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager.
     unsafe fn release_fresh(&self, adopt: bool) {
         // SAFETY: the caller's contract.
-        let (start, end) = unsafe { self.fresh.release(adopt) };
+        let ((start, end), kept) = unsafe { self.owner_slots.release(adopt) };
         let mut chain = SlotChain::default();
         for local in (start..end).rev() {
             chain.push(local, self.slot(local).expect("fresh slots live in published segments"));
         }
-        self.push_free_chain(&chain);
+        self.push_free_chain(chain.chain);
+        self.push_free_chain(kept);
+    }
+
+    /// Adds the slots a collection (or `release_many`) freed to those kept
+    /// for the owner's `create`s (see `owner_slots.rs`).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager, and
+    /// `freed` is a chain of vacant slots on no list.
+    unsafe fn keep_freed(&self, freed: Chain) {
+        if freed.len == 0 {
+            return;
+        }
+        // SAFETY: the caller's contract.
+        let kept = unsafe { self.owner_slots.kept() };
+        let chain = if kept.len == 0 {
+            freed
+        } else {
+            let tail = self.slot(freed.tail).expect("freed slots live in published segments");
+            tail.header.word.store(LINK_FLAG | kept.head, Ordering::Relaxed);
+            Chain { head: freed.head, tail: kept.tail, len: freed.len + kept.len }
+        };
+        // SAFETY: the caller's contract; `chain` links the freed slots, then the kept ones.
+        unsafe { self.owner_slots.set_kept(chain) };
+    }
+
+    /// Starts a `collect_garbage` call: the slots the last one kept for the
+    /// owner that it did not use go on the free list, for every thread.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager.
+    pub(crate) unsafe fn share_unused_kept(&self) {
+        // SAFETY: the caller's contract; the old chain goes on the free list.
+        let unused = unsafe { self.owner_slots.set_kept(Chain::EMPTY) };
+        self.push_free_chain(unused);
     }
 
     /// Allocates segments so that `additional` more slots exist past `len`.
@@ -638,8 +694,8 @@ impl<T: MMObject> Store<T> {
         self.note_peak();
         // No iterator is alive under `&mut ObjectManager` (invariants).
         self.iterating.store(0, Ordering::Relaxed);
-        // The collecting thread becomes the owner (see `fresh.rs`).
-        if !self.fresh.is_owner() {
+        // The collecting thread becomes the owner (see `owner_slots.rs`).
+        if !self.owner_slots.is_owner() {
             // SAFETY: the caller holds `&mut ObjectManager`.
             unsafe { self.release_fresh(true) };
         }
@@ -784,9 +840,9 @@ impl<T: MMObject> Store<T> {
                 dead.push(local, slot);
             }
         }
-        if dead.head != NIL {
-            let tail = self.slot(dead.tail).expect("checked slots live in published segments");
-            shared.push_dead_chain(dead.head, &tail.header.word);
+        if dead.chain.len != 0 {
+            let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
+            shared.push_dead_chain(dead.chain.head, &tail.header.word);
         }
     }
 
@@ -807,8 +863,8 @@ impl<T: MMObject> Store<T> {
     }
 
     /// Puts a chain of freed slots on the free list, under `free_lock`.
-    fn push_free_chain(&self, chain: &SlotChain) {
-        if chain.head == NIL {
+    fn push_free_chain(&self, chain: Chain) {
+        if chain.len == 0 {
             return;
         }
         let _free = self.free_lock.lock();
@@ -864,7 +920,7 @@ impl<T> Store<T> {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
         let retired = self.retired.load(Ordering::Relaxed);
-        let fresh = u64::from(self.fresh.left());
+        let fresh = u64::from(self.owner_slots.left());
         used.saturating_sub(free + retired + fresh + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
@@ -906,10 +962,7 @@ fn split_free(word: u64) -> (u32, u32) {
 /// those one collection freed (the free list: one lock, not one per slot),
 /// or those whose checks it found dead (the dead list: one push).
 struct SlotChain {
-    head: u32,
-    tail: u32,
-    /// Slots in the chain.
-    len: u32,
+    chain: Chain,
     /// Objects destroyed, retired slots included: added to `destroyed` at the
     /// end (one add per collection, not a locked add per slot, which would
     /// wait for the stores to each cold slot to drain).
@@ -918,19 +971,20 @@ struct SlotChain {
 
 impl Default for SlotChain {
     fn default() -> Self {
-        SlotChain { head: NIL, tail: NIL, len: 0, destroyed: 0 }
+        SlotChain { chain: Chain::EMPTY, destroyed: 0 }
     }
 }
 
 impl SlotChain {
     /// Links the slot `local` in front of the chain.
     fn push<T>(&mut self, local: u32, slot: &Slot<T>) {
-        slot.header.word.store(LINK_FLAG | self.head, Ordering::Relaxed);
-        if self.head == NIL {
-            self.tail = local;
+        let chain = &mut self.chain;
+        slot.header.word.store(LINK_FLAG | chain.head, Ordering::Relaxed);
+        if chain.len == 0 {
+            chain.tail = local;
         }
-        self.head = local;
-        self.len += 1;
+        chain.head = local;
+        chain.len += 1;
     }
 }
 
@@ -948,7 +1002,9 @@ struct Requeue<'a, T: MMObject> {
 impl<T: MMObject> Drop for Requeue<'_, T> {
     fn drop(&mut self) {
         self.store.destroyed.fetch_add(self.freed.destroyed, Ordering::Relaxed);
-        self.store.push_free_chain(&self.freed);
+        // SAFETY: a `Requeue` is only made under `&mut ObjectManager`
+        // (collection, `release_many`), and its chain holds the slots it freed.
+        unsafe { self.store.keep_freed(self.freed.chain) };
         let shared = self.store.shared();
         if self.current != NIL {
             let slot = self.store.slot(self.current).expect("published");
@@ -990,6 +1046,12 @@ pub(crate) trait ErasedStore: Send + Sync {
         stats: &mut CollectStats,
         events: Option<&mut std::vec::Vec<Destroyed>>,
     ) -> usize;
+    /// See [`Store::share_unused_kept`].
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` (see the trait).
+    unsafe fn share_unused_kept(&self);
     fn dead_count(&self) -> usize;
     fn live_count(&self) -> usize;
     fn report(&self) -> TypeReport;
@@ -1070,6 +1132,11 @@ impl<T: MMObject> ErasedStore for Store<T> {
     ) -> usize {
         // SAFETY: the caller's contract is `Store::collect`'s.
         unsafe { Store::collect(self, budget, stats, events) }
+    }
+
+    unsafe fn share_unused_kept(&self) {
+        // SAFETY: the caller's contract is `Store::share_unused_kept`'s.
+        unsafe { Store::share_unused_kept(self) }
     }
 
     fn dead_count(&self) -> usize {
@@ -1193,7 +1260,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     /// handle is being dropped on another thread right now: then the memory
     /// is leaked on purpose, so those handles stay sound.
     unsafe fn settle(&self) -> Settled {
-        // The owner's fresh slots go on the free list, where they are accounted for.
+        // The owner's fresh and kept slots go on the free list, where they are accounted for.
         // SAFETY: the caller holds `&mut ObjectManager` (trait contract).
         unsafe { self.release_fresh(false) };
         // Last drops made before now (`destroy_all`'s cascades among them)

@@ -103,9 +103,11 @@ impl<T: MMObject> Store<T> {
         let site_number = self.sites.number(site).unwrap_or(u32::MAX);
         let mut taken = Taken { store: self, next: 0, end: 0, slot: NonNull::dangling(), in_chunk: 0 };
         let mut tag = None;
+        // The owner changes only under `&mut ObjectManager`, never during a batch.
+        let owner = self.owner_slots.is_owner();
         while let Some(value) = values.next() {
             let slot = if self.tracking.is_none() && self.iterating.load(Ordering::Relaxed) == 0 {
-                match self.pop_free() {
+                match self.pop_reused(owner) {
                     Some(local) => self.place_numbered(local, value, site_number),
                     // The hint only sizes the next run: a wrong one wastes or
                     // costs a step, never a slot (`Taken` gives the rest back).
@@ -194,8 +196,8 @@ impl<T: MMObject> Store<T> {
     /// promise, or panicked, leaves any).
     #[cold]
     fn give_back(&self, start: u32, end: u32) {
-        if self.fresh.is_owner() && self.fresh.left() == 0 {
-            self.fresh.refill(start, end);
+        if self.owner_slots.is_owner() && self.owner_slots.run_left() == 0 {
+            self.owner_slots.refill(start, end);
             return;
         }
         for local in start..end {

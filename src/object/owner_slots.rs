@@ -1,0 +1,207 @@
+//! Slots held for the store's owner thread: a run of never-used local
+//! indices, and the slots the last collection freed.
+//!
+//! A `create` that finds no free slot takes a never-used one by raising
+//! `len`. Any thread may create, so that is an atomic read-modify-write per
+//! object, on which a level load's profile put most of `try_insert`'s
+//! samples (taking it away saved 9 %; see `BENCHMARKS.md`, O1b). The
+//! *owner* (the thread that made the store, and then whichever thread last
+//! collected) instead raises `len` by a run of up to [`RUN`] slots at once
+//! and keeps the run here. Other threads, and the owner while an iterator is
+//! alive, take slots as before.
+//!
+//! The same goes for reused slots. Popping the shared free list is a
+//! compare-exchange per `create`, which waits for the slot's link to load
+//! (a frame's profile put 43 % of `create` there). So a collection *keeps*
+//! the slots it freed for the owner, who pops them with plain loads and
+//! stores, and the next `collect_garbage` first puts the ones the owner did
+//! not use on the shared free list: another thread's `create` waits at most
+//! one collection for a slot the owner left, and a store whose objects are
+//! made on other threads stops growing after two frames (tested).
+//!
+//! The run's and the kept chain's slots are below `len` but vacant and on no
+//! shared list, so every count that derives objects from `len` subtracts
+//! [`OwnerSlots::left`], and a collection by another thread, or shutdown,
+//! puts them on the free list (under `&mut ObjectManager`, like every other
+//! push onto it).
+
+use crate::sync::{thread_token, AtomicU32, AtomicU64, Ordering, UnsafeCell};
+
+use super::slot::NIL;
+
+/// Slots taken from `len` at once.
+pub(crate) const RUN: u32 = 64;
+
+/// The slots held for a store's owner thread: a run of fresh ones and a
+/// chain of kept ones.
+///
+/// # Invariants
+///
+/// - `run`, the pair `(next, end)`, and `kept` are read and written only by
+///   the thread whose [`thread_token`] is `owner`, in `take`, `refill`,
+///   `run_left` and `take_kept` (which run no code of the user's), or under
+///   `&mut ObjectManager` (in `kept`, `set_kept` and `release`, which also
+///   moves `owner`): so never by two threads at once.
+/// - `next..end` are local indices below the store's `len`, in published
+///   segments, whose slots are vacant, never used, and on no list.
+/// - `kept` is a chain of vacant slots linked through their words
+///   (`LINK_FLAG | next`; the last one's `next` is not read), on no other
+///   list.
+/// - `left` is `end - next + kept.len`, stored by whoever changes them, for
+///   counts on any thread.
+#[derive(Debug)]
+pub(crate) struct OwnerSlots {
+    owner: AtomicU64,
+    run: UnsafeCell<(u32, u32)>,
+    kept: UnsafeCell<Chain>,
+    left: AtomicU32,
+}
+
+/// A chain of vacant slots linked through their words: its first and last
+/// slots and its length (`NIL`, `NIL`, 0 when empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chain {
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+    pub(crate) len: u32,
+}
+
+impl Chain {
+    pub(crate) const EMPTY: Chain = Chain { head: NIL, tail: NIL, len: 0 };
+}
+
+impl OwnerSlots {
+    /// Nothing held yet, for the calling thread.
+    pub(crate) fn new() -> Self {
+        OwnerSlots {
+            owner: AtomicU64::new(thread_token()),
+            run: UnsafeCell::new((0, 0)),
+            kept: UnsafeCell::new(Chain::EMPTY),
+            left: AtomicU32::new(0),
+        }
+    }
+
+    /// True if the calling thread is the owner.
+    #[inline]
+    pub(crate) fn is_owner(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) == thread_token()
+    }
+
+    /// Slots held for the owner, in the run and the kept chain (not objects).
+    #[inline]
+    pub(crate) fn left(&self) -> u32 {
+        self.left.load(Ordering::Relaxed)
+    }
+
+    /// Adds `added - removed` to `left`, which only the owner thread or a
+    /// holder of `&mut ObjectManager` stores (type invariants): a load and
+    /// a store, no read-modify-write.
+    #[inline]
+    fn adjust_left(&self, added: u32, removed: u32) {
+        self.left.store(self.left.load(Ordering::Relaxed) + added - removed, Ordering::Relaxed);
+    }
+
+    /// Fresh slots in the run alone.
+    #[inline]
+    pub(crate) fn run_left(&self) -> u32 {
+        // SAFETY: only the owner thread, or a holder of `&mut
+        // ObjectManager`, calls it (as `take`), and it only reads.
+        self.run.with(|run| unsafe { (*run).1 - (*run).0 })
+    }
+
+    /// The next slot of the run, if it has one. Only the owner calls it.
+    #[inline]
+    pub(crate) fn take(&self) -> Option<u32> {
+        debug_assert!(self.is_owner());
+        // SAFETY: only the owner thread reaches here (caller), and it runs
+        // nothing else while it holds the pointer (type invariants).
+        self.run.with_mut(|run| unsafe {
+            let (next, end) = *run;
+            if next == end {
+                return None;
+            }
+            *run = (next + 1, end);
+            self.adjust_left(0, 1);
+            Some(next)
+        })
+    }
+
+    /// Makes `start..end` the run. Only the owner calls it, with an empty run.
+    #[inline]
+    pub(crate) fn refill(&self, start: u32, end: u32) {
+        debug_assert!(self.is_owner() && start < end);
+        // SAFETY: as in `take`.
+        self.run.with_mut(|run| unsafe {
+            debug_assert!((*run).0 == (*run).1, "only an empty run is refilled");
+            *run = (start, end);
+        });
+        self.adjust_left(end - start, 0);
+    }
+
+    /// The first slot of the kept chain, if it has one; `next_of` reads the
+    /// link of a kept slot. Only the owner calls it.
+    #[inline]
+    pub(crate) fn take_kept(&self, next_of: impl FnOnce(u32) -> u32) -> Option<u32> {
+        debug_assert!(self.is_owner());
+        // SAFETY: as in `take`; `next_of` only loads a slot's word.
+        self.kept.with_mut(|kept| unsafe {
+            let Chain { head, tail, len } = *kept;
+            if len == 0 {
+                return None;
+            }
+            *kept = if len == 1 { Chain::EMPTY } else { Chain { head: next_of(head), tail, len: len - 1 } };
+            self.adjust_left(0, 1);
+            Some(head)
+        })
+    }
+
+    /// The kept chain (which a collection adds to, see [`set_kept`](Self::set_kept)).
+    ///
+    /// # Safety
+    ///
+    /// As for [`set_kept`](Self::set_kept).
+    pub(crate) unsafe fn kept(&self) -> Chain {
+        // SAFETY: no owner's `take_kept` runs (caller), and `&mut
+        // ObjectManager` reached this thread through a synchronising hand-over.
+        self.kept.with(|kept| unsafe { *kept })
+    }
+
+    /// Makes `chain` the kept chain and returns the one it replaces.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of the store's manager, so no
+    /// `create` through the manager runs on any thread, and `chain` is a
+    /// chain of vacant slots on no other list (the type's invariants).
+    pub(crate) unsafe fn set_kept(&self, chain: Chain) -> Chain {
+        // SAFETY: as in `kept`.
+        let old = self.kept.with_mut(|kept| unsafe { std::mem::replace(&mut *kept, chain) });
+        self.adjust_left(chain.len, old.len);
+        old
+    }
+
+    /// Empties the run and the kept chain, returning what they held, and
+    /// makes the calling thread the owner if `adopt`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`set_kept`](Self::set_kept).
+    pub(crate) unsafe fn release(&self, adopt: bool) -> ((u32, u32), Chain) {
+        // SAFETY: no owner's `take` or `refill` runs (caller), and `&mut
+        // ObjectManager` reached this thread through a synchronising hand-over.
+        let held = self.run.with_mut(|run| unsafe { std::mem::take(&mut *run) });
+        // SAFETY: as above.
+        let kept = unsafe { self.set_kept(Chain::EMPTY) };
+        self.left.store(0, Ordering::Relaxed);
+        if adopt {
+            self.owner.store(thread_token(), Ordering::Relaxed);
+        }
+        (held, kept)
+    }
+}
+
+// SAFETY: no type parameter, so no bound: the run and the kept chain are
+// indices behind an owner check. `run` and `kept` are only
+// touched by the owner thread or under `&mut ObjectManager` (type
+// invariants), and the rest is atomic.
+unsafe impl Sync for OwnerSlots {}
