@@ -179,14 +179,16 @@
 //! collection and shutdown do, and they take `&mut`. So a generation check
 //! followed by a CAS on the count cannot race with the slot's reuse.
 //!
-//! # The dead list
+//! # The dead lists
 //!
-//! A Treiber stack of local indices per store, whose head sits alone on a
-//! cache line. Rings of last drops (below) push chains onto it, raw releases
-//! push single slots; only `collect_garbage` (under `&mut`) takes the whole
-//! stack with one `swap`. No thread ever pops a single node, so a successful
-//! push CAS always links to the true top: there is no ABA problem, and no tag
-//! is needed.
+//! Treiber stacks of local indices, four per store (*lanes*), whose heads
+//! share a cache line of their own. Rings of last drops (below) push chains
+//! onto them, raw releases push single slots (onto the lane their index
+//! picks); only `collect_garbage` (under `&mut`) takes a whole stack, with
+//! one `swap` (or a plain load if it is empty). No thread ever pops a single
+//! node, so a successful push CAS always links to the true top: there is no
+//! ABA problem, and no tag is needed. One lane would do for correctness; four
+//! are for collection's speed (below).
 //!
 //! ## Rings of last drops
 //!
@@ -198,8 +200,10 @@
 //! see `BENCHMARKS.md`, O1c). A ring is
 //! *drained* under its own lock: its entries are read, consecutive slots of
 //! one store are linked through their words (which nobody else writes while
-//! the count is zero), each run is pushed with one CAS, and `drained` is
-//! stored (`Release`). The thread drains its ring when it is full and when
+//! the count is zero) into one chain per lane, a slot next to the one
+//! before it joining that slot's lane and any other slot taking the next
+//! lane; each chain is pushed with one CAS, and `drained` is stored
+//! (`Release`). The thread drains its ring when it is full and when
 //! it exits (a thread-local destructor: drain, then leave the registry, then
 //! free the ring). Every `collect_garbage` round, `dead_count` (and the
 //! counts derived from it, `len` and `report`), and `settle` at shutdown
@@ -214,19 +218,25 @@
 //! `object/last_drops.rs`; the loom model `a_full_ring_drains_while_the_owner_collects`
 //! races a thread draining its own full ring against the owner's drain.
 //!
-//! Collection walks the taken chain: it reads `size()`, marks the slot vacant
-//! (generation + 1), pushes it on the free list, then drops the value. The
-//! chain holds runs of neighbours newest first (a drain links each run
-//! backwards, and slots released in index order come back descending), so
-//! when the next link is the slot just below, the walk steps to its address
-//! instead of computing it from the index it has just loaded: the CPU can
-//! load that link before the current one arrives (a level unload got 23 %
-//! faster; `BENCHMARKS.md`, O1c). If a
-//! `Drop` panics, a guard pushes the rest of the chain back onto the dead list
-//! before the panic propagates; the slot being dropped is already free, and
+//! Collection walks the taken chains: for each slot it reads `size()`, marks
+//! the slot vacant (generation + 1), keeps it for the owner's creates (see
+//! "Slots held for the owner thread"), then drops the value. Each link is a
+//! load that depends on the one before, and for slots released at random
+//! every one misses the L1 cache: a frame's profile put half of collection's
+//! time there. So while two or more lanes have slots left the walk takes one
+//! slot of each in turn, and the CPU loads the four lanes' links at once (a
+//! frame of 1,000 random releases got 9–16 % faster; `BENCHMARKS.md`, O1);
+//! the last lane then runs alone. A lane holds runs of neighbours newest
+//! first (a drain links each run backwards, and slots released in index
+//! order, which stay on one lane, come back descending), so when the next
+//! link is the slot just below, the walk steps to its address instead of
+//! computing it from the index it has just loaded: the CPU can load that
+//! link before the current one arrives (a level unload got 23 % faster;
+//! `BENCHMARKS.md`, O1c). If a `Drop` panics, a guard pushes the rest of
+//! each lane back onto it before the panic propagates; the slot being dropped is already free, and
 //! its value counts as dropped, as after any panicking drop in Rust.
 //! Destroying values drops the handles they hold, which may push more slots:
-//! collection loops until a pass finds every dead list empty, so cascades end
+//! collection loops until a pass finds every dead lane empty, so cascades end
 //! in the same call. The cost is O(dead + types).
 //!
 //! # The free list
@@ -235,8 +245,9 @@
 //! thread) pops it with a CAS. A [`Loader`](crate::Loader) pops it too, with
 //! the same CAS, but holding the store's `free_lock`. Pushes happen only in
 //! collection, under `&mut ObjectManager`: the slots one collection frees are
-//! linked into a chain as they are freed, and the chain goes onto the list
-//! once, at the end, holding `free_lock`. So a pop never runs beside a push:
+//! linked into a chain as they are freed and kept for the owner thread (see
+//! "Slots held for the owner thread"), and the next collection puts what the
+//! owner did not use onto the list in one push, holding `free_lock`. So a pop never runs beside a push:
 //! `create` cannot run during a collection (the borrow), and a loader's pop
 //! and the collection's push exclude each other (the lock). While nothing is
 //! pushed the list only shrinks, its head never returns to an earlier value,

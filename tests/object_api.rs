@@ -868,6 +868,64 @@ fn panicking_drop_in_every_object_still_destroys_each_once() {
     assert_eq!(mm.report().get("Bomb").unwrap().destroyed, 4);
 }
 
+/// A value whose `Drop` panics if armed; it cannot hold handles.
+#[derive(MMObject)]
+struct Fuse {
+    armed: bool,
+    token: DropToken,
+}
+
+impl Drop for Fuse {
+    fn drop(&mut self) {
+        if self.armed {
+            panic!("fuse");
+        }
+    }
+}
+
+/// Slots released out of index order spread over the store's dead lanes,
+/// which collection walks side by side: a panicking `Drop` among them, and a
+/// budget per call, still destroy each object exactly once, keep every count
+/// exact, and give every slot back.
+#[test]
+fn scattered_releases_with_a_panic_and_a_budget_destroy_each_once() {
+    const N: usize = 40;
+    let drops = Drops::new();
+    let mut mm = quiet();
+    let mut fuses: Vec<Option<Handle<Fuse>>> =
+        (0..N).map(|i| Some(mm.create(Fuse { armed: i == 23, token: drops.token() }))).collect();
+    let old: HashSet<u32> = fuses.iter().flatten().map(|f| f.key().index()).collect();
+    // 17 and 40 are coprime: every fuse once, never right after its neighbour.
+    for i in (0..N).map(|i| i * 17 % N) {
+        drop(fuses[i].take());
+    }
+    assert_eq!(mm.dead_count(), N);
+
+    let mut panics = 0;
+    while mm.dead_count() > 0 {
+        let before = mm.dead_count();
+        match catch_unwind(AssertUnwindSafe(|| mm.collect_garbage_budgeted(7))) {
+            Ok(stats) => assert_eq!(stats.objects, before.min(7)),
+            Err(payload) => {
+                assert_eq!(payload.downcast_ref::<&str>(), Some(&"fuse"));
+                panics += 1;
+            }
+        }
+        let destroyed = mm.report().get("Fuse").unwrap().destroyed as usize;
+        assert_eq!(drops.count(), destroyed, "each destroyed fuse dropped once");
+        assert_eq!(mm.dead_count(), N - destroyed, "the rest stay queued");
+        assert!(panics <= 1);
+    }
+    assert_eq!((panics, drops.count()), (1, N));
+
+    // Every slot came back exactly once.
+    let again: Vec<_> = (0..N).map(|_| mm.create(Fuse { armed: false, token: drops.token() })).collect();
+    assert_eq!(again.iter().map(|f| f.key().index()).collect::<HashSet<_>>(), old);
+    drop(again);
+    assert_eq!(mm.collect_garbage().objects, N);
+    assert!(mm.shutdown().is_empty());
+}
+
 #[test]
 fn panicking_drop_during_shutdown_is_caught_and_counted() {
     let drops = Drops::new();

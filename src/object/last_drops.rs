@@ -10,7 +10,7 @@
 //! `BENCHMARKS.md`, O1 and O1c).
 //!
 //! A ring is *drained* (its slots linked into chains, one compare-exchange
-//! per run of slots of one store) when it fills, when its thread exits, and
+//! per dead lane a run of slots of one store reaches, see [`Lanes`]) when it fills, when its thread exits, and
 //! by every call that reads a dead list: `collect_garbage` (every round, so
 //! cascades still finish in one call), `dead_count` and the counts derived
 //! from it, and shutdown. Those calls drain every thread's ring, so they see
@@ -30,7 +30,7 @@ use std::ptr::NonNull;
 use crate::sync::{fence, AtomicU32, AtomicUsize, Mutex, Ordering, UnsafeCell};
 
 use super::owner_counts::{Check, Released};
-use super::shared::StoreShared;
+use super::shared::{StoreShared, DEAD_LANES};
 use super::slot::{LINK_FLAG, NIL};
 
 /// Slots a ring holds before its thread drains it (small under loom, so the
@@ -114,7 +114,7 @@ impl LastDrops {
         self.recorded.store(recorded + 1, Ordering::Release);
     }
 
-    /// Pushes every recorded slot onto its store's dead list. Any thread may
+    /// Pushes every recorded slot onto its store's dead lanes. Any thread may
     /// call it; drainers take turns.
     fn drain(&self) {
         // `Acquire` pairs with a drainer's `Release`: if nothing is left, its pushes are visible.
@@ -124,7 +124,7 @@ impl LastDrops {
         let _turn = self.draining.lock();
         let drained = self.drained.load(Ordering::Relaxed);
         let recorded = self.recorded.load(Ordering::Acquire);
-        let mut chain: Option<Chain> = None;
+        let mut lanes: Option<Lanes> = None;
         let mut checks = Checks::default();
         for i in drained..recorded {
             // SAFETY: `i` is below `recorded` (read with `Acquire`, so its
@@ -138,17 +138,19 @@ impl LastDrops {
                     continue;
                 }
             };
-            chain = Some(match chain {
-                Some(chain) if chain.shared == entry.shared => chain.link(local, entry.word),
+            match &mut lanes {
+                Some(open) if open.shared == entry.shared => open.link(local, entry.word),
                 other => {
-                    if let Some(done) = other {
+                    if let Some(done) = other.take() {
                         done.push();
                     }
-                    Chain { shared: entry.shared, first: local, last: entry.word }
+                    let mut open = Lanes::new(entry.shared);
+                    open.link(local, entry.word);
+                    *other = Some(open);
                 }
-            });
+            }
         }
-        if let Some(done) = chain {
+        if let Some(done) = lanes {
             done.push();
         }
         checks.flush();
@@ -156,27 +158,53 @@ impl LastDrops {
     }
 }
 
-/// A run of drained slots of one store, linked through their words.
-struct Chain {
+/// A run of drained slots of one store, linked through their words into one
+/// chain per dead lane (see `shared.rs`), each chain pushed with one
+/// compare-exchange. A slot next to its predecessor follows it onto its
+/// lane (slots released in index order, as when a level unloads, stay one
+/// run of neighbours, which collection steps along); any other slot takes
+/// the next lane, so slots released at random spread evenly and collection
+/// loads their links side by side.
+struct Lanes {
     shared: NonNull<StoreShared>,
-    first: u32,
-    last: NonNull<AtomicU32>,
+    /// Each lane's chain: its first slot and its last slot's word.
+    chains: [Option<(u32, NonNull<AtomicU32>)>; DEAD_LANES],
+    /// The lane and local index of the slot linked last.
+    lane: usize,
+    last: u32,
 }
 
-impl Chain {
-    /// Puts the slot `local`, whose header word is `word`, in front of the chain.
-    fn link(self, local: u32, word: NonNull<AtomicU32>) -> Self {
-        // SAFETY: the word of a recorded slot stays valid, and only its
-        // drainer writes it (`LastDrops` invariants). `Relaxed`: the push's
-        // `Release` publishes the link.
-        unsafe { word.as_ref() }.store(LINK_FLAG | self.first, Ordering::Relaxed);
-        Chain { first: local, ..self }
+impl Lanes {
+    fn new(shared: NonNull<StoreShared>) -> Self {
+        Lanes { shared, chains: [None; DEAD_LANES], lane: 0, last: NIL }
+    }
+
+    /// Puts the slot `local`, whose header word is `word`, in front of its lane's chain.
+    fn link(&mut self, local: u32, word: NonNull<AtomicU32>) {
+        if self.last != NIL && local != self.last.wrapping_add(1) {
+            self.lane = (self.lane + 1) % DEAD_LANES;
+        }
+        self.last = local;
+        let chain = &mut self.chains[self.lane];
+        *chain = Some(match *chain {
+            Some((first, last)) => {
+                // SAFETY: the word of a recorded slot stays valid, and only
+                // its drainer writes it (`LastDrops` invariants). `Relaxed`:
+                // the push's `Release` publishes the link.
+                unsafe { word.as_ref() }.store(LINK_FLAG | first, Ordering::Relaxed);
+                (local, last)
+            }
+            None => (local, word),
+        });
     }
 
     fn push(self) {
-        debug_assert!(self.first != NIL);
-        // SAFETY: as in `link`, for the store's shared part and the last word.
-        unsafe { self.shared.as_ref().push_dead_chain(self.first, self.last.as_ref()) };
+        for (lane, chain) in self.chains.into_iter().enumerate() {
+            if let Some((first, last)) = chain {
+                // SAFETY: as in `link`, for the store's shared part and the last word.
+                unsafe { self.shared.as_ref().push_dead_chain(lane, first, last.as_ref()) };
+            }
+        }
     }
 }
 

@@ -33,7 +33,7 @@ use super::layout::{
 };
 use super::owner_slots::{Chain, OwnerSlots, RUN};
 use super::report::TypeReport;
-use super::shared::StoreShared;
+use super::shared::{StoreShared, DEAD_LANES};
 use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
@@ -658,13 +658,20 @@ impl<T: MMObject> Store<T> {
                 count += 1;
             }
         });
-        let mut at = self.shared().peek_dead();
-        while at != NIL {
-            count += 1;
-            let slot = self.slot(at).expect("dead slots live in published segments");
-            at = slot.header.word.load(Ordering::Acquire) & !LINK_FLAG;
+        for head in self.shared().peek_dead() {
+            self.walk_chain(head, |_, _| count += 1);
         }
         count
+    }
+
+    /// Calls `f` with each slot of the chain from `at`, linked through the
+    /// slots' words (a dead or free list), in order.
+    fn walk_chain<'s>(&'s self, mut at: u32, mut f: impl FnMut(u32, &'s Slot<T>)) {
+        while at != NIL {
+            let slot = self.slot(at).expect("listed slots live in published segments");
+            f(at, slot);
+            at = slot.header.word.load(Ordering::Acquire) & !LINK_FLAG;
+        }
     }
 
     fn note_peak(&self) -> u64 {
@@ -703,8 +710,8 @@ impl<T: MMObject> Store<T> {
         if *budget == 0 {
             return 0;
         }
-        let head = self.shared().take_dead();
-        if head == NIL {
+        let heads = self.shared().take_dead();
+        if heads == [NIL; DEAD_LANES] {
             return 0;
         }
         // Only deaths leave stale candidate entries, so only a store with
@@ -712,38 +719,59 @@ impl<T: MMObject> Store<T> {
         // `candidates.rs`), and nothing for a store with nothing to collect.
         super::candidates::compact(self);
         let mut hook = self.on_destroy.lock();
-        let mut requeue = Requeue { store: self, rest: head, current: NIL, freed: SlotChain::default() };
-        // The slot before the last one and how many lie contiguously up to
-        // it: a dead list holds runs of neighbours, newest first (slots
-        // released in index order, as when a level unloads, come back
-        // descending), and stepping to the previous slot's address, instead
-        // of computing it from the index just loaded, lets the CPU load the
-        // next link before this one arrives.
-        let (mut below, mut below_ptr, mut below_len) = (NIL, std::ptr::null::<Slot<T>>(), 0u32);
-        while requeue.rest != NIL && *budget > 0 {
-            let local = requeue.rest;
-            let slot_ptr = if local == below && below_len != 0 {
-                below_ptr
-            } else {
-                let (slot, len) = self.slot_run_back(local).expect("dead slots live in published segments");
-                below_len = len;
-                slot.as_ptr().cast_const()
-            };
-            below = local.wrapping_sub(1);
-            below_len -= 1;
-            // Only used while `below_len != 0`, when it is the previous slot of the run.
-            below_ptr = slot_ptr.wrapping_sub(1);
-            // SAFETY: `slot_ptr` is slot `local` of a published segment (from
-            // `slot_run_back`, or the previous slot of its run), which lives
-            // as long as the store.
-            let slot = unsafe { &*slot_ptr };
-            requeue.rest = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-            *budget -= 1;
-            // SAFETY: a slot taken off the dead list holds a dead object that
-            // nothing references; the caller holds `&mut ObjectManager`.
-            unsafe { self.destroy_dead(local, slot, &mut requeue, &mut hook, events.as_deref_mut(), stats) };
+        let mut requeue = Requeue { store: self, rest: heads, current: NIL, freed: SlotChain::default() };
+        // One slot of each lane in turn while two or more have slots left:
+        // the lanes' links are independent loads, so the CPU waits for one
+        // of each at once (see `shared.rs`).
+        let mut steps = [NeighbourStep::default(); DEAD_LANES];
+        while *budget > 0 && requeue.rest.iter().filter(|&&rest| rest != NIL).count() > 1 {
+            for (lane, step) in steps.iter_mut().enumerate() {
+                if requeue.rest[lane] == NIL || *budget == 0 {
+                    continue;
+                }
+                *budget -= 1;
+                // SAFETY: the caller's contract; `lane` has slots left.
+                unsafe { self.collect_next(lane, step, &mut requeue, &mut hook, &mut events, stats) };
+            }
+        }
+        // Then the last lane alone (a level's unload, released in index
+        // order, is one run of neighbours in one lane).
+        if let Some(lane) = requeue.rest.iter().position(|&rest| rest != NIL) {
+            let mut step = steps[lane];
+            while requeue.rest[lane] != NIL && *budget > 0 {
+                *budget -= 1;
+                // SAFETY: as above.
+                unsafe { self.collect_next(lane, &mut step, &mut requeue, &mut hook, &mut events, stats) };
+            }
         }
         requeue.freed.destroyed as usize
+    }
+
+    /// Destroys the next dead object of `lane` (reached through `step`),
+    /// and returns the slot after it in that lane.
+    ///
+    /// # Safety
+    ///
+    /// As for [`destroy_dead`](Self::destroy_dead), for the slot
+    /// `requeue.rest[lane]`, which is not [`NIL`].
+    #[inline(always)]
+    unsafe fn collect_next(
+        &self,
+        lane: usize,
+        step: &mut NeighbourStep<T>,
+        requeue: &mut Requeue<'_, T>,
+        hook: &mut Option<DestroyHook<T>>,
+        events: &mut Option<&mut Vec<Destroyed>>,
+        stats: &mut CollectStats,
+    ) -> u32 {
+        let local = requeue.rest[lane];
+        let slot = step.slot(self, local);
+        let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
+        requeue.rest[lane] = next;
+        // SAFETY: a slot taken off the dead list holds a dead object that
+        // nothing references; the caller holds `&mut ObjectManager`.
+        unsafe { self.destroy_dead(local, slot, requeue, hook, events.as_deref_mut(), stats) };
+        next
     }
 
     /// Destroys the dead object in slot `local`: its `size()` and the destroy
@@ -842,7 +870,7 @@ impl<T: MMObject> Store<T> {
         }
         if dead.chain.len != 0 {
             let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
-            shared.push_dead_chain(dead.chain.head, &tail.header.word);
+            shared.push_dead_chain(0, dead.chain.head, &tail.header.word);
         }
     }
 
@@ -988,13 +1016,13 @@ impl SlotChain {
     }
 }
 
-/// Finishes a collection, also when it unwinds: frees the chain of freed
-/// slots, and puts the unprocessed part of the dead chain back.
+/// Finishes a collection, also when it unwinds: keeps the chain of freed
+/// slots, and puts the unprocessed part of each dead lane back.
 struct Requeue<'a, T: MMObject> {
     store: &'a Store<T>,
-    /// The next dead slot to process.
-    rest: u32,
-    /// A dead slot taken off the chain whose value is still in use.
+    /// The next dead slot to process in each lane.
+    rest: [u32; DEAD_LANES],
+    /// A dead slot taken off its lane whose value is still in use.
     current: u32,
     freed: SlotChain,
 }
@@ -1010,18 +1038,61 @@ impl<T: MMObject> Drop for Requeue<'_, T> {
             let slot = self.store.slot(self.current).expect("published");
             shared.push_dead(self.current, &slot.header.word);
         }
-        if self.rest != NIL {
-            let mut last = self.rest;
-            loop {
-                let word = &self.store.slot(last).expect("published").header.word;
-                let next = word.load(Ordering::Relaxed) & !LINK_FLAG;
-                if next == NIL {
-                    shared.push_dead_chain(self.rest, word);
-                    break;
-                }
-                last = next;
+        for (lane, &rest) in self.rest.iter().enumerate() {
+            let mut last = None;
+            self.store.walk_chain(rest, |_, slot| last = Some(&slot.header.word));
+            if let Some(word) = last {
+                shared.push_dead_chain(lane, rest, word);
             }
         }
+    }
+}
+
+/// The way from one slot of a dead lane to the next: a lane holds runs of
+/// neighbours, newest first (slots released in index order, as when a level
+/// unloads, come back descending), and stepping to the previous slot's
+/// address, instead of computing it from the index just loaded, lets the
+/// CPU load the next link before this one arrives.
+struct NeighbourStep<T> {
+    /// The slot before the last one, its address, and how many slots lie
+    /// contiguously up to it (the address is used only while that is non-zero).
+    below: u32,
+    below_ptr: *const Slot<T>,
+    below_len: u32,
+}
+
+impl<T> Clone for NeighbourStep<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for NeighbourStep<T> {}
+
+impl<T> Default for NeighbourStep<T> {
+    fn default() -> Self {
+        NeighbourStep { below: NIL, below_ptr: std::ptr::null(), below_len: 0 }
+    }
+}
+
+impl<T: MMObject> NeighbourStep<T> {
+    /// Slot `local` of `store`, on a dead lane.
+    #[inline]
+    fn slot<'s>(&mut self, store: &'s Store<T>, local: u32) -> &'s Slot<T> {
+        let slot_ptr = if local == self.below && self.below_len != 0 {
+            self.below_ptr
+        } else {
+            let (slot, len) = store.slot_run_back(local).expect("dead slots live in published segments");
+            self.below_len = len;
+            slot.as_ptr().cast_const()
+        };
+        self.below = local.wrapping_sub(1);
+        self.below_len -= 1;
+        self.below_ptr = slot_ptr.wrapping_sub(1);
+        // SAFETY: `slot_ptr` is slot `local` of a published segment (from
+        // `slot_run_back`, or the previous slot of its run), which lives as
+        // long as the store.
+        unsafe { &*slot_ptr }
     }
 }
 
@@ -1294,20 +1365,15 @@ impl<T: MMObject> ErasedStore for Store<T> {
 }
 
 impl<T: MMObject> Store<T> {
-    /// Slots neither free, nor on the dead list taken as `dead`, nor
+    /// Slots neither free, nor on the dead lists taken as `dead`, nor
     /// retired, nor held only by raw references: O(slots).
-    fn count_outliving(&self, dead: u32) -> usize {
+    fn count_outliving(&self, dead: [u32; DEAD_LANES]) -> usize {
         let limit = self.len.load(Ordering::Relaxed) as usize;
         let mut accounted = vec![false; limit];
-        let mut mark = |store: &Self, mut at: u32| {
-            while at != NIL {
-                accounted[at as usize] = true;
-                at = store.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
-            }
-        };
         let (free_head, _) = split_free(self.free_head.load(Ordering::Relaxed));
-        mark(self, free_head);
-        mark(self, dead);
+        for head in dead.into_iter().chain([free_head]) {
+            self.walk_chain(head, |local, _| accounted[local as usize] = true);
+        }
         // Retired slots hold nothing. (An object destroyed in place above at
         // the last generation also reaches the limit, but its word is still
         // its count: outliving handles hold it.)
@@ -1333,15 +1399,13 @@ impl<T: MMObject> Store<T> {
         accounted.iter().filter(|&&a| !a).count()
     }
 
-    /// True if the free list, the dead list taken as `dead` and the retired
+    /// True if the free list, the dead lists taken as `dead` and the retired
     /// slots make up every used slot: then none is outliving, and shutdown
     /// need not look at each one. O(dead).
-    fn all_listed(&self, dead: u32) -> bool {
+    fn all_listed(&self, dead: [u32; DEAD_LANES]) -> bool {
         let mut listed = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
-        let mut at = dead;
-        while at != NIL {
-            listed += 1;
-            at = self.slot(at).expect("published").header.word.load(Ordering::Acquire) & !LINK_FLAG;
+        for head in dead {
+            self.walk_chain(head, |_, _| listed += 1);
         }
         listed + self.retired.load(Ordering::Relaxed) == u64::from(self.len.load(Ordering::Relaxed))
     }

@@ -22,6 +22,7 @@ use crate::Error;
 
 use super::super::handle::{HandleTag, ManagerTagged};
 use super::super::layout::{locate, Chunks};
+use super::super::shared::DEAD_LANES;
 use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed};
 use super::super::{Handle, HandleOrigin, MMObject};
@@ -153,7 +154,7 @@ impl<T: MMObject> Store<T> {
         let mut stats = CollectStats::default();
         self.note_peak();
         let mut hook = self.on_destroy.lock();
-        let mut requeue = Requeue { store: self, rest: NIL, current: NIL, freed: SlotChain::default() };
+        let mut requeue = Requeue { store: self, rest: [NIL; DEAD_LANES], current: NIL, freed: SlotChain::default() };
         for handle in handles {
             if !handle.belongs_to(self.config.manager_id) {
                 drop(handle);
