@@ -1,7 +1,7 @@
 //! Loom models of the lock-free parts:
 //!
 //! - objects: the dead-list push on the last drop and the per-thread ring
-//!   that carries it, `upgrade` racing the last drop, the owner thread's
+//!   that carries it (onto one dead lane or several), `upgrade` racing the last drop, the owner thread's
 //!   reservations (its drops and a worker's racing to the last, a worker's
 //!   drop racing the owner's collection, a worker's `upgrade` racing the
 //!   owner's last drop), concurrent `create`
@@ -549,6 +549,28 @@ fn a_full_ring_drains_while_the_owner_collects() {
         let token = || DropToken(Arc::clone(&drops));
         let handles: Vec<_> = (0..3).map(|id| mm.create(Texture { id, token: token() })).collect();
         let dropper = thread::spawn(move || drop(handles));
+        let first = mm.collect_garbage().objects;
+        dropper.join().unwrap();
+        assert_eq!(first + mm.dead_count(), 3, "every drop is listed once");
+        assert_eq!(first + mm.collect_garbage().objects, 3);
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// The same with slots dropped out of index order, so a drain spreads them
+/// over several dead lanes (each its own stack) while the owner's
+/// collection takes the lanes: every slot is destroyed once, none is lost.
+#[test]
+fn scattered_drops_drain_onto_several_lanes_while_the_owner_collects() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        let token = || DropToken(Arc::clone(&drops));
+        let mut handles: Vec<_> = (0..3).map(|id| Some(mm.create(Texture { id, token: token() }))).collect();
+        // 2, then 0, then 1: no slot right after the one before it.
+        let order = [handles[2].take(), handles[0].take(), handles[1].take()];
+        let dropper = thread::spawn(move || order.into_iter().for_each(drop));
         let first = mm.collect_garbage().objects;
         dropper.join().unwrap();
         assert_eq!(first + mm.dead_count(), 3, "every drop is listed once");

@@ -836,7 +836,7 @@ impl<T: MMObject> Store<T> {
     }
 
     /// Decides the queued checks (see `owner_counts.rs`): the dead go onto
-    /// the dead list, in one chain. On another thread than the owner the
+    /// the dead lanes, one chain per lane. On another thread than the owner the
     /// reservations cannot be read, so the checks stay queued.
     ///
     /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
@@ -860,17 +860,22 @@ impl<T: MMObject> Store<T> {
             shared.requeue_checks(checks);
             return;
         }
-        let mut dead = SlotChain::default();
+        // The dead go onto the lanes in turn, for collection to walk side by side.
+        let mut dead: [SlotChain; DEAD_LANES] = std::array::from_fn(|_| SlotChain::default());
+        let mut found = 0;
         for &check in checks.iter() {
             let local = check.slot();
             let slot = self.slot(local).expect("checked slots live in published segments");
             if slot.header.decide_check(check) {
-                dead.push(local, slot);
+                dead[found % DEAD_LANES].push(local, slot);
+                found += 1;
             }
         }
-        if dead.chain.len != 0 {
-            let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
-            shared.push_dead_chain(0, dead.chain.head, &tail.header.word);
+        for (lane, dead) in dead.iter().enumerate() {
+            if dead.chain.len != 0 {
+                let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
+                shared.push_dead_chain(lane, dead.chain.head, &tail.header.word);
+            }
         }
     }
 
