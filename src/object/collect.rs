@@ -66,6 +66,11 @@ impl ObjectManager {
     /// Costs O(dead + types), never O(live). If a `Drop` panics, the manager
     /// stays consistent (that object counts as destroyed, the rest stay
     /// queued) and the panic propagates; the next call carries on.
+    ///
+    /// The slots it frees are kept for the calling thread's next `create`s,
+    /// which reuse them without an atomic read-modify-write; the next call
+    /// hands the ones not reused to every thread (so a `create` on another
+    /// thread waits at most one collection for a freed slot).
     pub fn collect_garbage(&mut self) -> CollectStats {
         self.collect_garbage_budgeted(usize::MAX)
     }
