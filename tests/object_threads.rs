@@ -382,30 +382,29 @@ fn the_owners_run_of_fresh_slots_is_never_counted_or_lost() {
 #[test]
 fn a_collection_keeps_the_slots_it_freed_for_the_owner_until_the_next() {
     let drops = Drops::default();
+    // Creates textures `ids` on another thread and returns their slots.
+    let create_elsewhere = |mm: &mmobject::ObjectManager, ids: std::ops::Range<usize>| {
+        std::thread::scope(|scope| {
+            scope.spawn(|| ids.map(|id| mm.create(Texture { id, token: drops.token() })).collect::<Vec<_>>()).join()
+        })
+        .unwrap()
+    };
+    let indices = |handles: &[Handle<Texture>]| handles.iter().map(|h| h.key().index()).collect::<HashSet<_>>();
     let mut mm = quiet_with(1024);
     let mut held: Vec<Handle<Texture>> = (0..8).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
     let released: Vec<Handle<Texture>> = held.drain(4..).collect();
-    let freed: HashSet<u32> = released.iter().map(|h| h.key().index()).collect();
+    let freed = indices(&released);
     let stale: Vec<WeakHandle<Texture>> = released.iter().map(Handle::downgrade).collect();
     drop(released);
     assert_eq!(mm.collect_garbage().objects, 4);
     assert_eq!((mm.count::<Texture>(), mm.report().get("Texture").unwrap().live), (4, 4));
 
     // Another thread's creates take other slots: the freed ones are kept.
-    let mm = std::sync::Arc::new(mm);
-    let theirs = {
-        let mm = std::sync::Arc::clone(&mm);
-        let drops = drops.clone();
-        std::thread::spawn(move || {
-            (10..14).map(|id| mm.create(Texture { id, token: drops.token() })).collect::<Vec<_>>()
-        })
-        .join()
-        .unwrap()
-    };
-    assert!(theirs.iter().all(|h| !freed.contains(&h.key().index())), "kept for the owner");
+    let theirs = create_elsewhere(&mm, 10..14);
+    assert!(indices(&theirs).is_disjoint(&freed), "kept for the owner");
     // The owner's creates reuse exactly the freed slots.
     let mine: Vec<Handle<Texture>> = (20..24).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
-    assert_eq!(mine.iter().map(|h| h.key().index()).collect::<HashSet<_>>(), freed);
+    assert_eq!(indices(&mine), freed);
     assert!(stale.iter().all(|&w| mm.get_weak(w).is_none()), "a reused slot never answers a stale handle");
     assert_eq!(mm.count::<Texture>(), 12);
     let report = mm.report();
@@ -414,22 +413,11 @@ fn a_collection_keeps_the_slots_it_freed_for_the_owner_until_the_next() {
 
     // Freed again and kept; the next collection frees nothing and hands
     // them to everyone: another thread's creates reuse them.
-    let mut mm = std::sync::Arc::try_unwrap(mm).expect("the worker is done");
     drop(mine);
     assert_eq!(mm.collect_garbage().objects, 4);
     assert_eq!(mm.collect_garbage().objects, 0);
-    let mm = std::sync::Arc::new(mm);
-    let reused = {
-        let mm = std::sync::Arc::clone(&mm);
-        let drops = drops.clone();
-        std::thread::spawn(move || {
-            (30..34).map(|id| mm.create(Texture { id, token: drops.token() })).collect::<Vec<_>>()
-        })
-        .join()
-        .unwrap()
-    };
-    assert_eq!(reused.iter().map(|h| h.key().index()).collect::<HashSet<_>>(), freed);
-    let mut mm = std::sync::Arc::try_unwrap(mm).expect("the worker is done");
+    let reused = create_elsewhere(&mm, 30..34);
+    assert_eq!(indices(&reused), freed);
     drop((held, theirs, reused));
     assert_eq!(mm.collect_garbage().objects, 12);
 
@@ -438,17 +426,7 @@ fn a_collection_keeps_the_slots_it_freed_for_the_owner_until_the_next() {
     // worker only reuses slots and the store stops growing.
     let mut first_two = 0;
     for frame in 0..40 {
-        let top = std::thread::scope(|scope| {
-            let mm = &mm;
-            let drops = &drops;
-            scope
-                .spawn(move || {
-                    let made: Vec<_> = (0..16).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
-                    made.iter().map(|h| h.key().index()).max().unwrap()
-                })
-                .join()
-                .unwrap()
-        });
+        let top = *indices(&create_elsewhere(&mm, 0..16)).iter().max().unwrap();
         if frame < 2 {
             first_two = first_two.max(top);
         } else {

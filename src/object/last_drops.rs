@@ -10,11 +10,12 @@
 //! `BENCHMARKS.md`, O1 and O1c).
 //!
 //! A ring is *drained* (its slots linked into chains, one compare-exchange
-//! per dead lane a run of slots of one store reaches, see [`Lanes`]) when it fills, when its thread exits, and
-//! by every call that reads a dead list: `collect_garbage` (every round, so
-//! cascades still finish in one call), `dead_count` and the counts derived
-//! from it, and shutdown. Those calls drain every thread's ring, so they see
-//! every drop that happened before them, as before.
+//! per dead lane that a run of slots of one store reaches, see [`Lanes`])
+//! when it fills, when its thread exits, and by every call that reads a
+//! dead list: `collect_garbage` (every round, so cascades still finish in
+//! one call), `dead_count` and the counts derived from it, and shutdown.
+//! Those calls drain every thread's ring, so they see every drop that
+//! happened before them, as before.
 //!
 //! Nothing else changes meaning: a recorded slot's count is already 0, so it
 //! is dead for every reader (`upgrade`, weak reads, iterators, `ref_count`)

@@ -7,8 +7,11 @@
 //! [`Loader`](super::Loader) pops it under the store's `free_lock`, and only
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
-//! Never-used slots come from raising `len`, by the owner thread a run at a
-//! time (`owner_slots.rs`), and by `create_many` a run per batch (`store/batch.rs`).
+//! The slots a collection frees are first kept for the owner thread, whose
+//! creates pop them with plain loads and stores, and the next collection
+//! pushes what the owner did not use; never-used slots come from raising
+//! `len`, by the owner thread a run at a time (both in `owner_slots.rs`), and
+//! by `create_many` a run per batch (`store/batch.rs`).
 
 mod batch;
 
@@ -98,7 +101,8 @@ pub(crate) struct Store<T> {
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
-    /// The owner thread's run of never-used slots (see `owner_slots.rs`).
+    /// The slots held for the owner thread: a run of never-used ones and
+    /// those the last collection kept (see `owner_slots.rs`).
     owner_slots: OwnerSlots,
     destroyed: AtomicU64,
     /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
@@ -395,7 +399,7 @@ impl<T: MMObject> Store<T> {
     /// collection kept for it (plain loads and stores), else one from the
     /// free list.
     #[inline]
-    pub(crate) fn pop_reused(&self, owner: bool) -> Option<u32> {
+    fn pop_reused(&self, owner: bool) -> Option<u32> {
         let kept = if owner {
             self.owner_slots.take_kept(|head| {
                 let slot = self.slot(head).expect("kept slots live in published segments");
@@ -490,7 +494,7 @@ impl<T: MMObject> Store<T> {
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager.
-    unsafe fn release_fresh(&self, adopt: bool) {
+    unsafe fn release_owner_slots(&self, adopt: bool) {
         // SAFETY: the caller's contract.
         let ((start, end), kept) = unsafe { self.owner_slots.release(adopt) };
         let mut chain = SlotChain::default();
@@ -531,7 +535,7 @@ impl<T: MMObject> Store<T> {
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager.
-    pub(crate) unsafe fn share_unused_kept(&self) {
+    unsafe fn share_unused_kept(&self) {
         // SAFETY: the caller's contract; the old chain goes on the free list.
         let unused = unsafe { self.owner_slots.set_kept(Chain::EMPTY) };
         self.push_free_chain(unused);
@@ -704,7 +708,7 @@ impl<T: MMObject> Store<T> {
         // The collecting thread becomes the owner (see `owner_slots.rs`).
         if !self.owner_slots.is_owner() {
             // SAFETY: the caller holds `&mut ObjectManager`.
-            unsafe { self.release_fresh(true) };
+            unsafe { self.release_owner_slots(true) };
         }
         self.decide_checks();
         if *budget == 0 {
@@ -953,8 +957,8 @@ impl<T> Store<T> {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
         let retired = self.retired.load(Ordering::Relaxed);
-        let fresh = u64::from(self.owner_slots.left());
-        used.saturating_sub(free + retired + fresh + self.destroyed_in_place.load(Ordering::Relaxed))
+        let held = u64::from(self.owner_slots.left());
+        used.saturating_sub(free + retired + held + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
     /// Retires a vacant slot whose generation is at the limit (see
@@ -1338,7 +1342,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     unsafe fn settle(&self) -> Settled {
         // The owner's fresh and kept slots go on the free list, where they are accounted for.
         // SAFETY: the caller holds `&mut ObjectManager` (trait contract).
-        unsafe { self.release_fresh(false) };
+        unsafe { self.release_owner_slots(false) };
         // Last drops made before now (`destroy_all`'s cascades among them)
         // are listed, so they are accounted for below; so are the objects
         // whose checks find them dead (on the owner thread: elsewhere an
