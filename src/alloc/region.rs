@@ -32,9 +32,10 @@ pub(crate) struct Region {
     len: usize,
 }
 
-// SAFETY: a `Region` is uniquely owned memory, like a `Box<[u8]>`: raw bytes, never a value
-// (so no `Rc` lives in it), and no type parameter, so no bound is needed. It hands out no
-// references itself; the allocators that own one synchronise every access to its bytes.
+// A `Region` hands out no references itself; the allocators that own one synchronise
+// every access to its bytes.
+// SAFETY: uniquely owned raw bytes, like a `Box<[u8]>`, never a value (so no `Rc` lives
+// in it), and no type parameter, so no bound is needed.
 unsafe impl Send for Region {}
 // SAFETY: as above (no type parameter, no bound): `&Region` only exposes the address and
 // the length.

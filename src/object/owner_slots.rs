@@ -200,8 +200,8 @@ impl OwnerSlots {
     }
 }
 
-// SAFETY: no type parameter, so no bound: the run and the kept chain are
-// indices behind an owner check. `run` and `kept` are only
-// touched by the owner thread or under `&mut ObjectManager` (type
-// invariants), and the rest is atomic.
+// `run` and `kept` are only touched by the owner thread or under `&mut
+// ObjectManager` (type invariants), and the rest is atomic.
+// SAFETY: no type parameter, so no bound: it holds only slot indices (no
+// `Rc`, no value), and its cells are never touched by two threads at once.
 unsafe impl Sync for OwnerSlots {}

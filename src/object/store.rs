@@ -11,9 +11,11 @@
 //! creates pop them with plain loads and stores, and the next collection
 //! pushes what the owner did not use; never-used slots come from raising
 //! `len`, by the owner thread a run at a time (both in `owner_slots.rs`), and
-//! by `create_many` a run per batch (`store/batch.rs`).
+//! by `create_many` a run per batch (`store/batch.rs`). Collection, which
+//! destroys the dead and frees their slots, is in `store/collect.rs`.
 
 mod batch;
+mod collect;
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -29,6 +31,7 @@ use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::track::StackTrace;
 use crate::Error;
 
+use self::collect::SlotChain;
 use super::creation_sites::CreationSites;
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
@@ -505,42 +508,6 @@ impl<T: MMObject> Store<T> {
         self.push_free_chain(kept);
     }
 
-    /// Adds the slots a collection (or `release_many`) freed to those kept
-    /// for the owner's `create`s (see `owner_slots.rs`).
-    ///
-    /// # Safety
-    ///
-    /// The caller holds `&mut ObjectManager` of this store's manager, and
-    /// `freed` is a chain of vacant slots on no list.
-    unsafe fn keep_freed(&self, freed: Chain) {
-        if freed.len == 0 {
-            return;
-        }
-        // SAFETY: the caller's contract.
-        let kept = unsafe { self.owner_slots.kept() };
-        let chain = if kept.len == 0 {
-            freed
-        } else {
-            let tail = self.slot(freed.tail).expect("freed slots live in published segments");
-            tail.header.word.store(LINK_FLAG | kept.head, Ordering::Relaxed);
-            Chain { head: freed.head, tail: kept.tail, len: freed.len + kept.len }
-        };
-        // SAFETY: the caller's contract; `chain` links the freed slots, then the kept ones.
-        unsafe { self.owner_slots.set_kept(chain) };
-    }
-
-    /// Starts a `collect_garbage` call: the slots the last one kept for the
-    /// owner that it did not use go on the free list, for every thread.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds `&mut ObjectManager` of this store's manager.
-    unsafe fn share_unused_kept(&self) {
-        // SAFETY: the caller's contract; the old chain goes on the free list.
-        let unused = unsafe { self.owner_slots.set_kept(Chain::EMPTY) };
-        self.push_free_chain(unused);
-    }
-
     /// Allocates segments so that `additional` more slots exist past `len`.
     pub(crate) fn reserve(&self, additional: usize) -> Result<(), Error> {
         let len = u64::from(self.len.load(Ordering::Relaxed));
@@ -651,252 +618,9 @@ impl<T: MMObject> Store<T> {
         ObjectKey::new(self.shared().global_index(local), generation)
     }
 
-    /// Objects on the dead list, counted by walking it, and those whose
-    /// queued check finds them dead (see `owner_counts.rs`): O(dead +
-    /// checks), after every thread's last drops are drained.
-    pub(crate) fn dead_count(&self) -> usize {
-        super::last_drops::drain_all();
-        let mut count = 0;
-        self.shared().for_each_check(|local| {
-            if self.slot(local).is_some_and(|slot| slot.header.awaits_check()) {
-                count += 1;
-            }
-        });
-        for head in self.shared().peek_dead() {
-            self.walk_chain(head, |_, _| count += 1);
-        }
-        count
-    }
-
-    /// Calls `f` with each slot of the chain from `at`, linked through the
-    /// slots' words (a dead or free list), in order.
-    fn walk_chain<'s>(&'s self, mut at: u32, mut f: impl FnMut(u32, &'s Slot<T>)) {
-        while at != NIL {
-            let slot = self.slot(at).expect("listed slots live in published segments");
-            f(at, slot);
-            at = slot.header.word.load(Ordering::Acquire) & !LINK_FLAG;
-        }
-    }
-
     fn note_peak(&self) -> u64 {
         let resident = self.resident();
         self.peak_resident.fetch_max(resident, Ordering::Relaxed).max(resident)
-    }
-
-    /// Destroys dead objects until the dead list is empty or `budget` runs out,
-    /// recording each in `events` if given. Returns how many it destroyed.
-    ///
-    /// If a `Drop`, `size()` or the destroy hook panics, that object is
-    /// destroyed all the same (its value counts as dropped, as after any
-    /// panicking drop), the rest of the chain goes back onto the dead list,
-    /// and then the panic propagates.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds `&mut ObjectManager` of this store's manager: no
-    /// reference into any of its values is alive, and no `create` through the
-    /// manager runs (loaders may).
-    pub(crate) unsafe fn collect(
-        &self,
-        budget: &mut usize,
-        stats: &mut CollectStats,
-        mut events: Option<&mut std::vec::Vec<Destroyed>>,
-    ) -> usize {
-        self.note_peak();
-        // No iterator is alive under `&mut ObjectManager` (invariants).
-        self.iterating.store(0, Ordering::Relaxed);
-        // The collecting thread becomes the owner (see `owner_slots.rs`).
-        if !self.owner_slots.is_owner() {
-            // SAFETY: the caller holds `&mut ObjectManager`.
-            unsafe { self.release_owner_slots(true) };
-        }
-        self.decide_checks();
-        if *budget == 0 {
-            return 0;
-        }
-        let heads = self.shared().take_dead();
-        if heads == [NIL; DEAD_LANES] {
-            return 0;
-        }
-        // Only deaths leave stale candidate entries, so only a store with
-        // dead objects compacts its buffer: amortised O(1) per entry (see
-        // `candidates.rs`), and nothing for a store with nothing to collect.
-        super::candidates::compact(self);
-        let mut hook = self.on_destroy.lock();
-        let mut requeue = Requeue { store: self, rest: heads, current: NIL, freed: SlotChain::default() };
-        // One slot of each lane in turn while two or more have slots left:
-        // the lanes' links are independent loads, so the CPU waits for one
-        // of each at once (see `shared.rs`).
-        let mut steps = [NeighbourStep::default(); DEAD_LANES];
-        while *budget > 0 && requeue.rest.iter().filter(|&&rest| rest != NIL).count() > 1 {
-            for (lane, step) in steps.iter_mut().enumerate() {
-                if requeue.rest[lane] == NIL || *budget == 0 {
-                    continue;
-                }
-                *budget -= 1;
-                // SAFETY: the caller's contract; `lane` has slots left.
-                unsafe { self.collect_next(lane, step, &mut requeue, &mut hook, &mut events, stats) };
-            }
-        }
-        // Then the last lane alone (a level's unload, released in index
-        // order, is one run of neighbours in one lane).
-        if let Some(lane) = requeue.rest.iter().position(|&rest| rest != NIL) {
-            let mut step = steps[lane];
-            while requeue.rest[lane] != NIL && *budget > 0 {
-                *budget -= 1;
-                // SAFETY: as above.
-                unsafe { self.collect_next(lane, &mut step, &mut requeue, &mut hook, &mut events, stats) };
-            }
-        }
-        requeue.freed.destroyed as usize
-    }
-
-    /// Destroys the next dead object of `lane` (reached through `step`),
-    /// and returns the slot after it in that lane.
-    ///
-    /// # Safety
-    ///
-    /// As for [`destroy_dead`](Self::destroy_dead), for the slot
-    /// `requeue.rest[lane]`, which is not [`NIL`].
-    #[inline(always)]
-    unsafe fn collect_next(
-        &self,
-        lane: usize,
-        step: &mut NeighbourStep<T>,
-        requeue: &mut Requeue<'_, T>,
-        hook: &mut Option<DestroyHook<T>>,
-        events: &mut Option<&mut Vec<Destroyed>>,
-        stats: &mut CollectStats,
-    ) -> u32 {
-        let local = requeue.rest[lane];
-        let slot = step.slot(self, local);
-        let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-        requeue.rest[lane] = next;
-        // SAFETY: a slot taken off the dead list holds a dead object that
-        // nothing references; the caller holds `&mut ObjectManager`.
-        unsafe { self.destroy_dead(local, slot, requeue, hook, events.as_deref_mut(), stats) };
-        next
-    }
-
-    /// Destroys the dead object in slot `local`: its `size()` and the destroy
-    /// hook, its event, the slot freed into `requeue`'s chain, its value
-    /// dropped, its tracker charge credited.
-    ///
-    /// If `size()`, the hook or the value's `Drop` panics, the object is
-    /// destroyed all the same (its value counts as dropped, as after any
-    /// panicking drop) and the panic propagates; `requeue` finishes the rest
-    /// as it drops.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds `&mut ObjectManager` of this store's manager, and the
-    /// slot holds a dead object (occupied, its count gone, on no list) that
-    /// nothing references.
-    #[inline(always)]
-    unsafe fn destroy_dead(
-        &self,
-        local: u32,
-        slot: &Slot<T>,
-        requeue: &mut Requeue<'_, T>,
-        hook: &mut Option<DestroyHook<T>>,
-        events: Option<&mut Vec<Destroyed>>,
-        stats: &mut CollectStats,
-    ) {
-        requeue.current = local;
-        let generation = slot.header.generation.load(Ordering::Relaxed);
-        // A panicking `size()` or hook must not keep the object queued
-        // forever (every later collection, and shutdown, would stop at
-        // it): destroy the object first, then let the panic propagate.
-        let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // SAFETY: a dead slot is still occupied, and the caller's
-            // `&mut ObjectManager` excludes every other reference to it.
-            let value = unsafe { slot.value_mut() };
-            let bytes = value.size();
-            if let Some(hook) = hook.as_mut() {
-                hook(self.key_of(local, generation), value);
-            }
-            bytes
-        }));
-        requeue.current = NIL;
-        if let Some(events) = events {
-            events.push(Destroyed::new::<T>(self.key_of(local, generation)));
-        }
-        requeue.freed.destroyed += 1;
-        if self.free_slot(slot) {
-            requeue.freed.push(local, slot);
-        }
-        // SAFETY: the slot was occupied (its value initialised) and is now
-        // vacant and unreachable from any handle; the value is dropped
-        // exactly once, here.
-        unsafe { slot.drop_value() };
-        stats.objects += 1;
-        if let Some(tracking) = &self.tracking {
-            tracking.release(local);
-        }
-        match seen {
-            Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),
-            Err(payload) => std::panic::resume_unwind(payload),
-        }
-    }
-
-    /// Decides the queued checks (see `owner_counts.rs`): the dead go onto
-    /// the dead lanes, one chain per lane. On another thread than the owner the
-    /// reservations cannot be read, so the checks stay queued.
-    ///
-    /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
-    fn decide_checks(&self) {
-        let shared = self.shared();
-        let checks = shared.take_checks();
-        if checks.is_empty() {
-            return;
-        }
-        if self.config.owner != crate::sync::thread_token() {
-            if !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                log::warn!(
-                    target: "mmobject",
-                    "collect_garbage ran on a thread that does not own object manager #{}: released {} objects \
-                     wait for a collection on the thread that built it, or for shutdown \
-                     (see ObjectManagerBuilder::owner_thread)",
-                    self.config.manager_id,
-                    T::TYPE_NAME
-                );
-            }
-            shared.requeue_checks(checks);
-            return;
-        }
-        // The dead go onto the lanes in turn, for collection to walk side by side.
-        let mut dead: [SlotChain; DEAD_LANES] = std::array::from_fn(|_| SlotChain::default());
-        let mut found = 0;
-        for &check in checks.iter() {
-            let local = check.slot();
-            let slot = self.slot(local).expect("checked slots live in published segments");
-            if slot.header.decide_check(check) {
-                dead[found % DEAD_LANES].push(local, slot);
-                found += 1;
-            }
-        }
-        for (lane, dead) in dead.iter().enumerate() {
-            if dead.chain.len != 0 {
-                let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
-                shared.push_dead_chain(lane, dead.chain.head, &tail.header.word);
-            }
-        }
-    }
-
-    /// Marks a dead slot vacant. Returns false if the slot retired instead
-    /// (its next occupied generation would reach [`GENERATION_LIMIT`]): it
-    /// then stays vacant for good, and must not go on the free list.
-    #[inline]
-    fn free_slot(&self, slot: &Slot<T>) -> bool {
-        let generation = slot.header.generation.load(Ordering::Relaxed) + 1;
-        debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
-        debug_assert!(generation <= GENERATION_LIMIT, "generations never pass the limit");
-        slot.header.generation.store(generation, Ordering::Release);
-        if generation >= GENERATION_LIMIT {
-            self.retire(slot);
-            return false;
-        }
-        true
     }
 
     /// Puts a chain of freed slots on the free list, under `free_lock`.
@@ -993,116 +717,6 @@ fn free_word(head: u32, len: u32) -> u64 {
 #[inline]
 fn split_free(word: u64) -> (u32, u32) {
     (word as u32, (word >> 32) as u32)
-}
-
-/// Slots linked through their header words, to be put on a list at once:
-/// those one collection freed (the free list: one lock, not one per slot),
-/// or those whose checks it found dead (the dead list: one push).
-struct SlotChain {
-    chain: Chain,
-    /// Objects destroyed, retired slots included: added to `destroyed` at the
-    /// end (one add per collection, not a locked add per slot, which would
-    /// wait for the stores to each cold slot to drain).
-    destroyed: u64,
-}
-
-impl Default for SlotChain {
-    fn default() -> Self {
-        SlotChain { chain: Chain::EMPTY, destroyed: 0 }
-    }
-}
-
-impl SlotChain {
-    /// Links the slot `local` in front of the chain.
-    fn push<T>(&mut self, local: u32, slot: &Slot<T>) {
-        let chain = &mut self.chain;
-        slot.header.word.store(LINK_FLAG | chain.head, Ordering::Relaxed);
-        if chain.len == 0 {
-            chain.tail = local;
-        }
-        chain.head = local;
-        chain.len += 1;
-    }
-}
-
-/// Finishes a collection, also when it unwinds: keeps the chain of freed
-/// slots, and puts the unprocessed part of each dead lane back.
-struct Requeue<'a, T: MMObject> {
-    store: &'a Store<T>,
-    /// The next dead slot to process in each lane.
-    rest: [u32; DEAD_LANES],
-    /// A dead slot taken off its lane whose value is still in use.
-    current: u32,
-    freed: SlotChain,
-}
-
-impl<T: MMObject> Drop for Requeue<'_, T> {
-    fn drop(&mut self) {
-        self.store.destroyed.fetch_add(self.freed.destroyed, Ordering::Relaxed);
-        // SAFETY: a `Requeue` is only made under `&mut ObjectManager`
-        // (collection, `release_many`), and its chain holds the slots it freed.
-        unsafe { self.store.keep_freed(self.freed.chain) };
-        let shared = self.store.shared();
-        if self.current != NIL {
-            let slot = self.store.slot(self.current).expect("published");
-            shared.push_dead(self.current, &slot.header.word);
-        }
-        for (lane, &rest) in self.rest.iter().enumerate() {
-            let mut last = None;
-            self.store.walk_chain(rest, |_, slot| last = Some(&slot.header.word));
-            if let Some(word) = last {
-                shared.push_dead_chain(lane, rest, word);
-            }
-        }
-    }
-}
-
-/// The way from one slot of a dead lane to the next: a lane holds runs of
-/// neighbours, newest first (slots released in index order, as when a level
-/// unloads, come back descending), and stepping to the previous slot's
-/// address, instead of computing it from the index just loaded, lets the
-/// CPU load the next link before this one arrives.
-struct NeighbourStep<T> {
-    /// The slot before the last one, its address, and how many slots lie
-    /// contiguously up to it (the address is used only while that is non-zero).
-    below: u32,
-    below_ptr: *const Slot<T>,
-    below_len: u32,
-}
-
-impl<T> Clone for NeighbourStep<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for NeighbourStep<T> {}
-
-impl<T> Default for NeighbourStep<T> {
-    fn default() -> Self {
-        NeighbourStep { below: NIL, below_ptr: std::ptr::null(), below_len: 0 }
-    }
-}
-
-impl<T: MMObject> NeighbourStep<T> {
-    /// Slot `local` of `store`, on a dead lane.
-    #[inline]
-    fn slot<'s>(&mut self, store: &'s Store<T>, local: u32) -> &'s Slot<T> {
-        let slot_ptr = if local == self.below && self.below_len != 0 {
-            self.below_ptr
-        } else {
-            let (slot, len) = store.slot_run_back(local).expect("dead slots live in published segments");
-            self.below_len = len;
-            slot.as_ptr().cast_const()
-        };
-        self.below = local.wrapping_sub(1);
-        self.below_len -= 1;
-        self.below_ptr = slot_ptr.wrapping_sub(1);
-        // SAFETY: `slot_ptr` is slot `local` of a published segment (from
-        // `slot_run_back`, or the previous slot of its run), which lives as
-        // long as the store.
-        unsafe { &*slot_ptr }
-    }
 }
 
 /// The type-erased face of a store, used by the manager.

@@ -26,7 +26,8 @@ use super::super::shared::DEAD_LANES;
 use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed};
 use super::super::{Handle, HandleOrigin, MMObject};
-use super::{Requeue, SlotChain, SlotSource, Store};
+use super::collect::{Requeue, SlotChain};
+use super::{SlotSource, Store};
 
 /// The most never-used slots one step of a batch takes from `len`.
 const MAX_TAKE: u32 = 1 << 12;
