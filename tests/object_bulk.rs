@@ -244,12 +244,20 @@ fn threads_creating_many_at_once_get_distinct_slots() {
     assert_clean_shutdown(mm, handles);
 }
 
+/// A manager with an owner thread, `N` units made in one batch, and `leaders`
+/// squads (a type that holds handles) led by the first units, in another.
+fn owned_units_led_by_squads(leaders: usize) -> (ObjectManager, Vec<Handle<Unit>>, Vec<Handle<Squad>>) {
+    let mm = ObjectManager::builder().owner_thread(true).segment_base(4).build();
+    let units = mm.create_many((0..N).map(unit));
+    let squads = mm.create_many(
+        units.iter().take(leaders).enumerate().map(|(i, u)| Squad { leader: Some(u.clone()), id: i as u32 }),
+    );
+    (mm, units, squads)
+}
+
 #[test]
 fn handles_count_as_creates_do_with_an_owner_and_for_types_that_hold_handles() {
-    let mut mm = ObjectManager::builder().owner_thread(true).segment_base(4).build();
-    let units = mm.create_many((0..N).map(unit));
-    let squads =
-        mm.create_many(units.iter().take(8).enumerate().map(|(i, u)| Squad { leader: Some(u.clone()), id: i as u32 }));
+    let (mut mm, units, squads) = owned_units_led_by_squads(8);
     // Clones and drops on the owner, then on another thread.
     let clones: Vec<Handle<Unit>> = units.iter().map(Handle::clone).collect();
     assert!(units.iter().take(8).all(|u| u.ref_count() == 3));
@@ -376,10 +384,7 @@ fn another_managers_handles_drop_the_ordinary_way() {
 
 #[test]
 fn types_that_hold_handles_and_owned_managers_release_correctly() {
-    let mut mm = ObjectManager::builder().owner_thread(true).segment_base(4).build();
-    let units = mm.create_many((0..N).map(unit));
-    let squads =
-        mm.create_many(units.iter().take(4).enumerate().map(|(i, u)| Squad { leader: Some(u.clone()), id: i as u32 }));
+    let (mut mm, units, squads) = owned_units_led_by_squads(4);
     // The owner's own clones and drops leave a reservation in some counts.
     for u in units.iter().take(16) {
         drop(u.clone());
