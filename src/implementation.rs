@@ -411,6 +411,14 @@
 //! header and the store's shared part, so that store's memory is leaked on
 //! purpose, and the report says how many bytes. Otherwise everything is freed.
 //!
+//! Shutdown runs user code before it settles: `Drop`s (caught), the logger
+//! that takes the leak report, the store's allocator. So the first thing it
+//! does, before any of it, is mark every store to keep its memory; `settle`
+//! clears the mark only once it finds no handle left. A logger that panics
+//! mid-report unwinds out of `shutdown` (and the manager's drop does not
+//! start over), and the stores' memory is then leaked, never freed under the
+//! handles still alive (`tests/soundness_shutdown_hooks.rs`).
+//!
 //! # Soundness
 //!
 //! The contract: no safe code, however adversarial, reaches undefined
@@ -523,6 +531,13 @@
 //! raw table's lock: with `handle-sites`, the handle's site is removed
 //! *before* that update, since once the raw count equals the slot's count a
 //! concurrent shutdown may free the shared part.
+//!
+//! A count equal to the raw count is not enough on its own, though: a drop
+//! on another thread than the owner takes the count down and sets `CHECK` in
+//! one compare-exchange, and only then records its check, which names the
+//! shared part. So a slot whose `CHECK` is set counts as held, raw references
+//! or not (in stores whose objects may hold handles the bit is `PURPLE`, and
+//! their drops queue before they count down, so it does not apply there).
 //!
 //! # Leak forensics
 //!

@@ -21,9 +21,10 @@ use super::{Handle, MMObject, ObjectManager, TryCreateError};
 /// At once, exactly as with [`ObjectManager::create`]: the handle returned
 /// names a live object, and once the main thread has the handle (or
 /// synchronises with the loader thread in any other way), `get`, `upgrade`
-/// and iterators made from then on see the object. An iterator that is
-/// already running never yields it. Budgets, capacity limits and the leak
-/// report treat loader objects like any other.
+/// and iterators made from then on see the object. An iterator whose start
+/// the loader thread has seen (through any synchronisation) never yields it;
+/// one that starts while the `create` runs may. Budgets, capacity limits and
+/// the leak report treat loader objects like any other.
 ///
 /// # Which thread owns what
 ///

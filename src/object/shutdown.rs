@@ -27,6 +27,11 @@ impl ObjectManager {
         self.shut_down = true;
         // No loader creates from here on (it waits for the lock, then finds the manager closed).
         *self.registry().open.write() = false;
+        // Before any user code runs: if it panics, the stores leak their
+        // memory rather than free it under live handles.
+        for store in self.all_stores() {
+            store.keep_memory();
+        }
         let mut report = ObjectLeakReport::default();
         // Dead first. A panicking Drop leaves the manager consistent, so retry.
         loop {

@@ -40,7 +40,7 @@ use super::layout::{
 use super::owner_slots::{Chain, OwnerSlots, RUN};
 use super::report::TypeReport;
 use super::shared::{StoreShared, DEAD_LANES};
-use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::slot::{Slot, SlotHeader, SlotState, CHECK, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
 use super::{CollectStats, Destroyed, LeakEntry, MMObject, ObjectKey};
@@ -66,7 +66,9 @@ pub(crate) struct StoreConfig {
 ///
 /// - `shared` was allocated from `alloc` with `Layout::new::<StoreShared>()`
 ///   and is freed in `Drop` unless `leaked` is set. It is never freed while a
-///   handle into the store exists.
+///   handle into the store exists: `leaked` is set from the start of shutdown
+///   until `settle` finds no handle left, and before shutdown the registry
+///   (which the manager holds) keeps the store.
 /// - `segments[k]` is null or the base of a segment of `segment_len(k)`
 ///   initialised slots, with chunk headers naming this store, allocated from
 ///   `alloc` by [`allocate_segment`]; once published it never changes.
@@ -85,7 +87,9 @@ pub(crate) struct StoreConfig {
 ///   and takes `free_lock` for the push (so no loader pops meanwhile).
 /// - While `iterating` is non-zero, new objects take never-used slots (past
 ///   every iterator's end) instead of free ones, so an iteration never
-///   yields an object created after it began. It is reset under
+///   yields an object created after it began by a thread that saw it begin
+///   (a loader's create that read zero just before may still take a free
+///   slot the iteration reaches). It is reset under
 ///   `&mut ObjectManager`, where no iterator can be alive (a forgotten one
 ///   only costs fresh slots until then).
 /// - The free list's length is the high half of `free_head`, kept in the same
@@ -767,6 +771,11 @@ pub(crate) trait ErasedStore: Send + Sync {
     unsafe fn destroy_all(&self, on_panic: &mut dyn FnMut(&'static str, ObjectKey));
     /// Creation stacks of occupied slots, when a tracker in `Mode::Stacks` is attached.
     fn creation_stacks(&self) -> HashMap<ObjectKey, StackTrace>;
+    /// Keeps the store's memory when it drops, until [`settle`](Self::settle)
+    /// finds that no handle is left. Shutdown calls it first, so that a panic
+    /// in user code on the way (a logger, an allocator) leaks the memory
+    /// instead of freeing it under live handles.
+    fn keep_memory(&self);
     /// Decides whether the store's memory may be freed when it drops.
     ///
     /// # Safety
@@ -839,6 +848,10 @@ impl<T: MMObject> ErasedStore for Store<T> {
 
     fn live_count(&self) -> usize {
         self.live_count_now()
+    }
+
+    fn keep_memory(&self) {
+        self.leaked.store(true, Ordering::Relaxed);
     }
 
     fn report(&self) -> TypeReport {
@@ -974,8 +987,8 @@ impl<T: MMObject> ErasedStore for Store<T> {
             self.count_outliving(dead)
         };
         let mut settled = Settled { outliving, leaked_bytes: 0 };
+        self.leaked.store(outliving > 0, Ordering::Relaxed);
         if outliving > 0 {
-            self.leaked.store(true, Ordering::Relaxed);
             for segment in 0..MAX_SEGMENTS {
                 if !self.segments[segment].load(Ordering::Relaxed).is_null() {
                     settled.leaked_bytes += Chunks::<T>::segment_bytes(segment_len(segment, self.config.base_bits));
@@ -1010,11 +1023,17 @@ impl<T: MMObject> Store<T> {
         });
         // A slot held only by raw references is safe to free too: a raw
         // handle is a plain number that needs the (gone) manager to be used.
-        // A count equal to the raw count means no `Handle` is left, and none
-        // is mid-drop either, since none took the count to zero.
+        // A count equal to the raw count means no `Handle` is left. None is
+        // mid-drop either: none took the count to zero, and a drop on
+        // another thread than the owner that set `CHECK` still has its check
+        // to record (it names the store's shared part), so a set `CHECK`
+        // keeps the slot held. (The word is loaded after the count: a drop
+        // that the count saw has its flag in this load.)
+        let cyclable = self.shared().cyclable;
         for (&local, &raw) in self.shared().raw_refs.lock().iter() {
             if let Some(slot) = self.slot(local) {
-                if slot.header.ref_count() == raw {
+                if slot.header.ref_count() == raw && (cyclable || slot.header.word.load(Ordering::Acquire) & CHECK == 0)
+                {
                     accounted[local as usize] = true;
                 }
             }
