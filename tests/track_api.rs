@@ -476,3 +476,94 @@ fn reports_run_while_other_threads_allocate() {
     assert_eq!(t.live_records(), 0);
     assert_eq!(t.error_counts(), Default::default());
 }
+
+/// A `realloc` that grows a block counts the growth, not a second block beside the first:
+/// a growth that fits the budget is not refused, the peak is the larger size, and the
+/// block stays one allocation. With a budget (the shared counters) and without one (the
+/// thread's slot).
+#[test]
+fn realloc_counts_the_change_of_size() {
+    use mmobject::track::TrackingAllocator;
+    use std::alloc::{GlobalAlloc, System};
+    static TRACKER: Tracker = Tracker::new();
+    static BUDGETED: Tag = Tag::new("api-realloc-budgeted");
+    static FREE: Tag = Tag::new("api-realloc-free");
+    let alloc = TrackingAllocator::with_tracker(System, &TRACKER);
+    TRACKER.set_budget(&BUDGETED, 100);
+    TRACKER.set_budget_policy(&BUDGETED, BudgetPolicy::Error);
+    let at = |size| Layout::from_size_align(size, 8).unwrap();
+    for tag in [&BUDGETED, &FREE] {
+        let _in = tag.enter();
+        // SAFETY: non-zero layouts; each block is reallocated and freed with its layout.
+        unsafe {
+            let p = alloc.alloc(at(60));
+            assert!(!p.is_null());
+            let p = alloc.realloc(p, at(60), 90);
+            assert!(!p.is_null(), "90 bytes fit a 100-byte budget ({})", tag.name());
+            let s = TRACKER.tag_stats(tag);
+            assert_eq!((s.bytes, s.count, s.peak_bytes, s.peak_count, s.total_count), (90, 1, 90, 1, 1), "{s:?}");
+            let p = alloc.realloc(p, at(90), 10);
+            assert!(!p.is_null());
+            assert_eq!(TRACKER.tag_stats(tag).bytes, 10);
+            alloc.dealloc(p, at(10));
+        }
+        let s = TRACKER.tag_stats(tag);
+        assert_eq!((s.bytes, s.count, s.peak_bytes), (0, 0, 90), "{s:?}");
+    }
+    // A shrink that brings a tag back under its budget re-arms the Log policy's warning.
+    capture_logs();
+    static LOGGED: Tag = Tag::new("api-realloc-log");
+    TRACKER.set_budget(&LOGGED, 100);
+    {
+        let _in = LOGGED.enter();
+        // SAFETY: as above.
+        unsafe {
+            let p = alloc.alloc(at(150)); // over: warns
+            let p = alloc.realloc(p, at(150), 50); // back under
+            let q = alloc.alloc(at(60)); // over again: warns again
+            alloc.dealloc(q, at(60));
+            alloc.dealloc(p, at(50));
+        }
+    }
+    assert_eq!(logged(log::Level::Warn, "api-realloc-log").len(), 2);
+    // A growth past the budget is still refused, and the block stays as it was.
+    let _in = BUDGETED.enter();
+    // SAFETY: as above.
+    unsafe {
+        let p = alloc.alloc(at(60));
+        assert!(alloc.realloc(p, at(60), 101).is_null(), "101 bytes do not fit");
+        assert_eq!(TRACKER.tag_stats(&BUDGETED).bytes, 60);
+        alloc.dealloc(p, at(60));
+    }
+    assert_eq!(TRACKER.tag_stats(&BUDGETED).bytes, 0);
+}
+
+/// A block allocated on one thread and freed on another leaves its bytes in the first
+/// thread's slot and their credit in the second's. When the first thread's slot is folded
+/// into the shared counters, the peak must come from the whole total, not from the
+/// shared counters alone (which read as if the freed block were still there).
+#[test]
+fn a_block_freed_on_another_thread_raises_no_phantom_peak() {
+    use mmobject::track::TrackingAllocator;
+    use std::alloc::{GlobalAlloc, System};
+    static TRACKER: Tracker = Tracker::new();
+    static TAG: Tag = Tag::new("api-phantom-peak");
+    let alloc = TrackingAllocator::with_tracker(System, &TRACKER);
+    let _in = TAG.enter();
+    let big = Layout::from_size_align(60 << 10, 8).unwrap();
+    let small = Layout::from_size_align(10 << 10, 8).unwrap();
+    // SAFETY: non-zero layouts; each block freed once, with its layout.
+    unsafe {
+        let p = std::sync::atomic::AtomicPtr::new(alloc.alloc(big));
+        std::thread::scope(|s| {
+            s.spawn(|| alloc.dealloc(p.load(Ordering::Relaxed), big));
+        });
+        // This takes the thread's slot past its flush threshold (70 KiB pending here).
+        let q = alloc.alloc(small);
+        let s = TRACKER.tag_stats(&TAG);
+        alloc.dealloc(q, small);
+        assert_eq!((s.bytes, s.count), (10 << 10, 1));
+        assert!(s.peak_bytes <= 60 << 10, "at most 60 KiB were ever in use: {s:?}");
+        assert!(s.peak_count <= 1, "at most one block was ever live: {s:?}");
+    }
+}

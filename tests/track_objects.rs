@@ -254,3 +254,64 @@ fn counting_mode_keeps_no_stacks() {
     assert!(report.iter().next().unwrap().stack.is_none());
     let _ = kept;
 }
+
+/// A value whose `Drop` panics is destroyed all the same (the panic comes out of
+/// `collect_garbage`), so its charge comes off its tag then, not never: the slot's reuse
+/// and shutdown used to leave it behind for good.
+#[test]
+fn a_panicking_drop_takes_its_charge_with_it() {
+    #[derive(MMObject)]
+    #[mm(tag = "Fuses")]
+    struct Fuse {
+        armed: bool,
+        _payload: [u64; 8],
+    }
+    impl Drop for Fuse {
+        fn drop(&mut self) {
+            if self.armed {
+                panic!("the fuse blows");
+            }
+        }
+    }
+
+    static TRACKER: Tracker = Tracker::new();
+    let tag = TRACKER.tag_named("Fuses");
+    let mut mm = ObjectManager::builder().tracker(&TRACKER).report_leaks(false).build();
+    drop(mm.create(Fuse { armed: true, _payload: [0; 8] }));
+    assert_eq!(TRACKER.tag_stats(tag).count, 1);
+    let blown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.collect_garbage()));
+    assert!(blown.is_err(), "the panic comes out of the collection");
+    assert_eq!((TRACKER.tag_stats(tag).bytes, TRACKER.tag_stats(tag).count), (0, 0), "destroyed, so credited");
+    // The slot is reused, and the manager ends: the tag stays exact.
+    let calm = mm.create(Fuse { armed: false, _payload: [0; 8] });
+    assert_eq!(TRACKER.tag_stats(tag).bytes, std::mem::size_of::<Fuse>());
+    drop(calm);
+    mm.collect_garbage();
+    drop(mm);
+    assert_eq!((TRACKER.tag_stats(tag).bytes, TRACKER.tag_stats(tag).count), (0, 0));
+}
+
+/// `size()` is a safe method and may claim anything: an object that says it is
+/// `usize::MAX` bytes is credited exactly what it was charged (one byte stayed behind).
+#[test]
+fn a_size_of_usize_max_is_credited_exactly() {
+    struct Boast;
+    impl MMObject for Boast {
+        const TYPE_NAME: &'static str = "Boast";
+        const TAG: &'static str = "Boasts";
+        fn size(&self) -> usize {
+            usize::MAX
+        }
+    }
+
+    static TRACKER: Tracker = Tracker::new();
+    let tag = TRACKER.tag_named("Boasts");
+    let mut mm = ObjectManager::builder().tracker(&TRACKER).report_leaks(false).build();
+    let boast = mm.create(Boast);
+    assert_eq!(TRACKER.tag_stats(tag).count, 1);
+    drop(boast);
+    mm.collect_garbage();
+    assert_eq!((TRACKER.tag_stats(tag).bytes, TRACKER.tag_stats(tag).count), (0, 0));
+    drop(mm);
+    assert_eq!((TRACKER.tag_stats(tag).bytes, TRACKER.tag_stats(tag).count), (0, 0));
+}

@@ -99,7 +99,9 @@ impl Tracking {
     /// `TrackingAllocator` feeds the tracker, only the object's `inline` bytes are charged
     /// (its heap is the allocator's; see the module docs).
     pub(crate) fn charge(&self, bytes: usize, inline: usize, strict: bool) -> Result<usize, Error> {
-        let bytes = if self.tracker.counts_allocations() { inline } else { bytes };
+        // Capped as the charge table records it, so the credit matches (a
+        // `size()` may claim anything, even `usize::MAX`).
+        let bytes = if self.tracker.counts_allocations() { inline } else { bytes }.min(VACANT - 1);
         self.tracker.charge_object(self.tag, bytes, strict)?;
         Ok(bytes)
     }

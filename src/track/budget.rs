@@ -137,6 +137,9 @@ pub(crate) enum Charger {
     /// Bytes already in use (an object re-measured after it grew): always counted. `Log`
     /// and `Callback` run as usual, `Error` logs a warning instead, `Panic` panics.
     InUse,
+    /// A global allocator's `realloc` growing a block: the growth alone, as `Allocator`
+    /// decides (refused under `Error`, aborting under `Panic`), counting no allocation.
+    Growth,
 }
 
 /// Budgets: setting them, and the one budget check every charge goes through.
@@ -310,7 +313,7 @@ impl Tracker {
     pub(crate) fn charge_counters(&self, tag: TagId, bytes: usize, charger: Charger) -> Result<(), Error> {
         let c = &self.counters[tag.index()];
         let budget = c.budget.load(Ordering::Relaxed);
-        let one_more = charger != Charger::InUse;
+        let one_more = !matches!(charger, Charger::InUse | Charger::Growth);
         if budget == NO_BUDGET {
             c.add(bytes, one_more);
             return Ok(());
@@ -369,7 +372,7 @@ impl Tracker {
             }
             BudgetPolicy::Error => Err(overrun.to_error()),
             BudgetPolicy::Panic => {
-                if charger == Charger::Allocator {
+                if matches!(charger, Charger::Allocator | Charger::Growth) {
                     log::error!("{overrun}; aborting (the global allocator cannot unwind)");
                     std::process::abort();
                 }

@@ -448,15 +448,21 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     unsafe fn realloc_counted(&self, ptr: *mut u8, layout: Layout, new_layout: Layout, header: Header) -> *mut u8 {
         let t = self.tracker;
         let tag = TagId(header.tag());
-        let new_size = new_layout.size();
-        let watched = match t.count_alloc(tag, new_size) {
+        let (old_size, new_size) = (layout.size(), new_layout.size());
+        // The block changes size: the difference is counted (and a growth checked against
+        // the budget), not a new block beside the old one.
+        let watched = match t.count_resize(tag, old_size, new_size, Charger::Growth) {
             Ok(watched) => watched,
             Err(_) => return ptr::null_mut(), // refused by the budget; the old block stays
+        };
+        // Undoes the count when the block stays as it was (never refused: `InUse`).
+        let undo = || {
+            let _ = t.count_resize(tag, new_size, old_size, Charger::InUse);
         };
         let (Some(old_block), Some(new_block)) =
             (block::block_layout(layout, false), block::block_layout(new_layout, false))
         else {
-            t.count_free(tag, new_size);
+            undo();
             return ptr::null_mut();
         };
         debug_assert_eq!(old_block.prefix, new_block.prefix, "same alignment, same prefix");
@@ -465,13 +471,13 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         // (`block_layout` checked it).
         let base = unsafe { self.inner.realloc(ptr.sub(old_block.prefix), old_block.outer, new_block.outer.size()) };
         if base.is_null() {
-            t.count_free(tag, new_size);
+            undo();
             return base;
         }
         // SAFETY: `base` is a live block of `new_block.outer`.
         let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED)) };
         t.placed_without_record(user as usize);
-        if t.count_free(tag, layout.size()) || watched {
+        if watched {
             t.watch_event("realloc", tag, new_size, Some(user as usize), None);
         }
         user

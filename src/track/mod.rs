@@ -71,7 +71,9 @@
 //!   object).
 //! - **Tracker fed by a [`TrackingAllocator`]** ([`Tracker::counts_allocations`]). The
 //!   allocator counts every heap byte, once, under the tag in scope when it was allocated,
-//!   and a `realloc` keeps its block's tag; the manager then charges nothing of its own.
+//!   and a `realloc` keeps its block's tag and counts only the change of size (a growth
+//!   that fits the budget is never refused for the old bytes it replaces); the manager
+//!   then charges nothing of its own.
 //!   Build objects inside their tag's scope to have their heap bytes under it:
 //!   [`ObjectManager::create_with`](crate::ObjectManager::create_with) does that. Growth
 //!   and frees while the object lives are exact with no re-measuring.
@@ -95,12 +97,14 @@
 //! - Counting: an 8-byte header per block (its tag and how it was tracked; the size comes
 //!   from the `Layout` every free is given), and the allocating thread's own counter slot
 //!   (relaxed loads and stores, no atomic read-modify-write), folded into the tag's shared
-//!   counters every 64 KiB / 64 allocations. No lock. A 64-byte block stays in the
-//!   `malloc` size class it would have untracked. Budgeted or watched tags, and the explicit
-//!   API, update the shared counters directly (exact peaks and budgets). While no tag has a
-//!   budget or a watch, one test of the configuration word stands for every tag's check;
-//!   once one has, the counting path also reads the block's tag's flag (about 25 more
-//!   instructions per allocation and free, 12 %).
+//!   counters every 64 KiB / 64 allocations (a fold also reads the other threads' slots
+//!   to raise the peaks, so a block freed on another thread never shows in a peak). No
+//!   lock. A 64-byte block stays in the `malloc` size class it would have untracked.
+//!   Budgeted or watched tags, and the explicit API, update the shared counters directly
+//!   (exact peaks and budgets). While no tag has a budget or a watch, one test of the
+//!   configuration word stands for every tag's check; once one has, the counting path also
+//!   reads the block's tag's flag (about 25 more instructions per allocation and free,
+//!   12 %).
 //! - Records: plus a record per block, on a path of its own that skips the general
 //!   placement's checks. Each thread keeps its newest block's record in its own slot
 //!   (plain stores; a free on the same thread takes it back with no lock and no atomic

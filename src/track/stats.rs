@@ -54,9 +54,18 @@ impl TagCounters {
         self.added(bytes, one_more);
     }
 
-    /// Takes `size` bytes off, counting no free.
+    /// Takes `size` bytes off, counting no free. Back under the budget, the next overrun
+    /// warns again (as after [`sub`](Self::sub)).
     pub(crate) fn sub_bytes(&self, size: usize) {
-        self.bytes.fetch_sub(size, Ordering::Relaxed);
+        let before = self.bytes.fetch_sub(size, Ordering::Relaxed);
+        self.rearm_warning(before.wrapping_sub(size));
+    }
+
+    /// Lets the next overrun warn again once `bytes` is back within the budget.
+    fn rearm_warning(&self, bytes: usize) {
+        if self.warned.load(Ordering::Relaxed) && (bytes as isize) <= self.budget.load(Ordering::Relaxed) as isize {
+            self.warned.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Follows bytes that were already added, `bytes` being the byte total right after:
@@ -85,39 +94,41 @@ impl TagCounters {
         // another thread's slot.
         let before = self.bytes.fetch_sub(size, Ordering::Relaxed);
         self.count.fetch_sub(1, Ordering::Relaxed);
-        if self.warned.load(Ordering::Relaxed)
-            && (before.wrapping_sub(size) as isize) <= self.budget.load(Ordering::Relaxed) as isize
-        {
-            self.warned.store(false, Ordering::Relaxed);
-        }
+        self.rearm_warning(before.wrapping_sub(size));
     }
 
-    /// Folds deltas from a thread slot into the shared counters.
+    /// Folds deltas from a thread slot into the shared counters. Raises no peak: the
+    /// shared counters alone are not the total (other slots may hold the credit of a block
+    /// this slot counted), so the caller raises them from [`current`](Self::current).
     pub(crate) fn fold(&self, bytes: isize, count: isize, allocs: isize) {
-        let b = self.bytes.fetch_add(bytes as usize, Ordering::Relaxed).wrapping_add(bytes as usize);
-        if bytes > 0 && (b as isize) > 0 && b > self.peak_bytes.load(Ordering::Relaxed) {
-            self.peak_bytes.fetch_max(b, Ordering::Relaxed);
-        }
-        let n = self.count.fetch_add(count as usize, Ordering::Relaxed).wrapping_add(count as usize);
-        if count > 0 && (n as isize) > 0 && n > self.peak_count.load(Ordering::Relaxed) {
-            self.peak_count.fetch_max(n, Ordering::Relaxed);
-        }
+        self.bytes.fetch_add(bytes as usize, Ordering::Relaxed);
+        self.count.fetch_add(count as usize, Ordering::Relaxed);
         self.total_count.fetch_add(allocs as u64, Ordering::Relaxed);
     }
 
-    /// Current `(bytes, count)` including deltas still pending in thread slots; also raises
-    /// the peaks to them.
-    pub(crate) fn current(&self, pending: (isize, isize, isize)) -> (usize, usize) {
-        let b = (self.bytes.load(Ordering::Relaxed) as isize).wrapping_add(pending.0).max(0) as usize;
-        let n = (self.count.load(Ordering::Relaxed) as isize).wrapping_add(pending.1).max(0) as usize;
+    /// Current `(bytes, count)` including the deltas still pending in thread slots, which
+    /// `pending` sums; also raises the peaks to them. The shared counters are read first,
+    /// then the slots: a slot folded in between is missed, never counted twice, so a peak
+    /// may miss a spike but never shows more than was in use.
+    pub(crate) fn current(&self, pending: impl FnOnce() -> (isize, isize, isize)) -> (usize, usize, isize) {
+        let shared_bytes = self.bytes.load(Ordering::Relaxed) as isize;
+        let shared_count = self.count.load(Ordering::Relaxed) as isize;
+        let (pending_bytes, pending_count, pending_allocs) = pending();
+        let b = shared_bytes.wrapping_add(pending_bytes).max(0) as usize;
+        let n = shared_count.wrapping_add(pending_count).max(0) as usize;
         self.peak_bytes.fetch_max(b, Ordering::Relaxed);
         self.peak_count.fetch_max(n, Ordering::Relaxed);
-        (b, n)
+        (b, n, pending_allocs)
     }
 
-    pub(crate) fn snapshot(&self, tag: TagId, name: &'static str, pending: (isize, isize, isize)) -> TagStats {
+    pub(crate) fn snapshot(
+        &self,
+        tag: TagId,
+        name: &'static str,
+        pending: impl FnOnce() -> (isize, isize, isize),
+    ) -> TagStats {
         let budget = self.budget.load(Ordering::Relaxed);
-        let (bytes, count) = self.current(pending);
+        let (bytes, count, pending_allocs) = self.current(pending);
         TagStats {
             id: tag.0,
             name,
@@ -125,13 +136,13 @@ impl TagCounters {
             peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
             count,
             peak_count: self.peak_count.load(Ordering::Relaxed),
-            total_count: self.total_count.load(Ordering::Relaxed) + pending.2 as u64,
+            total_count: self.total_count.load(Ordering::Relaxed) + pending_allocs as u64,
             budget: (budget != NO_BUDGET).then_some(budget),
             watched: self.watch.load(Ordering::Relaxed),
         }
     }
 
-    pub(crate) fn reset_peaks(&self, pending: (isize, isize, isize)) {
+    pub(crate) fn reset_peaks(&self, pending: impl FnOnce() -> (isize, isize, isize)) {
         self.peak_bytes.store(0, Ordering::Relaxed);
         self.peak_count.store(0, Ordering::Relaxed);
         self.current(pending);
@@ -211,20 +222,23 @@ mod tests {
         c.add(10, true);
         c.add(30, true);
         c.sub(10);
-        let s = c.snapshot(TagId(0), "x", (0, 0, 0));
+        let s = c.snapshot(TagId(0), "x", || (0, 0, 0));
         assert_eq!((s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count), (30, 40, 1, 2, 2));
-        c.reset_peaks((0, 0, 0));
-        let s = c.snapshot(TagId(0), "x", (5, 1, 1));
+        c.reset_peaks(|| (0, 0, 0));
+        let s = c.snapshot(TagId(0), "x", || (5, 1, 1));
         assert_eq!((s.bytes, s.count, s.total_count), (35, 2, 3));
         assert_eq!((s.peak_bytes, s.peak_count), (35, 2));
     }
 
     #[test]
-    fn fold_applies_slot_deltas() {
+    fn fold_applies_slot_deltas_and_current_raises_the_peaks() {
         let c = TagCounters::new();
         c.fold(100, 2, 2);
+        assert_eq!(c.peak_bytes.load(Ordering::Relaxed), 0, "folding raises no peak");
+        // Another slot holds the credit of 60 of those bytes: the peak is the total.
+        assert_eq!(c.current(|| (-60, -1, 0)), (40, 1, 0));
         c.fold(-60, -1, 0);
-        let s = c.snapshot(TagId(0), "x", (0, 0, 0));
-        assert_eq!((s.bytes, s.peak_bytes, s.count, s.total_count), (40, 100, 1, 2));
+        let s = c.snapshot(TagId(0), "x", || (0, 0, 0));
+        assert_eq!((s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count), (40, 40, 1, 1, 2));
     }
 }

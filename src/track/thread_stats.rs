@@ -245,6 +245,17 @@ impl ThreadSlot {
         b < -FLUSH_BYTES || n < -FLUSH_COUNT
     }
 
+    /// Counts a block's change of size by `delta` bytes (no allocation, no free); returns
+    /// whether the deltas should be flushed.
+    #[inline]
+    pub(crate) fn resize(&self, tag: usize, delta: isize) -> bool {
+        // Only the owner stores (type invariant), so load + store loses nothing.
+        let d = &self.tags[tag];
+        let b = d.bytes.load(Ordering::Relaxed).wrapping_add(delta);
+        d.bytes.store(b, Ordering::Relaxed);
+        !(-FLUSH_BYTES..=FLUSH_BYTES).contains(&b)
+    }
+
     /// Takes this thread's `(bytes, count, allocs)` deltas for `tag`, to fold them into the
     /// shared counters.
     pub(crate) fn take(&self, tag: usize) -> (isize, isize, isize) {

@@ -51,7 +51,7 @@ impl Tracker {
         let mut sample = [0usize; MAX_TAGS];
         for (i, s) in sample[..n].iter_mut().enumerate() {
             let tag = super::TagId(i as u32);
-            *s = self.counters[i].current(self.pending(tag)).0;
+            *s = self.counters[i].current(|| self.pending(tag)).0;
         }
         let mut g = self.timeline.inner.lock();
         let (rows, frames) = &mut *g;

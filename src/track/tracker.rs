@@ -321,12 +321,40 @@ impl Tracker {
         c.watch.load(Ordering::Relaxed)
     }
 
+    /// Counts a counted block's change of size from `old` to `new` bytes (a `realloc` in
+    /// place): the difference alone, in this thread's slot when the tag is not slow. A
+    /// growth on a slow tag goes through the budget check as `charger` says; a shrink is
+    /// never refused. Returns whether the tag is watched.
+    pub(crate) fn count_resize(&self, tag: TagId, old: usize, new: usize, charger: Charger) -> Result<bool, Error> {
+        let c = &self.counters[tag.index()];
+        if !c.slow.load(Ordering::Relaxed) {
+            if let Some(slot) = self.threads.slot() {
+                if slot.resize(tag.index(), (new as isize).wrapping_sub(old as isize)) {
+                    self.flush(slot, tag);
+                }
+                return Ok(false);
+            }
+        }
+        if new >= old {
+            self.charge_counters(tag, new - old, charger)?;
+        } else {
+            c.sub_bytes(old - new);
+        }
+        Ok(c.watch.load(Ordering::Relaxed))
+    }
+
     /// Folds this thread's deltas for `tag` into the shared counters.
     #[cold]
     #[inline(never)]
     pub(crate) fn flush(&self, slot: &super::thread_stats::ThreadSlot, tag: TagId) {
         let (b, n, a) = slot.take(tag.index());
-        self.counters[tag.index()].fold(b, n, a);
+        let c = &self.counters[tag.index()];
+        c.fold(b, n, a);
+        if b > 0 || n > 0 {
+            // The peaks come from the whole total: a block counted here may have its
+            // credit waiting in another thread's slot (it was freed there).
+            c.current(|| self.pending(tag));
+        }
     }
 
     /// `(bytes, count, allocs)` still pending in thread slots for `tag`.
@@ -585,7 +613,7 @@ impl Tracker {
     /// One tag's numbers now.
     pub fn tag_stats(&self, tag: impl Into<TagId>) -> TagStats {
         let tag = tag.into();
-        self.counters[tag.index()].snapshot(tag, tag.name(), self.pending(tag))
+        self.counters[tag.index()].snapshot(tag, tag.name(), || self.pending(tag))
     }
 
     /// Each registered tag's numbers, in id order.
@@ -594,7 +622,7 @@ impl Tracker {
         (0..n)
             .map(|i| {
                 let tag = TagId(i as u32);
-                self.counters[i].snapshot(tag, names[i], self.pending(tag))
+                self.counters[i].snapshot(tag, names[i], || self.pending(tag))
             })
             .collect()
     }
@@ -642,7 +670,7 @@ impl Tracker {
     /// Sets every tag's peaks to its current values (say, at a level load).
     pub fn reset_peaks(&self) {
         for (i, c) in self.counters.iter().enumerate() {
-            c.reset_peaks(self.pending(TagId(i as u32)));
+            c.reset_peaks(|| self.pending(TagId(i as u32)));
         }
     }
 }

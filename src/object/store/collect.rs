@@ -222,14 +222,16 @@ impl<T: MMObject> Store<T> {
         if self.free_slot(slot) {
             requeue.freed.push(local, slot);
         }
+        // Credited before the value drops: a panicking `Drop` still destroys
+        // the object, so its charge must not stay on the tag.
+        if let Some(tracking) = &self.tracking {
+            tracking.release(local);
+        }
+        stats.objects += 1;
         // SAFETY: the slot was occupied (its value initialised) and is now
         // vacant and unreachable from any handle; the value is dropped
         // exactly once, here.
         unsafe { slot.drop_value() };
-        stats.objects += 1;
-        if let Some(tracking) = &self.tracking {
-            tracking.release(local);
-        }
         match seen {
             Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),
             Err(payload) => std::panic::resume_unwind(payload),
