@@ -181,14 +181,15 @@ impl Tracker {
     /// - [`Error::BufferOverrun`] if guard bytes were overwritten; the block is still freed.
     pub fn try_dealloc(&self, ptr: NonNull<u8>) -> Result<(), Error> {
         let addr = ptr.as_ptr() as usize;
-        match self.find_record(addr) {
-            Some(r) if r.flags & FLAG_TRACKER_ALLOC != 0 => {}
+        // Checked and removed in one step: another thread's `track` of the address could
+        // otherwise swap in a record with another layout between the two.
+        let record = match self.take_own_record(addr) {
+            Ok(record) => record,
             // Tracked with `track`: not ours to free.
-            Some(_) => return Err(self.untracked_free(addr)),
-            None => return Err(self.bad_free(addr)),
-        }
-        // Another thread may free it between `get` and here; then this reports the bad free.
-        let record = self.remove_record(addr, true)?;
+            Err(true) => return Err(self.untracked_free(addr)),
+            // Freed already (perhaps on another thread just now), or never ours.
+            Err(false) => return Err(self.bad_free(addr)),
+        };
         let guarded = record.flags & FLAG_GUARDED != 0;
         let layout = Layout::from_size_align(record.size, record.align()).expect("layout was valid at allocation");
         let block = block::block_layout(layout, guarded).expect("layout was valid at allocation");

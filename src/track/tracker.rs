@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use super::budget::{Charger, PolicyTable};
 use super::mode::{Config, Mode, EPOCH_MAX, EPOCH_SHIFT};
 use super::pending;
-use super::record::{shard_of, FreedRing, Record, RecordTable, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC};
+use super::record::{shard_of, FreedRing, Record, RecordTable, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC, FLAG_TRACKER_ALLOC};
 use super::scope::Reentry;
 use super::stack_trace::{StackStore, StackTrace};
 use super::stats::{TagCounters, TagStats};
@@ -506,7 +506,9 @@ impl Tracker {
         found
     }
 
-    /// A copy of `addr`'s record, from the table or a thread's pending record.
+    /// A copy of `addr`'s record, from the table or a thread's pending record (tests read
+    /// where a record is with it).
+    #[cfg(test)]
     pub(crate) fn find_record(&self, addr: usize) -> Option<Record> {
         self.records.with_shard(addr, |map| {
             map.get_mut(addr).copied().or_else(|| {
@@ -589,6 +591,22 @@ impl Tracker {
         if watched {
             self.watch_event("free", record.tag, record.size, Some(addr), Some(record.site));
         }
+    }
+
+    /// Removes `addr`'s record if it is one of the tracker's own blocks
+    /// ([`Tracker::alloc`]), applying the counters and the freed ring. The test and the
+    /// removal are one step under the shard's lock: a `track` of the same address on
+    /// another thread replaces the record in the table, and the block must be freed with
+    /// the layout of its own record. `Err(true)` if the table holds a record of another
+    /// kind, `Err(false)` if it holds none.
+    pub(crate) fn take_own_record(&self, addr: usize) -> Result<Record, bool> {
+        let taken = self.records.with_shard(addr, |map| match map.get_mut(addr).map(|r| r.flags) {
+            Some(flags) if flags & FLAG_TRACKER_ALLOC != 0 => map.remove(addr).ok_or(false),
+            Some(_) => Err(true),
+            None => Err(false),
+        })?;
+        self.record_removed(addr, taken, true);
+        Ok(taken)
     }
 
     /// Removes a block's record, applying the counters and the freed ring; a missing record
