@@ -316,11 +316,15 @@
 //! the slots of a run that the iterator does not fill (it yielded less than
 //! it promised, or panicked) are given back when the batch ends, by a guard
 //! that also runs during an unwind. On the store's owner thread with an empty
-//! run of fresh slots, they become that run; elsewhere they are retired as a
-//! slot that reached the generation limit is (an even generation at the
-//! limit, a word that links nowhere, counted in `retired`), so every count
-//! derived from `len` stays exact. While a batch holds a run, a report taken
-//! on another thread counts its unfilled slots as objects (at most 4,096).
+//! run of fresh slots, they become that run; elsewhere they go onto the
+//! store's stack of returned slots (linked through their words, pushed with
+//! a compare-exchange, counted in `returned`), which the next collection,
+//! under `&mut ObjectManager`, puts on the free list: only collection pushes
+//! there, which the free list's lock-free pops rely on, and batches never run
+//! during a collection. So no capacity is lost (they used to be retired for
+//! good), and every count derived from `len` stays exact. While a batch holds
+//! a run, a report taken on another thread counts its unfilled slots as
+//! objects (at most 4,096).
 //! Loom: `tests/loom.rs`, `a_batch_races_the_owners_create`.
 //!
 //! [`release_many`](crate::ObjectManager::release_many) (an unload) is the

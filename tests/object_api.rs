@@ -794,6 +794,41 @@ fn try_create_hands_the_value_back_when_full() {
     assert_eq!(drops.count(), 6);
 }
 
+/// The limit counts objects, so every thread gets the room below it: slots held for the
+/// thread that collects (its run of fresh slots, the slots a collection freed) would be
+/// refused to a loader while fewer objects than the limit exist, so a capped type holds
+/// none. And `try_reserve` refuses what the limit cannot give, without overflowing.
+#[test]
+fn every_thread_may_create_up_to_the_limit() {
+    let drops = Drops::new();
+    let mut mm = ObjectManager::builder().report_leaks(false).max_objects_per_type(8).build();
+    let first = [mm.create(texture(1, &drops)), mm.create(texture(2, &drops))];
+    let loader = mm.loader();
+    let loaded: Vec<_> = std::thread::scope(|s| {
+        s.spawn(|| (3..9).map(|w| loader.try_create(texture(w, &drops)).map_err(|e| e.error)).collect()).join().unwrap()
+    });
+    assert!(loaded.iter().all(Result::is_ok), "8 objects fit a limit of 8: {loaded:?}");
+    assert!(matches!(mm.try_create(texture(9, &drops)), Err(e) if matches!(e.error, Error::CapacityExceeded { .. })));
+
+    // Freed by a collection on this thread, the slots are everyone's at once.
+    drop(loaded);
+    assert_eq!(mm.collect_garbage().objects, 6);
+    let reloaded: Vec<_> = std::thread::scope(|s| {
+        s.spawn(|| (10..16).map(|w| loader.try_create(texture(w, &drops)).map_err(|e| e.error)).collect())
+            .join()
+            .unwrap()
+    });
+    assert!(reloaded.iter().all(Result::is_ok), "the 6 freed slots are the loader's to take: {reloaded:?}");
+
+    assert!(matches!(mm.try_reserve::<Texture>(usize::MAX), Err(Error::CapacityExceeded { .. })));
+    assert!(matches!(mm.try_reserve::<Texture>(1), Err(Error::CapacityExceeded { .. })), "full");
+    drop(reloaded);
+    mm.collect_garbage();
+    assert!(mm.try_reserve::<Texture>(6).is_ok());
+    assert!(matches!(mm.try_reserve::<Texture>(7), Err(Error::CapacityExceeded { .. })));
+    drop(first);
+}
+
 #[test]
 #[should_panic(expected = "capacity exceeded for Texture: the limit is 1")]
 fn create_panics_when_full() {

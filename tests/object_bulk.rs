@@ -130,7 +130,7 @@ fn a_size_hint_that_promises_too_much_loses_no_slot() {
     let all: Vec<Handle<Unit>> = handles.into_iter().chain(more).collect();
     assert_clean_shutdown(mm, all);
 
-    // On another thread: they are retired.
+    // On another thread: they go back at the next collection.
     let mm = ObjectManager::builder().segment_base(4).build();
     mm.reserve::<Unit>(1);
     let handles =
@@ -138,6 +138,41 @@ fn a_size_hint_that_promises_too_much_loses_no_slot() {
     assert_eq!(handles.len(), 2);
     assert_eq!(mm.count::<Unit>(), 2, "counts see no phantom objects");
     assert_clean_shutdown(mm, handles);
+}
+
+/// The slots a batch took and did not fill come back at the next collection, on
+/// whichever thread the batch ran: a type with a limit loses no capacity to an iterator
+/// that panicked (a corrupt level file) or promised too much. They were retired for
+/// good on other threads, and on the owner thread once its run was in use.
+#[test]
+fn a_batch_that_stops_early_loses_no_capacity() {
+    let limit = 64;
+    let stops_early = || (0..limit).map(|i| if i == 2 { panic!("the level file is corrupt") } else { unit(i) });
+    let on_another_thread = |mm: &ObjectManager, batch: &(dyn Fn(&ObjectManager) + Sync)| {
+        std::thread::scope(|s| s.spawn(|| batch(mm)).join().unwrap());
+    };
+    let mut mm = ObjectManager::builder().max_objects_per_type(limit).report_leaks(false).build();
+    mm.reserve::<Unit>(1);
+    on_another_thread(&mm, &|mm| assert!(catch_unwind(AssertUnwindSafe(|| mm.create_many(stops_early()))).is_err()));
+    assert_eq!(mm.count::<Unit>(), 0, "counts see no phantom objects");
+    mm.collect_garbage();
+    let kept = std::sync::Mutex::new(Vec::new());
+    on_another_thread(&mm, &|mm| {
+        kept.lock().unwrap().extend(mm.create_many(Liar { next: 0, yields: 2, promised: 40 }))
+    });
+    assert_eq!(mm.count::<Unit>(), 2);
+    mm.collect_garbage();
+    assert!(catch_unwind(AssertUnwindSafe(|| mm.create_many(stops_early()))).is_err());
+    assert_eq!(mm.count::<Unit>(), 2, "counts see no phantom objects");
+    mm.collect_garbage();
+    let mut made = Vec::new();
+    let refused = mm.try_create_many((0..limit).map(unit), &mut made);
+    assert_eq!(made.len(), limit as usize - 2, "every slot but the two objects' is back");
+    assert!(refused.is_err());
+    drop(made);
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Unit>(), 2);
+    assert_clean_shutdown(mm, kept.into_inner().unwrap());
 }
 
 #[test]

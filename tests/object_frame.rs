@@ -499,3 +499,55 @@ fn runs_of_neighbours() {
     assert!(weak.iter().all(|w| mm.get_weak(*w).is_none()), "stale keys stay stale after reuse");
     drop(again);
 }
+
+/// `collect_garbage_for` works in batches, and each batch goes on with the pass the one
+/// before started: its `rounds` say how deep the cascades went, as `collect_garbage`'s do,
+/// not how many batches ran (100 dead objects and no cascade read 4 rounds).
+#[test]
+fn a_timed_collection_counts_passes_not_batches() {
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    let drop_many = |mm: &ObjectManager| {
+        for i in 0..100 {
+            drop(mm.create(entity(i as f32)));
+        }
+    };
+    drop_many(&mm);
+    let whole = mm.collect_garbage();
+    drop_many(&mm);
+    let timed = mm.collect_garbage_for(std::time::Duration::from_secs(60));
+    assert_eq!((whole.objects, whole.rounds), (100, 1));
+    assert_eq!(timed, whole, "the same work, the same stats");
+
+    // A cascade: each node holds the next; releasing the head frees the chain one link
+    // per pass.
+    let mut next = None;
+    for name in 0..3 {
+        next = Some(mm.create(Node { next, name }));
+    }
+    drop(next);
+    let cascade = mm.collect_garbage_for(std::time::Duration::from_secs(60));
+    assert_eq!((cascade.objects, cascade.rounds), (3, 3));
+}
+
+/// The peak of a type counts what a destroy hook creates while the object it is called
+/// for is still there: one dying mesh whose hook loads five replacements makes six at once.
+#[test]
+fn the_peak_sees_what_a_destroy_hook_creates() {
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    let loader = mm.loader();
+    let replacements = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = std::sync::Arc::clone(&replacements);
+    mm.on_destroy::<Mesh>(move |_, _| {
+        let mut keep = keep.lock().unwrap();
+        if keep.is_empty() {
+            keep.extend((0..5).map(|_| loader.create(Mesh { radius: 1.0 })));
+        }
+    });
+    drop(mm.create(Mesh { radius: 1.0 }));
+    assert_eq!(mm.collect_garbage().objects, 1);
+    let report = mm.report();
+    let meshes = report.get("Mesh").expect("a line for meshes");
+    assert_eq!((meshes.live, meshes.peak_live), (5, 6));
+    mm.clear_on_destroy::<Mesh>();
+    replacements.lock().unwrap().clear();
+}

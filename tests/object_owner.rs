@@ -283,3 +283,27 @@ fn no_object_dies_while_any_thread_holds_it() {
     }
     assert!(destroyed.iter().all(|d| d.load(Ordering::SeqCst)), "each destroyed once");
 }
+
+/// On the owner thread, an object whose last handle went on another thread while the
+/// owner held counts on it is dead for the counts (`count`, `dead_count`) until the next
+/// collection destroys it; the iterators agree and skip it, so `len` matches what they
+/// yield.
+#[test]
+fn iterators_agree_with_the_counts_on_the_owner_thread() {
+    let drops = Drops::new();
+    let mut mm = ObjectManager::builder().owner_thread(true).report_leaks(false).build();
+    let kept = mm.create(Entity { id: 1, token: drops.token() });
+    let gone = mm.create(Entity { id: 2, token: drops.token() });
+    let copy = gone.clone(); // the owner now holds counts on it
+    drop(gone);
+    std::thread::spawn(move || drop(copy)).join().unwrap();
+    assert_eq!((mm.count::<Entity>(), mm.dead_count()), (1, 1));
+    let iter = mm.iter::<Entity>();
+    assert_eq!(iter.len(), 1);
+    let seen: Vec<usize> = iter.map(|(_, entity)| entity.id).collect();
+    assert_eq!(seen, [1]);
+    assert_eq!(mm.iter_mut::<Entity>().count(), 1);
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!(mm.iter::<Entity>().map(|(_, entity)| entity.id).collect::<Vec<_>>(), [1]);
+    drop(kept);
+}

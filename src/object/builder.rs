@@ -74,6 +74,11 @@ impl ObjectManagerBuilder {
 
     /// The most objects of one type alive (or dead, not yet collected) at once.
     /// Past it, `try_create` fails with [`Error::CapacityExceeded`](crate::Error::CapacityExceeded).
+    ///
+    /// Below it, every thread may create, loaders included: a type with a
+    /// limit holds no slots for the thread that collects (which otherwise
+    /// takes fresh slots 64 at a time, and keeps the slots a collection
+    /// freed until its next one), so its `create`s skip that fast path.
     pub fn max_objects_per_type(mut self, max: u32) -> Self {
         self.max_objects_per_type = max.min(MAX_INDEX);
         self

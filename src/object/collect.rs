@@ -22,6 +22,16 @@ pub struct CollectStats {
     pub rounds: usize,
 }
 
+impl CollectStats {
+    /// Adds what a later step destroyed: counts saturate (`size()` may claim
+    /// anything), and the rounds add up, as for a cascade.
+    pub(crate) fn absorb(&mut self, more: CollectStats) {
+        self.objects = self.objects.saturating_add(more.objects);
+        self.bytes = self.bytes.saturating_add(more.bytes);
+        self.rounds = self.rounds.saturating_add(more.rounds);
+    }
+}
+
 /// An object that collection destroyed: its key and type.
 ///
 /// Recorded when the manager was built with
@@ -130,7 +140,7 @@ impl ObjectManager {
         let registry = std::sync::Arc::clone(self.registry());
         for store in registry.all_stores() {
             // SAFETY: we hold `&mut self`.
-            unsafe { store.share_unused_kept() };
+            unsafe { store.share_held_slots() };
         }
         loop {
             // Every round: the last drops made so far, including the
@@ -192,9 +202,10 @@ impl ObjectManager {
         let mut stats = CollectStats::default();
         loop {
             let batch = self.collect_garbage_budgeted(BATCH);
-            stats.objects += batch.objects;
-            stats.bytes = stats.bytes.saturating_add(batch.bytes);
-            stats.rounds += batch.rounds;
+            // Each batch goes on with the passes of the one before: the rounds
+            // are the deepest cascade a batch met, not a pass per batch.
+            stats.absorb(CollectStats { rounds: 0, ..batch });
+            stats.rounds = stats.rounds.max(batch.rounds);
             // Fewer than a batch means every dead list was found empty.
             if batch.objects < BATCH || start.elapsed() >= budget {
                 return stats;

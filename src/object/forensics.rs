@@ -154,7 +154,7 @@ pub(crate) fn annotate_leaks(mm: &ObjectManager, report: &mut ObjectLeakReport) 
         let origin = chains.origin[node as usize];
         if origin != NONE && origin != node {
             retains[origin as usize].0 += 1;
-            retains[origin as usize].1 += entry.size;
+            retains[origin as usize].1 = retains[origin as usize].1.saturating_add(entry.size);
         }
     }
     report.roots = (0..analysis.graph.len())
@@ -383,10 +383,7 @@ impl ObjectManager {
                 object.release_handles();
             }
         }
-        let more = self.collect_garbage();
-        stats.objects += more.objects;
-        stats.bytes += more.bytes;
-        stats.rounds += more.rounds;
+        stats.absorb(self.collect_garbage());
         stats
     }
 }

@@ -168,10 +168,7 @@ impl CycleCollector {
             }
         }
         if out.released > 0 {
-            let more = mm.collect_garbage();
-            out.collected.objects += more.objects;
-            out.collected.bytes += more.bytes;
-            out.collected.rounds += more.rounds;
+            out.collected.absorb(mm.collect_garbage());
         }
         out
     }

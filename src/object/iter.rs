@@ -48,6 +48,9 @@ struct Cursor<'a, T> {
     /// Objects yielded so far.
     yielded: usize,
     manager: u32,
+    /// On the manager's owner thread: skips objects that only the owner's
+    /// reservation counts (dead, as `total` counts them).
+    owner_here: bool,
 }
 
 // A cursor is a shared borrow of the store plus a position: `base` points into
@@ -77,6 +80,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             total: store.map_or(0, Store::live_count_now),
             yielded: 0,
             manager,
+            owner_here: store.is_some_and(Store::reads_reservations_here),
         }
     }
 
@@ -95,7 +99,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 let slot = unsafe { slot_ptr.as_ref() };
                 // Live: an odd generation, then a count (see `SlotHeader::is_live`).
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 0 || !slot.header.is_referenced() {
+                if generation & 1 == 0 || !slot.header.is_referenced(self.owner_here) {
                     continue;
                 }
                 self.yielded += 1;
@@ -114,7 +118,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
     fn fold_live<B>(&mut self, init: B, mut f: impl FnMut(B, WeakHandle<T>, &'a Slot<T>) -> B) -> B {
         let mut acc = init;
         loop {
-            let (base, len, first_index) = (self.base, self.len, self.first_index);
+            let (base, len, first_index, owner_here) = (self.base, self.len, self.first_index, self.owner_here);
             let mut offset = self.offset;
             let mut yielded = 0;
             while offset < len {
@@ -124,7 +128,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 // SAFETY: as above: an initialised slot of a live segment.
                 let slot = unsafe { slot_ptr.as_ref() };
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 1 && slot.header.is_referenced() {
+                if generation & 1 == 1 && slot.header.is_referenced(owner_here) {
                     let key = ObjectKey::new(first_index + offset, generation);
                     yielded += 1;
                     acc = f(acc, WeakHandle::new(slot_ptr, key, self.manager), slot);

@@ -163,7 +163,8 @@ impl ObjectLeakReport {
 
     /// Bytes of all leaked objects (their `size()`).
     pub fn total_bytes(&self) -> usize {
-        self.entries.iter().map(|e| e.size).sum()
+        // Saturating: `size()` may claim anything.
+        self.entries.iter().fold(0, |total, e| total.saturating_add(e.size))
     }
 
     /// Leaked objects and bytes per type, most objects first (then most bytes, then name).
@@ -222,7 +223,7 @@ fn tally(entries: &[LeakEntry], by_site: bool) -> Vec<LeakTally> {
         let id = (entry.type_name.as_ptr() as usize, site.map_or(0, |s| std::ptr::from_ref(s) as usize));
         let group = groups.entry(id).or_insert(LeakTally { type_name: entry.type_name, site, count: 0, bytes: 0 });
         group.count += 1;
-        group.bytes += entry.size;
+        group.bytes = group.bytes.saturating_add(entry.size);
     }
     let text = |t: &LeakTally| (t.type_name, t.site.map(|s| (s.file(), s.line(), s.column())));
     let mut out: Vec<LeakTally> = groups.into_values().collect();
@@ -231,7 +232,7 @@ fn tally(entries: &[LeakEntry], by_site: bool) -> Vec<LeakTally> {
         let same = text(later) == text(kept);
         if same {
             kept.count += later.count;
-            kept.bytes += later.bytes;
+            kept.bytes = kept.bytes.saturating_add(later.bytes);
         }
         same
     });

@@ -294,8 +294,10 @@ impl ObjectManager {
     ///
     /// [`Error::StoreOutOfMemory`] if the memory for a segment is refused;
     /// [`Error::CapacityExceeded`] if the manager's index space or type table
-    /// is full. Segments allocated before the failure stay, and nothing else
-    /// changes.
+    /// is full, or if `additional` more slots would pass the type's
+    /// [`max_objects_per_type`](ObjectManagerBuilder::max_objects_per_type)
+    /// (then nothing is allocated). Segments allocated before the failure
+    /// stay, and nothing else changes.
     pub fn try_reserve<T: MMObject>(&self, additional: usize) -> Result<()> {
         self.registry.store_or_register::<T>()?.reserve(additional)
     }

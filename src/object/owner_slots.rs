@@ -24,6 +24,11 @@
 //! [`OwnerSlots::left`], and a collection by another thread, or shutdown,
 //! puts them on the free list (under `&mut ObjectManager`, like every other
 //! push onto it).
+//!
+//! A store with a [capacity](crate::ObjectManagerBuilder::max_objects_per_type)
+//! below the index space's holds nothing for any thread: there, slots held
+//! for the owner would be slots another thread's `create` is refused while
+//! fewer objects than the limit exist.
 
 use crate::sync::{thread_token, AtomicU32, AtomicU64, Ordering, UnsafeCell};
 
@@ -31,6 +36,10 @@ use super::slot::NIL;
 
 /// Slots taken from `len` at once.
 pub(crate) const RUN: u32 = 64;
+
+/// The owner of a store that holds nothing for any thread: no thread's token
+/// (they count up from 1).
+const NOBODY: u64 = 0;
 
 /// The slots held for a store's owner thread: a run of fresh ones and a
 /// chain of kept ones.
@@ -51,6 +60,9 @@ pub(crate) const RUN: u32 = 64;
 ///   counts on any thread.
 #[derive(Debug)]
 pub(crate) struct OwnerSlots {
+    /// False for a store that holds nothing for its owner: `owner` is then
+    /// [`NOBODY`] for good.
+    holds: bool,
     owner: AtomicU64,
     run: UnsafeCell<(u32, u32)>,
     kept: UnsafeCell<Chain>,
@@ -71,14 +83,22 @@ impl Chain {
 }
 
 impl OwnerSlots {
-    /// Nothing held yet, for the calling thread.
-    pub(crate) fn new() -> Self {
+    /// Nothing held yet, for the calling thread, or for no thread at all if
+    /// not `holds` (see the module docs).
+    pub(crate) fn new(holds: bool) -> Self {
         OwnerSlots {
-            owner: AtomicU64::new(thread_token()),
+            holds,
+            owner: AtomicU64::new(if holds { thread_token() } else { NOBODY }),
             run: UnsafeCell::new((0, 0)),
             kept: UnsafeCell::new(Chain::EMPTY),
             left: AtomicU32::new(0),
         }
+    }
+
+    /// True if slots are held for an owner at all (see the module docs).
+    #[inline]
+    pub(crate) fn holds(&self) -> bool {
+        self.holds
     }
 
     /// True if the calling thread is the owner.
@@ -193,7 +213,7 @@ impl OwnerSlots {
         // SAFETY: as above.
         let kept = unsafe { self.set_kept(Chain::EMPTY) };
         self.left.store(0, Ordering::Relaxed);
-        if adopt {
+        if adopt && self.holds {
             self.owner.store(thread_token(), Ordering::Relaxed);
         }
         (held, kept)

@@ -13,7 +13,11 @@ pub struct TypeReport {
     /// Objects with strong handles.
     pub live: usize,
     /// The most objects held at once (live plus dead pending), sampled at
-    /// every collection and report. Exact: objects only leave at collection.
+    /// every collection and report, and after each destroy hook (which may
+    /// create objects while the one it is called for is still held). Exact
+    /// while objects are created on the collecting thread: they only leave
+    /// at collection. Creates on other threads while a collection runs can
+    /// make it miss a peak by at most their number.
     pub peak_live: usize,
     /// Objects released but not yet collected.
     pub dead_pending: usize,
@@ -72,7 +76,8 @@ impl ObjectMemoryReport {
 
     /// Bytes over all types.
     pub fn total_bytes(&self) -> usize {
-        self.types.iter().map(|t| t.bytes).sum()
+        // Saturating: `size()` may claim anything.
+        self.types.iter().fold(0, |total, t| total.saturating_add(t.bytes))
     }
 
     /// The report as JSON.

@@ -221,10 +221,15 @@ impl SlotHeader {
     }
 
     /// The second half of [`is_live`](Self::is_live), for a generation
-    /// already read odd: a count, and not [`PENDING`].
+    /// already read odd: a count, and not [`PENDING`]. On the manager's owner
+    /// thread (`owner_here`) also not a count that is all the owner's
+    /// reservation: its last handle went on another thread, and the check
+    /// queued for it will find it dead (so `dead_count` counts it dead).
     #[inline]
-    pub(crate) fn is_referenced(&self) -> bool {
-        is_count(self.word.load(Ordering::Acquire)) && self.reserve.load(Ordering::Relaxed) & PENDING == 0
+    pub(crate) fn is_referenced(&self, owner_here: bool) -> bool {
+        let word = self.word.load(Ordering::Acquire);
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        is_count(word) && reserve & PENDING == 0 && !(owner_here && word & COUNT_MASK == reserve & RESERVE_COUNT)
     }
 
     /// Adds a reference if the object with `generation` is live: the count only

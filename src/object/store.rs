@@ -77,9 +77,11 @@ pub(crate) struct StoreConfig {
 /// - Every local index below `len` names a slot that is occupied, on the dead
 ///   list, on the free list (or is about to be, inside `create`), retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
-///   `retired`), or held for the owner thread, in its run of fresh slots or
-///   its chain of kept ones (`owner_slots`, counted in its `left`). `len`
-///   only grows, and only over slots of published segments.
+///   `retired`), held for the owner thread, in its run of fresh slots or
+///   its chain of kept ones (`owner_slots`, counted in its `left`), or
+///   returned by a batch that did not fill them (on `returned_head`, counted
+///   in `returned`, vacant and never used). `len` only grows, and only over
+///   slots of published segments.
 /// - The store is only ever borrowed shared (see `registry.rs`). The free
 ///   list is popped by `create` with a CAS while the manager is borrowed
 ///   shared, and by loaders at any time, under `free_lock`; it is pushed only
@@ -116,6 +118,13 @@ pub(crate) struct Store<T> {
     destroyed_in_place: AtomicU64,
     /// Slots retired because their generation reached [`GENERATION_LIMIT`].
     retired: AtomicU64,
+    /// Never-used slots a batch took and did not fill (see `batch.rs`), on
+    /// their way to the free list: a stack linked through the slots' words,
+    /// pushed by any `create_many`, taken whole by the next collection.
+    returned_head: AtomicU32,
+    /// How many slots `returned_head` holds (added before a push, taken off
+    /// after the collection moved them).
+    returned: AtomicU64,
     peak_resident: AtomicU64,
     grow_lock: Mutex<()>,
     /// Taken by loaders to pop, and by collection to push (see the invariants).
@@ -199,10 +208,12 @@ impl<T: MMObject> Store<T> {
             _type: std::marker::PhantomData,
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
-            owner_slots: OwnerSlots::new(),
+            owner_slots: OwnerSlots::new(config.max_objects >= MAX_INDEX),
             destroyed: AtomicU64::new(0),
             destroyed_in_place: AtomicU64::new(0),
             retired: AtomicU64::new(0),
+            returned_head: AtomicU32::new(NIL),
+            returned: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
             grow_lock: Mutex::new(()),
             free_lock: Mutex::new(()),
@@ -514,8 +525,16 @@ impl<T: MMObject> Store<T> {
 
     /// Allocates segments so that `additional` more slots exist past `len`.
     pub(crate) fn reserve(&self, additional: usize) -> Result<(), Error> {
-        let len = u64::from(self.len.load(Ordering::Relaxed));
-        let want = (len + additional as u64).min(u64::from(self.config.max_objects)) as u32;
+        let len = self.len.load(Ordering::Relaxed);
+        let max = self.config.max_objects;
+        // Room for the next `additional` creates: never-used slots under the limit, free
+        // ones, and those held for the owner thread.
+        let free = split_free(self.free_head.load(Ordering::Relaxed)).1;
+        let room = u64::from(max.saturating_sub(len)) + u64::from(free) + u64::from(self.owner_slots.left());
+        if additional as u64 > room {
+            return Err(Error::CapacityExceeded { what: T::TYPE_NAME, limit: max as usize });
+        }
+        let want = (u64::from(len) + additional as u64).min(u64::from(max)) as u32;
         if want == 0 {
             return Ok(());
         }
@@ -664,6 +683,12 @@ impl<T: MMObject> Store<T> {
     pub(crate) fn used(&self) -> u32 {
         self.len.load(Ordering::Acquire)
     }
+
+    /// True on the thread that owns the store's manager (see `owner_counts.rs`): there,
+    /// an object whose count is all the owner's reservation is known to be dead.
+    pub(crate) fn reads_reservations_here(&self) -> bool {
+        self.config.owner != 0 && self.config.owner == crate::sync::thread_token()
+    }
 }
 
 impl<T> Store<T> {
@@ -680,12 +705,13 @@ impl<T> Store<T> {
     }
 
     /// Objects created and not yet destroyed (live or dead): used slots that
-    /// are neither free, retired, nor destroyed in place.
+    /// are neither free, retired, held for the owner, returned by a batch,
+    /// nor destroyed in place.
     pub(crate) fn resident(&self) -> u64 {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
         let retired = self.retired.load(Ordering::Relaxed);
-        let held = u64::from(self.owner_slots.left());
+        let held = u64::from(self.owner_slots.left()) + self.returned.load(Ordering::Relaxed);
         used.saturating_sub(free + retired + held + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
@@ -744,12 +770,14 @@ pub(crate) trait ErasedStore: Send + Sync {
         stats: &mut CollectStats,
         events: Option<&mut std::vec::Vec<Destroyed>>,
     ) -> usize;
-    /// See [`Store::share_unused_kept`].
+    /// Starts a `collect_garbage` call: the slots kept for the owner that it
+    /// did not use ([`Store::share_unused_kept`]), and those batches returned
+    /// ([`Store::free_returned`]), go on the free list, for every thread.
     ///
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` (see the trait).
-    unsafe fn share_unused_kept(&self);
+    unsafe fn share_held_slots(&self);
     fn dead_count(&self) -> usize;
     fn live_count(&self) -> usize;
     fn report(&self) -> TypeReport;
@@ -837,9 +865,12 @@ impl<T: MMObject> ErasedStore for Store<T> {
         unsafe { Store::collect(self, budget, stats, events) }
     }
 
-    unsafe fn share_unused_kept(&self) {
-        // SAFETY: the caller's contract is `Store::share_unused_kept`'s.
-        unsafe { Store::share_unused_kept(self) }
+    unsafe fn share_held_slots(&self) {
+        // SAFETY: the caller's contract is theirs.
+        unsafe {
+            Store::share_unused_kept(self);
+            Store::free_returned(self);
+        }
     }
 
     fn dead_count(&self) -> usize {

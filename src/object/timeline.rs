@@ -62,7 +62,10 @@ impl MemoryTimeline {
     }
 
     /// Records one frame: each type's live objects and bytes from `report`.
-    /// Types missing from the report count as zero.
+    /// Types missing from the report count as zero. Lines are told apart by
+    /// type name ([`MMObject::TYPE_NAME`](crate::MMObject::TYPE_NAME)): two
+    /// types with the same name (`a::Node` and `b::Node`) share one line,
+    /// their numbers summed.
     pub fn sample(&mut self, frame: u64, report: &ObjectMemoryReport) {
         let samples = self.frames.len();
         self.frames.push(frame);
@@ -76,8 +79,17 @@ impl MemoryTimeline {
                     self.types.len() - 1
                 }
             };
-            self.live[t].push(line.live);
-            self.bytes[t].push(line.bytes);
+            match (self.live[t].get_mut(samples), self.bytes[t].get_mut(samples)) {
+                // A type of the same name, sampled already in this frame.
+                (Some(live), Some(bytes)) => {
+                    *live = live.saturating_add(line.live);
+                    *bytes = bytes.saturating_add(line.bytes);
+                }
+                _ => {
+                    self.live[t].push(line.live);
+                    self.bytes[t].push(line.bytes);
+                }
+            }
         }
         for series in self.live.iter_mut().chain(self.bytes.iter_mut()) {
             series.resize(samples + 1, 0);
@@ -319,6 +331,17 @@ mod tests {
         let svg = timeline.to_svg();
         assert!(svg.contains("A&lt;B&gt;"));
         assert_eq!(svg.matches("<polyline").count(), 2);
+    }
+
+    #[test]
+    fn types_of_one_name_share_a_line() {
+        let mut two = report(3);
+        two.types.extend(report(5).types);
+        let mut timeline = MemoryTimeline::new();
+        timeline.sample(0, &two);
+        timeline.sample(1, &report(2));
+        assert_eq!(timeline.live_of("A<B>"), &[8, 2]);
+        assert_eq!(timeline.bytes_of("A<B>"), &[800, 200]);
     }
 
     #[test]

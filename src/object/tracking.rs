@@ -182,7 +182,10 @@ impl std::fmt::Debug for Tracking {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tracking")
             .field("tag", &self.tag.name())
-            .field("charged", &self.charged.lock().iter().filter(|&&c| c != VACANT).sum::<usize>())
+            .field(
+                "charged",
+                &self.charged.lock().iter().filter(|&&c| c != VACANT).fold(0usize, |t, &c| t.saturating_add(c)),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -262,7 +265,7 @@ impl ObjectManager {
                     None => size,
                 }
             })
-            .sum()
+            .fold(0, usize::saturating_add)
     }
 
     /// Builds an object inside its type's tag scope, then creates it.

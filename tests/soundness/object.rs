@@ -230,6 +230,66 @@ fn lying_visit_handles_never_frees_a_live_object() {
     assert!(mm.shutdown().is_empty());
 }
 
+/// `size()` is a safe method and may claim anything: with two objects of `usize::MAX`
+/// bytes each, every byte total saturates instead of overflowing (in debug builds that was
+/// a panic in the report, in `collect_cycles`, in a `CycleCollector` step, and in the
+/// shutdown's leak report, which also runs from `Drop`).
+#[test]
+fn byte_totals_saturate_when_sizes_claim_the_maximum() {
+    struct Huge {
+        next: Option<mmobject::Handle<Huge>>,
+    }
+    impl MMObject for Huge {
+        const TYPE_NAME: &'static str = "Huge";
+        const TAG: &'static str = "Huge";
+        fn size(&self) -> usize {
+            usize::MAX
+        }
+        fn may_hold_handles() -> bool {
+            true
+        }
+        fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+            if let Some(next) = &self.next {
+                visitor(next.key());
+            }
+        }
+        fn release_handles(&mut self) {
+            self.next = None;
+        }
+    }
+    let cycle = |mm: &mut ObjectManager| {
+        let a = mm.create(Huge { next: None });
+        let b = mm.create(Huge { next: Some(a.clone()) });
+        mm.get_mut(&a).next = Some(b.clone());
+    };
+
+    let mut mm = ObjectManager::builder().report_leaks(false).build();
+    let held = [mm.create(Huge { next: None }), mm.create(Huge { next: None })];
+    assert_eq!(mm.report().total_bytes(), usize::MAX);
+    // A dead object first: the first collection inside each cycle pass already counts
+    // `usize::MAX` bytes, and the cycle's adds more.
+    drop(mm.create(Huge { next: None }));
+    cycle(&mut mm);
+    let freed = mm.collect_cycles();
+    assert_eq!((freed.objects, freed.bytes), (3, usize::MAX));
+    drop(mm.create(Huge { next: None }));
+    cycle(&mut mm);
+    let mut collector = mmobject::CycleCollector::new();
+    let mut collected = 0;
+    for _ in 0..100 {
+        collected += collector.step(&mut mm, std::time::Duration::from_millis(5)).collected.objects;
+        if collected >= 3 {
+            break;
+        }
+    }
+    assert_eq!(collected, 3, "the collector frees the dead object and the cycle");
+    assert_eq!(mm.report().total_bytes(), usize::MAX);
+    let report = mm.shutdown();
+    assert_eq!(report.len(), 2);
+    assert_eq!(report.total_bytes(), usize::MAX);
+    drop(held);
+}
+
 /// Raw handles made of garbage are refused, never followed.
 #[test]
 fn forged_raw_handles_are_refused() {

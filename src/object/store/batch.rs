@@ -22,8 +22,9 @@ use crate::Error;
 
 use super::super::handle::{HandleTag, ManagerTagged};
 use super::super::layout::{locate, Chunks};
+use super::super::owner_slots::Chain;
 use super::super::shared::DEAD_LANES;
-use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::super::slot::{Slot, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed};
 use super::super::{Handle, HandleOrigin, MMObject};
 use super::collect::{Requeue, SlotChain};
@@ -192,22 +193,56 @@ impl<T: MMObject> Store<T> {
         unsafe { Chunks::run(base, offset, offset + (end - local)) }
     }
 
-    /// Takes back never-used slots `start..end` a batch did not fill: as the
-    /// owner's run of fresh slots if the calling thread owns an empty one,
-    /// else retired for good (only an iterator that broke its `size_hint`
-    /// promise, or panicked, leaves any).
+    /// Takes back never-used slots `start..end` a batch did not fill (an
+    /// iterator that yielded less than its `size_hint`, or panicked, as a
+    /// level file found corrupt halfway does): as the owner's run of fresh
+    /// slots if the calling thread owns an empty one, else onto the store's
+    /// stack of returned slots, which the next collection puts on the free
+    /// list. (Not onto the free list at once: only collection pushes there,
+    /// which the free list's lock-free pops rely on.) Until then the counts
+    /// leave them out, as free slots.
     #[cold]
     fn give_back(&self, start: u32, end: u32) {
         if self.owner_slots.is_owner() && self.owner_slots.run_left() == 0 {
             self.owner_slots.refill(start, end);
             return;
         }
-        for local in start..end {
+        for local in start..end - 1 {
             let slot = self.slot(local).expect("taken slots live in published segments");
-            // As a slot that reached the limit: an even generation (vacant)
-            // that is never raised again. No handle to it was ever made.
-            slot.header.generation.store(GENERATION_LIMIT, Ordering::Release);
-            self.retire(slot);
+            slot.header.word.store(LINK_FLAG | (local + 1), Ordering::Relaxed);
         }
+        let last = self.slot(end - 1).expect("taken slots live in published segments");
+        // Counted first: the collection that takes them subtracts after.
+        self.returned.fetch_add(u64::from(end - start), Ordering::Relaxed);
+        let mut head = self.returned_head.load(Ordering::Relaxed);
+        loop {
+            last.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
+            // Release: the collection that swaps the stack out sees the links.
+            match self.returned_head.compare_exchange_weak(head, start, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Puts the slots batches returned on the free list.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager (no
+    /// batch runs, and collection may push onto the free list).
+    pub(crate) unsafe fn free_returned(&self) {
+        if self.returned_head.load(Ordering::Relaxed) == NIL {
+            return;
+        }
+        let head = self.returned_head.swap(NIL, Ordering::Acquire);
+        // Already linked: the free list takes the chain as it is.
+        let mut chain = Chain { head, tail: NIL, len: 0 };
+        self.walk_chain(head, |local, _| {
+            chain.tail = local;
+            chain.len += 1;
+        });
+        self.push_free_chain(chain);
+        self.returned.fetch_sub(u64::from(chain.len), Ordering::Relaxed);
     }
 }

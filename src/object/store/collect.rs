@@ -28,6 +28,11 @@ impl<T: MMObject> Store<T> {
         if freed.len == 0 {
             return;
         }
+        if !self.owner_slots.holds() {
+            // A capped store: every thread's `create` must find them.
+            self.push_free_chain(freed);
+            return;
+        }
         // SAFETY: the caller's contract.
         let kept = unsafe { self.owner_slots.kept() };
         let chain = if kept.len == 0 {
@@ -211,6 +216,9 @@ impl<T: MMObject> Store<T> {
             let bytes = value.size();
             if let Some(hook) = hook.as_mut() {
                 hook(self.key_of(local, generation), value);
+                // The hook may have created objects (through a `Loader`) while this
+                // one is still resident: the peak must see both.
+                self.note_peak();
             }
             bytes
         }));
