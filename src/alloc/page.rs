@@ -236,15 +236,20 @@ impl Page {
     /// frees touch no block memory), so it is handed out unchecked.
     pub(crate) fn steal_remote(&self) -> Option<u32> {
         let mut remote = self.remote.load(Ordering::Relaxed);
-        while remote != 0 {
-            let bit = remote.trailing_zeros();
+        loop {
+            // A block also free in the owner's mask was freed twice (two frees raced):
+            // left for the owner's collection, which reports it and keeps it free once.
+            let claimable = remote & !self.free.load(Ordering::Relaxed);
+            if claimable == 0 {
+                return None;
+            }
+            let bit = claimable.trailing_zeros();
             match self.remote.compare_exchange_weak(remote, remote & !(1 << bit), Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => return Some(bit),
                 Err(now) => remote = now,
             }
         }
-        None
     }
 
     /// Moves the remote frees into the local mask (owner only). `on_freed` runs for each

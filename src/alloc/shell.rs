@@ -91,6 +91,19 @@ pub(crate) fn bad_free(addr: usize, freed_recently: bool, below: Option<(usize, 
     }
 }
 
+/// The block a zero-size request of `layout` gets: a dangling pointer aligned for it, if
+/// its alignment is at most [`MAX_ALIGN`](super::region::MAX_ALIGN) (so that
+/// [`is_dangling`](super::region::is_dangling) knows it on the way back); `None` for any
+/// other request.
+#[inline]
+pub(crate) fn zero_size_block(layout: Layout) -> Option<NonNull<[u8]>> {
+    if layout.size() != 0 || layout.align() > super::region::MAX_ALIGN {
+        return None;
+    }
+    let dangling = NonNull::new(std::ptr::without_provenance_mut::<u8>(layout.align()))?;
+    Some(NonNull::slice_from_raw_parts(dangling, 0))
+}
+
 /// The one failure path: panics with the error's message.
 #[cold]
 #[inline(never)]
@@ -104,6 +117,11 @@ pub(crate) fn fail(error: Error) -> ! {
 /// `deallocate` panics with the error's message on a bad free (a foreign pointer, not a
 /// block start, a double free); `grow` grows in place when [`Shell::grow_in_place`] can,
 /// and otherwise allocates, copies and frees.
+///
+/// Zero-size requests (alignment up to [`MAX_ALIGN`](super::region::MAX_ALIGN)) get a
+/// dangling, aligned pointer and no block, as `Global` does, and freeing one does nothing:
+/// `allocator_api2`'s `Box` frees zero-size values too, and its `Vec` keeps whatever a
+/// shrink to zero returns without ever freeing it (a real block there leaked).
 macro_rules! impl_allocator {
     (<$($param:ident $(: $bound:path)?),+> $ty:ty) => {
         $crate::alloc::shell::impl_allocator!(@impl [$($param $(: $bound)?),+] $ty);
@@ -125,6 +143,9 @@ macro_rules! impl_allocator {
                 &self,
                 layout: ::std::alloc::Layout,
             ) -> ::core::result::Result<::std::ptr::NonNull<[u8]>, ::allocator_api2::alloc::AllocError> {
+                if let Some(empty) = $crate::alloc::shell::zero_size_block(layout) {
+                    return Ok(empty);
+                }
                 match $crate::alloc::shell::Shell::try_alloc(*self, layout) {
                     Ok(p) => Ok(::std::ptr::NonNull::slice_from_raw_parts(p, layout.size())),
                     Err(_) => Err(::allocator_api2::alloc::AllocError),
@@ -134,9 +155,30 @@ macro_rules! impl_allocator {
             /// Panics with the error's message on a bad free.
             #[inline]
             unsafe fn deallocate(&self, ptr: ::std::ptr::NonNull<u8>, _layout: ::std::alloc::Layout) {
+                if $crate::alloc::region::is_dangling(ptr) {
+                    return; // a zero-size block: nothing was allocated
+                }
                 // SAFETY: the `Allocator` contract: `ptr` is a live block of this allocator,
                 // not used again.
                 unsafe { $crate::alloc::shell::Shell::free(*self, ptr) }
+            }
+
+            #[inline]
+            unsafe fn shrink(
+                &self,
+                ptr: ::std::ptr::NonNull<u8>,
+                old: ::std::alloc::Layout,
+                new: ::std::alloc::Layout,
+            ) -> ::core::result::Result<::std::ptr::NonNull<[u8]>, ::allocator_api2::alloc::AllocError> {
+                let block = ::allocator_api2::alloc::Allocator::allocate(self, new)?;
+                // SAFETY: `ptr` is live for `old.size() >= new.size()` bytes and the new
+                // block is fresh memory (or, for size zero, nothing is copied), so they do
+                // not overlap; `ptr` is freed once, after the copy, and not used again.
+                unsafe {
+                    block.cast::<u8>().as_ptr().copy_from_nonoverlapping(ptr.as_ptr(), new.size());
+                    ::allocator_api2::alloc::Allocator::deallocate(self, ptr, old);
+                }
+                Ok(block)
             }
 
             #[inline]
@@ -146,6 +188,10 @@ macro_rules! impl_allocator {
                 old: ::std::alloc::Layout,
                 new: ::std::alloc::Layout,
             ) -> ::core::result::Result<::std::ptr::NonNull<[u8]>, ::allocator_api2::alloc::AllocError> {
+                if $crate::alloc::region::is_dangling(ptr) {
+                    // A zero-size block: nothing to keep.
+                    return ::allocator_api2::alloc::Allocator::allocate(self, new);
+                }
                 // SAFETY: the `Allocator` contract: `ptr` is a live block allocated for `old`,
                 // and `new.size() >= old.size()`.
                 if let Some(p) = unsafe { $crate::alloc::shell::Shell::grow_in_place(*self, ptr, old, new) } {

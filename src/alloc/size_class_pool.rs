@@ -129,9 +129,11 @@ pub struct SizeClassStats {
 ///   pass their checks; the owner then finds the block free twice when it next hands out a
 ///   block of that page or collects its remote frees, logs the double free
 ///   (`log::error!`), counts it in [`AllocStats::failures`] and keeps the block free once.
-///   (If the late free of such a race lands only after the block was handed out again, it
-///   looks exactly like freeing a block someone else holds, which `try_free`'s safety
-///   contract rules out and no allocator can tell apart.)
+///   (If the late free of such a race lands only after the block was handed out again, or
+///   after a starving thread took the block from the remote mask, it looks exactly like
+///   freeing a block someone else holds, which `try_free`'s safety contract rules out and
+///   no allocator can tell apart: the block can then be handed out twice. Racing frees of
+///   one block are that contract broken; the pool catches them when it can.)
 /// - **Pages and threads**: a thread keeps the pages it has allocated from (their blocks
 ///   are most likely freed by the same thread, cheaply) until they are entirely free; then
 ///   any thread may take them over. When a thread exits, all its pages go back. When a
