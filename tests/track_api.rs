@@ -609,3 +609,71 @@ fn try_dealloc_racing_track_on_the_same_address_frees_with_the_right_layout() {
     STOP.store(true, Ordering::Relaxed);
     tracker_thread.join().unwrap();
 }
+
+/// A pointer the tracker never allocated at the reserved addresses of its record table
+/// (`NonNull::dangling()` is address 1) is an untracked free, never a lookup that could
+/// match a removed record's slot.
+#[test]
+fn try_dealloc_of_a_dangling_pointer_is_an_untracked_free() {
+    let tracker = Tracker::new();
+    let tag = tracker.tag_named("api-dangling");
+    // Removed records leave marked slots in the table for the lookup to stumble on.
+    for _ in 0..100 {
+        let p = tracker.alloc(Layout::from_size_align(24, 8).unwrap(), tag);
+        tracker.dealloc(p);
+    }
+    assert_eq!(tracker.try_dealloc(NonNull::dangling()), Err(Error::UntrackedFree { addr: 1 }));
+    assert_eq!(tracker.tag_stats(tag).bytes, 0);
+}
+
+/// The timeline's CSV may be written while another thread marks frames and clears the
+/// timeline: a clear between its two looks leaves fewer rows, never a slice past the end.
+#[test]
+#[cfg_attr(miri, ignore = "a timing stress test")]
+fn the_timeline_csv_races_clears() {
+    static TRACKER: Tracker = Tracker::new();
+    let clears = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while clears.load(Ordering::Relaxed) < 20_000 {
+                for _ in 0..50 {
+                    TRACKER.frame_mark();
+                }
+                TRACKER.clear_timeline();
+                clears.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        while clears.load(Ordering::Relaxed) < 20_000 {
+            TRACKER.write_csv(std::io::sink()).unwrap();
+        }
+    });
+}
+
+/// The shared counters alone are not a tag's total either: a block counted there (the tag
+/// was watched when it was made) whose free went to the thread's slot (the watch was off by
+/// then) leaves bytes in the shared counter that are not in use. A later allocation on the
+/// shared path must not raise the peak from them.
+#[test]
+fn the_shared_path_raises_no_phantom_peak() {
+    use mmobject::track::TrackingAllocator;
+    use std::alloc::{GlobalAlloc, System};
+    static TRACKER: Tracker = Tracker::new();
+    static TAG: Tag = Tag::new("api-shared-peak");
+    let alloc = TrackingAllocator::with_tracker(System, &TRACKER);
+    let block = Layout::new::<[u8; 1000]>();
+    let _in = TAG.enter();
+    // SAFETY: non-zero layouts; each block freed once, with its layout.
+    unsafe {
+        alloc.dealloc(alloc.alloc(block), block); // gives the thread its slot
+        TRACKER.watch(&TAG, true);
+        let p = alloc.alloc(block); // counted in the shared counters
+        TRACKER.watch(&TAG, false);
+        alloc.dealloc(p, block); // credited in the thread's slot
+        TRACKER.watch(&TAG, true);
+        let q = alloc.alloc(block); // the shared counters read 2,000 bytes, 2 blocks
+        alloc.dealloc(q, block);
+        TRACKER.watch(&TAG, false);
+    }
+    let stats = TRACKER.tag_stats(&TAG);
+    assert_eq!((stats.bytes, stats.peak_bytes, stats.peak_count), (0, 1000, 1), "{stats:?}");
+}

@@ -60,6 +60,7 @@ fn global_allocator_attributes_and_balances() {
     budget_callback_may_allocate();
     watch_logs_from_inside_the_allocator();
     records_mode_leak_report();
+    reports_do_not_count_themselves();
     diagnostics_catch_overruns_and_double_frees();
     objects_and_the_allocator_count_each_byte_once();
     a_store_allocator_through_the_tracking_allocator_counts_nothing();
@@ -237,6 +238,22 @@ fn records_mode_leak_report() {
     drop(kept); // allocated with records, freed in counting mode: still found
     assert_eq!((stats(&MESHES).bytes, stats(&MESHES).count), (0, 0));
     assert_eq!(t.error_counts().untracked_frees, 0);
+}
+
+/// With the tracker recording every block, a leak report taken inside a tag's scope does
+/// not list its own working copy as a leak of that tag, and a snapshot does not count its
+/// own rows in the numbers they hold.
+fn reports_do_not_count_themselves() {
+    static REPORTS: Tag = Tag::new("global-Reports");
+    let t = Tracker::global();
+    t.set_mode(Mode::Records);
+    let (leaks, snapshot) = scope(&REPORTS, || (t.leak_report(), t.snapshot()));
+    let listed: usize = leaks.groups.iter().filter(|g| g.tag_name == "global-Reports").map(|g| g.count).sum();
+    assert_eq!(listed, 0, "{leaks}");
+    let row = snapshot.tags.iter().find(|r| r.name == "global-Reports");
+    assert!(row.is_none_or(|r| r.bytes == 0 && r.count == 0), "{row:?}");
+    drop((leaks, snapshot));
+    t.set_mode(Mode::Counting);
 }
 
 fn diagnostics_catch_overruns_and_double_frees() {

@@ -47,6 +47,10 @@ use crate::Error;
 
 /// A charge-table entry with no charged object.
 const VACANT: usize = usize::MAX;
+/// The most one object is charged, whatever its `size()` says: the tracker's counters are
+/// read as signed (a free may be counted before its allocation on another thread), so a
+/// larger charge would read as negative, and the tag as empty.
+const MAX_CHARGE: usize = isize::MAX as usize;
 
 /// One store's link to a tracker.
 ///
@@ -101,7 +105,7 @@ impl Tracking {
     pub(crate) fn charge(&self, bytes: usize, inline: usize, strict: bool) -> Result<usize, Error> {
         // Capped as the charge table records it, so the credit matches (a
         // `size()` may claim anything, even `usize::MAX`).
-        let bytes = if self.tracker.counts_allocations() { inline } else { bytes }.min(VACANT - 1);
+        let bytes = if self.tracker.counts_allocations() { inline } else { bytes }.min(MAX_CHARGE);
         self.tracker.charge_object(self.tag, bytes, strict)?;
         Ok(bytes)
     }
@@ -115,7 +119,7 @@ impl Tracking {
     /// creation stack if the tracker keeps stacks.
     pub(crate) fn placed(&self, local: u32, charged: usize) {
         match self.charged.lock().get_mut(local as usize) {
-            Some(entry) => *entry = charged.min(VACANT - 1),
+            Some(entry) => *entry = charged.min(MAX_CHARGE),
             None => unreachable!("the charge table covers every published slot"),
         }
         let depth = self.tracker.mode().stack_depth();
@@ -149,7 +153,7 @@ impl Tracking {
             return bytes;
         };
         let old = *charged;
-        let bytes = bytes.min(VACANT - 1);
+        let bytes = bytes.min(MAX_CHARGE);
         *charged = bytes;
         drop(table);
         if bytes > old {

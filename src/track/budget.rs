@@ -315,21 +315,23 @@ impl Tracker {
         let budget = c.budget.load(Ordering::Relaxed);
         let one_more = !matches!(charger, Charger::InUse | Charger::Growth);
         if budget == NO_BUDGET {
-            c.add(bytes, one_more);
+            let shared = c.add(bytes, one_more);
+            self.raise_peaks(tag, shared);
             return Ok(());
         }
-        let pending = self.threads.pending(tag.index()).0;
+        let (pending_bytes, pending_count, _) = self.threads.pending(tag.index());
         let mut raw = c.bytes.load(Ordering::Relaxed);
         loop {
-            let current = (raw as isize).wrapping_add(pending).max(0) as usize;
+            let current = (raw as isize).wrapping_add(pending_bytes).max(0) as usize;
             if current.saturating_add(bytes) > budget {
                 self.over_budget(tag, budget, current, bytes, charger)?;
-                c.add(bytes, one_more);
+                c.raise_peaks(c.add(bytes, one_more), (pending_bytes, pending_count));
                 return Ok(());
             }
             match c.bytes.compare_exchange_weak(raw, raw.wrapping_add(bytes), Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
-                    c.added(raw.wrapping_add(bytes), one_more);
+                    let shared = (raw.wrapping_add(bytes), c.counted(one_more));
+                    c.raise_peaks(shared, (pending_bytes, pending_count));
                     return Ok(());
                 }
                 Err(now) => raw = now,

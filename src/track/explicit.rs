@@ -181,6 +181,10 @@ impl Tracker {
     /// - [`Error::BufferOverrun`] if guard bytes were overwritten; the block is still freed.
     pub fn try_dealloc(&self, ptr: NonNull<u8>) -> Result<(), Error> {
         let addr = ptr.as_ptr() as usize;
+        if addr < 2 {
+            // No block of ours lives there (the record table reserves those keys).
+            return Err(self.untracked_free(addr));
+        }
         // Checked and removed in one step: another thread's `track` of the address could
         // otherwise swap in a record with another layout between the two.
         let record = match self.take_own_record(addr) {

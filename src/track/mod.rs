@@ -72,8 +72,10 @@
 //! - **Tracker fed by a [`TrackingAllocator`]** ([`Tracker::counts_allocations`]). The
 //!   allocator counts every heap byte, once, under the tag in scope when it was allocated,
 //!   and a `realloc` keeps its block's tag and counts only the change of size (a growth
-//!   that fits the budget is never refused for the old bytes it replaces); the manager
-//!   then charges nothing of its own.
+//!   that fits the budget is never refused for the old bytes it replaces; a block with a
+//!   record or guards, in `Records`, `Stacks` or diagnostic mode, is moved instead, and
+//!   counts as two blocks until the old one is freed); the manager then charges nothing of
+//!   its own.
 //!   Build objects inside their tag's scope to have their heap bytes under it:
 //!   [`ObjectManager::create_with`](crate::ObjectManager::create_with) does that. Growth
 //!   and frees while the object lives are exact with no re-measuring.

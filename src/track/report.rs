@@ -65,7 +65,8 @@ impl MemoryReport {
 
     /// Bytes in use over all tags.
     pub fn total_bytes(&self) -> usize {
-        self.tags.iter().map(|t| t.bytes).sum()
+        // Saturating: sizes given to the explicit API may be anything.
+        self.tags.iter().fold(0, |total, t| total.saturating_add(t.bytes))
     }
 
     /// The report as pretty-printed JSON.
@@ -232,7 +233,7 @@ impl LeakReport {
     pub fn retain(&mut self, keep: impl FnMut(&LeakGroup) -> bool) {
         self.groups.retain(keep);
         self.total_count = self.groups.iter().map(|g| g.count).sum();
-        self.total_bytes = self.groups.iter().map(|g| g.bytes).sum();
+        self.total_bytes = self.groups.iter().fold(0, |total, g| total.saturating_add(g.bytes));
     }
 }
 
@@ -268,6 +269,9 @@ impl Tracker {
     /// threads keep allocating meanwhile.
     pub fn snapshot(&self) -> MemoryReport {
         let new_overruns = if self.diagnostics() { self.check_guards() } else { Vec::new() };
+        // Untracked, as the tracker's own bookkeeping: the rows' block must not count
+        // itself in the numbers it holds.
+        let _untracked = Reentry::enter();
         let tags = self
             .all_tag_stats()
             .into_iter()
@@ -296,12 +300,12 @@ impl Tracker {
         let mut report = LeakReport::default();
         for (_, r) in records {
             report.total_count += 1;
-            report.total_bytes += r.size;
+            report.total_bytes = report.total_bytes.saturating_add(r.size);
             let key = (r.tag, r.stack, r.site);
             if last == Some(key) {
                 let g = groups.last_mut().expect("a group exists for the last key");
                 g.count += 1;
-                g.bytes += r.size;
+                g.bytes = g.bytes.saturating_add(r.size);
             } else {
                 groups.push(LeakGroup {
                     tag: r.tag,

@@ -47,11 +47,12 @@ impl TagCounters {
         }
     }
 
-    /// Counts `size` bytes (no budget check), and one allocation if `one_more`.
+    /// Counts `size` bytes (no budget check), and one allocation if `one_more`; returns the
+    /// shared `(bytes, count)` right after, for [`raise_peaks`](Self::raise_peaks).
     #[inline]
-    pub(crate) fn add(&self, size: usize, one_more: bool) {
+    pub(crate) fn add(&self, size: usize, one_more: bool) -> (usize, usize) {
         let bytes = self.bytes.fetch_add(size, Ordering::Relaxed).wrapping_add(size);
-        self.added(bytes, one_more);
+        (bytes, self.counted(one_more))
     }
 
     /// Takes `size` bytes off, counting no free. Back under the budget, the next overrun
@@ -68,23 +69,31 @@ impl TagCounters {
         }
     }
 
-    /// Follows bytes that were already added, `bytes` being the byte total right after:
-    /// raises the byte peak, and counts one allocation if `one_more`.
+    /// Counts one allocation if `one_more`; returns the shared live count right after.
     #[inline]
-    pub(crate) fn added(&self, bytes: usize, one_more: bool) {
-        // Both may sit below zero (wrapped) for a while, like `sub` leaves them: a peak is
-        // only raised from a non-negative value, and nothing overflows.
-        if (bytes as isize) >= 0 && bytes > self.peak_bytes.load(Ordering::Relaxed) {
-            self.peak_bytes.fetch_max(bytes, Ordering::Relaxed);
-        }
+    pub(crate) fn counted(&self, one_more: bool) -> usize {
         if !one_more {
-            return;
-        }
-        let count = self.count.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        if (count as isize) >= 0 && count > self.peak_count.load(Ordering::Relaxed) {
-            self.peak_count.fetch_max(count, Ordering::Relaxed);
+            return self.count.load(Ordering::Relaxed);
         }
         self.total_count.fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+    }
+
+    /// Raises the peaks to the shared totals `shared` plus the deltas still pending in thread
+    /// slots (`pending`, bytes and count): the shared counters alone may hold a block whose
+    /// credit waits in another thread's slot (it was freed there), so they are not the total.
+    #[inline]
+    pub(crate) fn raise_peaks(&self, shared: (usize, usize), pending: (isize, isize)) {
+        // Both totals may sit below zero (wrapped) for a while, like `sub` leaves them: a
+        // peak is only raised from a non-negative value.
+        let bytes = (shared.0 as isize).wrapping_add(pending.0);
+        if bytes >= 0 && bytes as usize > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(bytes as usize, Ordering::Relaxed);
+        }
+        let count = (shared.1 as isize).wrapping_add(pending.1);
+        if count >= 0 && count as usize > self.peak_count.load(Ordering::Relaxed) {
+            self.peak_count.fetch_max(count as usize, Ordering::Relaxed);
+        }
     }
 
     /// Counts one free of `size` bytes.
@@ -111,13 +120,11 @@ impl TagCounters {
     /// then the slots: a slot folded in between is missed, never counted twice, so a peak
     /// may miss a spike but never shows more than was in use.
     pub(crate) fn current(&self, pending: impl FnOnce() -> (isize, isize, isize)) -> (usize, usize, isize) {
-        let shared_bytes = self.bytes.load(Ordering::Relaxed) as isize;
-        let shared_count = self.count.load(Ordering::Relaxed) as isize;
+        let shared = (self.bytes.load(Ordering::Relaxed), self.count.load(Ordering::Relaxed));
         let (pending_bytes, pending_count, pending_allocs) = pending();
-        let b = shared_bytes.wrapping_add(pending_bytes).max(0) as usize;
-        let n = shared_count.wrapping_add(pending_count).max(0) as usize;
-        self.peak_bytes.fetch_max(b, Ordering::Relaxed);
-        self.peak_count.fetch_max(n, Ordering::Relaxed);
+        self.raise_peaks(shared, (pending_bytes, pending_count));
+        let b = (shared.0 as isize).wrapping_add(pending_bytes).max(0) as usize;
+        let n = (shared.1 as isize).wrapping_add(pending_count).max(0) as usize;
         (b, n, pending_allocs)
     }
 
@@ -219,8 +226,8 @@ mod tests {
     #[test]
     fn add_sub_tracks_peaks() {
         let c = TagCounters::new();
-        c.add(10, true);
-        c.add(30, true);
+        c.raise_peaks(c.add(10, true), (0, 0));
+        c.raise_peaks(c.add(30, true), (0, 0));
         c.sub(10);
         let s = c.snapshot(TagId(0), "x", || (0, 0, 0));
         assert_eq!((s.bytes, s.peak_bytes, s.count, s.peak_count, s.total_count), (30, 40, 1, 2, 2));

@@ -292,7 +292,8 @@ impl<V: Copy> SysMap<V> {
     /// The value for `key`.
     #[inline]
     pub(crate) fn get_mut(&mut self, key: usize) -> Option<&mut V> {
-        if self.len == 0 {
+        // Keys 0 and 1 mark empty and removed slots: no value is ever stored under them.
+        if self.len == 0 || key < 2 {
             return None;
         }
         let (i, found) = self.find(key);
@@ -329,7 +330,8 @@ impl<V: Copy> SysMap<V> {
     /// Removes `key`, returning its value.
     #[inline]
     pub(crate) fn remove(&mut self, key: usize) -> Option<V> {
-        if self.len == 0 {
+        // As in `get_mut`: a reserved key would match an empty or removed slot.
+        if self.len == 0 || key < 2 {
             return None;
         }
         let (i, found) = self.find(key);

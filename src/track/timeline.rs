@@ -94,7 +94,8 @@ impl Tracker {
         let mut rows: Vec<usize> = Vec::with_capacity(len);
         {
             let g = self.timeline.inner.lock();
-            rows.extend_from_slice(&g.0.as_slice()[..len]);
+            // A `clear_timeline` between the two locks leaves fewer rows.
+            rows.extend_from_slice(&g.0.as_slice()[..len.min(g.0.len())]);
         }
         let (names, n) = tag::registered_names();
         let mut line = String::from("frame");

@@ -250,7 +250,16 @@ impl Tracker {
         if !self.fed.load(Ordering::Relaxed) {
             self.fed.store(true, Ordering::Relaxed);
         }
-        self.counters[tag.index()].add(bytes, true);
+        let shared = self.counters[tag.index()].add(bytes, true);
+        self.raise_peaks(tag, shared);
+    }
+
+    /// Raises `tag`'s peaks after its shared counters changed to `shared`: from the whole
+    /// total, the shared counters plus every thread slot's pending deltas, once any thread
+    /// has a slot (else the shared counters are the total).
+    pub(crate) fn raise_peaks(&self, tag: TagId, shared: (usize, usize)) {
+        let pending = if self.threads.used() { self.pending(tag) } else { (0, 0, 0) };
+        self.counters[tag.index()].raise_peaks(shared, (pending.0, pending.1));
     }
 
     /// Counts an allocation made by a `TrackingAllocator`: in this thread's slot when the
@@ -542,6 +551,9 @@ impl Tracker {
 
     /// Copies out every live record (into a `Vec`, grown without holding any lock).
     pub(crate) fn collect_records(&self) -> Vec<(usize, Record)> {
+        // Untracked: with a `TrackingAllocator` recording, the copy's own block would be
+        // among the records it copies (a report that lists itself as a leak).
+        let _untracked = Reentry::enter();
         let mut out = Vec::new();
         let mut slack = 64;
         loop {
