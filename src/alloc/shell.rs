@@ -164,24 +164,6 @@ macro_rules! impl_allocator {
             }
 
             #[inline]
-            unsafe fn shrink(
-                &self,
-                ptr: ::std::ptr::NonNull<u8>,
-                old: ::std::alloc::Layout,
-                new: ::std::alloc::Layout,
-            ) -> ::core::result::Result<::std::ptr::NonNull<[u8]>, ::allocator_api2::alloc::AllocError> {
-                let block = ::allocator_api2::alloc::Allocator::allocate(self, new)?;
-                // SAFETY: `ptr` is live for `old.size() >= new.size()` bytes and the new
-                // block is fresh memory (or, for size zero, nothing is copied), so they do
-                // not overlap; `ptr` is freed once, after the copy, and not used again.
-                unsafe {
-                    block.cast::<u8>().as_ptr().copy_from_nonoverlapping(ptr.as_ptr(), new.size());
-                    ::allocator_api2::alloc::Allocator::deallocate(self, ptr, old);
-                }
-                Ok(block)
-            }
-
-            #[inline]
             unsafe fn grow(
                 &self,
                 ptr: ::std::ptr::NonNull<u8>,
