@@ -300,6 +300,12 @@
 //! over with it when another thread collects, and put on the free list by
 //! shutdown. Loom: `the_owners_kept_slots_race_another_creator`.
 //!
+//! A type with a [capacity](crate::ObjectManagerBuilder::max_objects_per_type)
+//! holds neither: its collections push what they free straight onto the free
+//! list, and its owner takes slots as every thread does. Slots held for one
+//! thread would be refused to the others while fewer objects than the limit
+//! exist (a loader was refused at 2 objects of 64).
+//!
 //! # Many objects at once
 //!
 //! [`create_many`](crate::ObjectManager::create_many) (a level load) finds
