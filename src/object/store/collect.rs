@@ -257,7 +257,7 @@ impl<T: MMObject> Store<T> {
         if checks.is_empty() {
             return;
         }
-        if self.config.owner != crate::sync::thread_token() {
+        if !self.reads_reservations_here() {
             if !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 log::warn!(
                     target: "mmobject",
