@@ -444,12 +444,17 @@ impl<T> Handle<T> {
     /// left (see `owner_counts.rs`).
     #[inline(never)]
     fn drop_remote(&mut self) {
-        // Read before the count goes: after it, only shutdown's accounting
-        // keeps the slot's memory (a zero count not yet listed, or a set
-        // `CHECK`, counts as held), so nothing but the entry may touch it.
-        let (shared, local, generation, header) = (self.shared(), self.local(), self.generation(), &self.slot().header);
+        let header = &self.slot().header;
         let released = header.release_remote();
-        super::last_drops::record_released(shared, local, generation, &header.word, released);
+        if released != Released::Kept {
+            // What this release left keeps the slot's memory and its object
+            // until the entry is queued: shutdown counts a zero count not
+            // yet listed (`Last`) and a set `CHECK` (`Check`) as held, and
+            // only the check this drop flagged may find the object dead, so
+            // the chunk header and the generation read here are still the
+            // object's. After a `Kept` release nothing may be touched.
+            super::last_drops::record_released(self.shared(), self.local(), self.generation(), &header.word, released);
+        }
     }
 
     /// `drop` for a type whose objects may hold handles: a drop that leaves
