@@ -402,6 +402,8 @@ fn o1_frame(c: &mut Criterion) {
 /// Why `Arc` is the fair peer: both are thread-safe strong references whose
 /// clone is one relaxed atomic add and whose drop is one release atomic sub,
 /// so the difference is the handle's own overhead (size, checks, inlining).
+/// `Rc` is the peer of the stretch target (≤ 2× `Rc`), for the owner
+/// thread's plain counts.
 fn o2_clone_drop(c: &mut Criterion) {
     let mut group = c.benchmark_group("O2_clone_drop");
     group.throughput(Throughput::Elements(1));
@@ -436,6 +438,15 @@ fn o2_clone_drop(c: &mut Criterion) {
     group.bench_function("arc", |b| {
         cpu_iter(b, || {
             let clone = black_box(&arc).clone();
+            drop(black_box(clone));
+        })
+    });
+    // The stretch target's peer: a non-atomic count, what the owner thread's
+    // reservation is measured against.
+    let rc = Rc::new(payload(1));
+    group.bench_function("rc", |b| {
+        cpu_iter(b, || {
+            let clone = black_box(&rc).clone();
             drop(black_box(clone));
         })
     });
