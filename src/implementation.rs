@@ -417,7 +417,8 @@
 //! is still set (a check on its way from a drop racing shutdown), and, on
 //! another thread than a manager's owner, for an object whose count may be
 //! all the owner's reservation (on the owner, shutdown decides its checks
-//! first, as collection does). In each case a handle may still touch the slot's
+//! first, as collection does, including those of objects it destroyed in
+//! place, whose last handles other objects' `Drop`s let go of). In each case a handle may still touch the slot's
 //! header and the store's shared part, so that store's memory is leaked on
 //! purpose, and the report says how many bytes. Otherwise everything is freed.
 //!

@@ -307,3 +307,32 @@ fn iterators_agree_with_the_counts_on_the_owner_thread() {
     assert_eq!(mm.iter::<Entity>().map(|(_, entity)| entity.id).collect::<Vec<_>>(), [1]);
     drop(kept);
 }
+
+/// An object that holds itself (a garbage cycle at shutdown) and a handle to an entity.
+#[derive(MMObject)]
+struct Holder {
+    me: Option<Handle<Holder>>,
+    entity: Handle<Entity>,
+}
+
+/// Shutdown on the owner thread destroys the objects still alive in place;
+/// the last handle to an entity the owner held counts on then goes in a
+/// `Drop` there, and its check is decided like any other: the entity's
+/// memory is freed, and the report names no outliving handle.
+#[test]
+fn shutdown_on_the_owner_decides_checks_of_objects_destroyed_in_place() {
+    let drops = Drops::new();
+    let mm = owned();
+    let entity = mm.create(Entity { id: 1, token: drops.token() });
+    // The owner now holds counts on the entity: its last drop queues a check.
+    let holder = mm.create(Holder { me: None, entity: entity.clone() });
+    drop(entity);
+    let mut mm = mm;
+    mm[&holder].me = Some(holder.clone());
+    drop(holder); // a garbage cycle: alive at shutdown
+    let report = mm.shutdown();
+    assert_eq!(drops.count(), 1, "destroyed at shutdown");
+    assert_eq!(report.len(), 2, "the holder and the entity it held were leaked");
+    assert_eq!(report.outliving_handles(), 0, "no handle outlives the manager");
+    assert_eq!(report.leaked_bytes(), 0);
+}

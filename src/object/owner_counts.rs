@@ -306,8 +306,20 @@ impl SlotHeader {
     /// is set, the check that set it is queued or still on its way (its drop
     /// may be racing shutdown, and the store's shared part must outlive it):
     /// then only that check may find the object dead.
-    pub(crate) fn decide_check(&self, check: Check) -> bool {
-        if self.generation.load(Ordering::Acquire) != check.generation {
+    ///
+    /// With `destroyed_in_place` (shutdown's settling, after `destroy_all`,
+    /// with loaders shut out) the check also decides an object that shutdown
+    /// destroyed in place: its slot is one generation on (even), and its word
+    /// still holds the counts left, which drops inside `destroy_all` (of the
+    /// handles other objects held) took down to the owner's reservation. A
+    /// vacant slot holds a count only then: elsewhere its word is a list link
+    /// (while a loader places an object, its count shows before its
+    /// generation, which is why only shutdown may look past the generation).
+    pub(crate) fn decide_check(&self, check: Check, destroyed_in_place: bool) -> bool {
+        let generation = self.generation.load(Ordering::Acquire);
+        // `(g - 1) | 1`: the object's generation, also once destroyed in place.
+        let object = if destroyed_in_place { generation.wrapping_sub(1) | 1 } else { generation };
+        if object != check.generation {
             return false;
         }
         let mut word = self.word.load(Ordering::Acquire);
@@ -380,7 +392,7 @@ mod tests {
         assert_eq!(h.ref_count(), 0);
         assert!(h.reserve.load(Ordering::Relaxed) & PENDING != 0);
         assert!(h.try_add_ref(3).is_err(), "a pending object is not revived");
-        assert!(h.decide_check(Check { local: 0, generation: 3 }));
+        assert!(h.decide_check(Check { local: 0, generation: 3 }, false));
         assert_eq!(h.reserve.load(Ordering::Relaxed), 0);
     }
 
@@ -408,17 +420,26 @@ mod tests {
     fn a_check_decides_only_its_own_object() {
         let h = header(CHECK | 2, 2);
         // Another generation: the slot was reused; nothing is decided or cleared.
-        assert!(!h.decide_check(Check { local: FLAGGED, generation: 5 }));
+        assert!(!h.decide_check(Check { local: FLAGGED, generation: 5 }, false));
         assert_eq!(h.word.load(Ordering::Relaxed), CHECK | 2);
         // An unflagged check leaves a set `CHECK` to the check that set it.
-        assert!(!h.decide_check(Check { local: 0, generation: 3 }));
+        assert!(!h.decide_check(Check { local: 0, generation: 3 }, false));
         assert_eq!(h.word.load(Ordering::Relaxed), CHECK | 2);
         // The flagged one clears it and decides: the count is all the reservation.
-        assert!(h.decide_check(Check { local: FLAGGED, generation: 3 }));
+        assert!(h.decide_check(Check { local: FLAGGED, generation: 3 }, false));
         assert_eq!(h.word.load(Ordering::Relaxed), 2);
         // A live object stays, and loses a stale `PENDING`.
         let h = header(3, 2 | PENDING);
-        assert!(!h.decide_check(Check { local: 0, generation: 3 }));
+        assert!(!h.decide_check(Check { local: 0, generation: 3 }, false));
         assert_eq!(h.reserve.load(Ordering::Relaxed), 2);
+        // Shutdown destroyed the object in place (generation 4) and its last
+        // handle went since: only shutdown's settling decides it.
+        let h = header(2, 2 | PENDING);
+        h.generation.store(4, Ordering::Relaxed);
+        assert!(!h.decide_check(Check { local: 0, generation: 3 }, false));
+        assert!(h.decide_check(Check { local: 0, generation: 3 }, true));
+        // A vacant slot's word is a link: nothing to decide, even then.
+        let h = SlotHeader::vacant(4);
+        assert!(!h.decide_check(Check { local: FLAGGED, generation: 3 }, true));
     }
 }

@@ -1005,9 +1005,11 @@ impl<T: MMObject> ErasedStore for Store<T> {
         // are listed, so they are accounted for below; so are the objects
         // whose checks find them dead (on the owner thread: elsewhere an
         // object the owner holds counts on stays outliving, and its memory
-        // is kept).
+        // is kept). Objects `destroy_all` destroyed in place are decided
+        // too: the last handle to one that the owner held counts on may have
+        // gone in a `Drop` there, queueing a check of it.
         super::last_drops::drain_all();
-        self.decide_checks();
+        self.decide_checks(true);
         let dead = self.shared().take_dead();
         // The counts settle the common case (nothing outlives) without a
         // pass over every slot; debug builds check them against that pass.

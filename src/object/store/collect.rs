@@ -112,7 +112,7 @@ impl<T: MMObject> Store<T> {
             // SAFETY: the caller holds `&mut ObjectManager`.
             unsafe { self.release_owner_slots(true) };
         }
-        self.decide_checks();
+        self.decide_checks(false);
         if *budget == 0 {
             return 0;
         }
@@ -251,7 +251,10 @@ impl<T: MMObject> Store<T> {
     /// reservations cannot be read, so the checks stay queued.
     ///
     /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
-    pub(super) fn decide_checks(&self) {
+    /// `destroyed_in_place` is for shutdown's settling, after `destroy_all`:
+    /// the checks then also decide the objects it destroyed in place (see
+    /// `SlotHeader::decide_check`).
+    pub(super) fn decide_checks(&self, destroyed_in_place: bool) {
         let shared = self.shared();
         let checks = shared.take_checks();
         if checks.is_empty() {
@@ -277,7 +280,7 @@ impl<T: MMObject> Store<T> {
         for &check in checks.iter() {
             let local = check.slot();
             let slot = self.slot(local).expect("checked slots live in published segments");
-            if slot.header.decide_check(check) {
+            if slot.header.decide_check(check, destroyed_in_place) {
                 dead[found % DEAD_LANES].push(local, slot);
                 found += 1;
             }
