@@ -336,3 +336,33 @@ fn shutdown_on_the_owner_decides_checks_of_objects_destroyed_in_place() {
     assert_eq!(report.outliving_handles(), 0, "no handle outlives the manager");
     assert_eq!(report.leaked_bytes(), 0);
 }
+
+/// On another thread than the owner, an object whose last handle went while
+/// the owner held counts on it is still live for weak reads and iterators
+/// (only the owner reads its reservation): `len` counts it too, so it
+/// matches what the iterator yields.
+#[test]
+fn iterators_on_another_thread_count_what_they_yield() {
+    let drops = Drops::new();
+    let mut mm = ObjectManager::builder().owner_thread(true).report_leaks(false).build();
+    let kept = mm.create(Entity { id: 1, token: drops.token() });
+    let gone = mm.create(Entity { id: 2, token: drops.token() });
+    let copy = gone.clone(); // the owner now holds counts on it
+    drop(gone);
+    std::thread::spawn(move || drop(copy)).join().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let iter = mm.iter::<Entity>();
+            let len = iter.len();
+            let seen: Vec<usize> = iter.map(|(_, entity)| entity.id).collect();
+            assert_eq!(seen, [1, 2], "live for other threads until the owner's collection");
+            assert_eq!(len, seen.len(), "len counts what the iterator yields");
+            let mut iter = mm.view::<Entity>().iter();
+            assert_eq!(iter.size_hint(), (2, Some(2)));
+            iter.next();
+            assert_eq!(iter.len(), 1);
+        });
+    });
+    assert_eq!(mm.collect_garbage().objects, 1);
+    drop(kept);
+}

@@ -66,6 +66,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
         if let Some(store) = store {
             store.begin_iteration();
         }
+        let owner_here = store.is_some_and(Store::reads_reservations_here);
         Cursor {
             store,
             base: NonNull::dangling(),
@@ -77,10 +78,12 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             len: 0,
             first_index: 0,
             end: store.map_or(0, Store::used),
-            total: store.map_or(0, Store::live_count_now),
+            // As the walk will see them: on another thread than the owner, an
+            // object whose count is all the owner's reservation is yielded.
+            total: store.map_or(0, |store| store.live_count_read(owner_here)),
             yielded: 0,
             manager,
-            owner_here: store.is_some_and(Store::reads_reservations_here),
+            owner_here,
         }
     }
 

@@ -353,12 +353,17 @@ impl SlotHeader {
 
     /// True if the slot holds an object whose queued check would find it
     /// dead (for `dead_count`: exact on the owner thread).
-    pub(crate) fn awaits_check(&self) -> bool {
+    ///
+    /// With `reads_reservation` false, only an object the owner marked
+    /// [`PENDING`]: what the other threads' weak reads and iterators take
+    /// for dead (see [`is_referenced`](SlotHeader::is_referenced)), so that
+    /// an iterator there counts what it yields.
+    pub(crate) fn awaits_check(&self, reads_reservation: bool) -> bool {
         let word = self.word.load(Ordering::Acquire);
         let reserve = self.reserve.load(Ordering::Relaxed);
         self.generation.load(Ordering::Relaxed) & 1 == 1
             && is_count(word)
-            && (reserve & PENDING != 0 || word & COUNT_MASK == reserve & RESERVE_COUNT)
+            && (reserve & PENDING != 0 || reads_reservation && word & COUNT_MASK == reserve & RESERVE_COUNT)
     }
 }
 

@@ -678,6 +678,13 @@ impl<T: MMObject> Store<T> {
         (self.resident() as usize).saturating_sub(self.dead_count())
     }
 
+    /// Live objects as a thread that reads the owner's reservations or not
+    /// sees them (see [`dead_count_read`](Self::dead_count_read)): what an
+    /// iterator there yields. Costs O(dead).
+    pub(crate) fn live_count_read(&self, reads_reservations: bool) -> usize {
+        (self.resident() as usize).saturating_sub(self.dead_count_read(reads_reservations))
+    }
+
     /// One past the last used local index.
     #[inline]
     pub(crate) fn used(&self) -> u32 {

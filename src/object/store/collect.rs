@@ -62,10 +62,18 @@ impl<T: MMObject> Store<T> {
     /// queued check finds them dead (see `owner_counts.rs`): O(dead +
     /// checks), after every thread's last drops are drained.
     pub(crate) fn dead_count(&self) -> usize {
+        self.dead_count_read(true)
+    }
+
+    /// [`dead_count`](Self::dead_count), taking an object whose count is all
+    /// the owner's reservation for dead only if `reads_reservations` (as the
+    /// owner thread does); else only once the owner marked it `PENDING`, as
+    /// iterators on other threads do (see `SlotHeader::is_referenced`).
+    pub(crate) fn dead_count_read(&self, reads_reservations: bool) -> usize {
         super::super::last_drops::drain_all();
         let mut count = 0;
         self.shared().for_each_check(|local| {
-            if self.slot(local).is_some_and(|slot| slot.header.awaits_check()) {
+            if self.slot(local).is_some_and(|slot| slot.header.awaits_check(reads_reservations)) {
                 count += 1;
             }
         });
