@@ -1084,3 +1084,37 @@ fn the_budgeted_collector_leaves_groups_larger_than_its_limit() {
     assert_eq!((released, freed), (10, 10));
     assert!(mm.is_empty(), "{keys:?}");
 }
+
+/// Two types whose names share their first bytes in memory (one a prefix of
+/// the other, cut from one constant): the tally tells them apart.
+#[test]
+fn tallies_tell_apart_names_that_share_their_bytes() {
+    const NAMES: &str = "NodeList";
+    struct Node;
+    impl MMObject for Node {
+        const TYPE_NAME: &'static str = NAMES.split_at(4).0;
+        const TAG: &'static str = "Nodes";
+    }
+    struct NodeList;
+    impl MMObject for NodeList {
+        const TYPE_NAME: &'static str = NAMES;
+        const TAG: &'static str = "Nodes";
+    }
+    let mm = quiet();
+    // One creation site for both types (a generic helper without
+    // `#[track_caller]`). Held by raw handles alone, so shutdown frees the stores.
+    fn leak<T: MMObject>(mm: &ObjectManager, value: T) -> mmobject::object::RawHandle {
+        mm.create(value).into_raw()
+    }
+    let _raw = (leak(&mm, Node), leak(&mm, Node), leak(&mm, NodeList));
+    let report = mm.shutdown();
+    let by_type: Vec<_> = report.by_type().iter().map(|t| (t.type_name, t.count)).collect();
+    assert_eq!(by_type, [("Node", 2), ("NodeList", 1)]);
+    let by_site: Vec<_> = report.by_site().iter().map(|t| (t.type_name, t.count)).collect();
+    assert_eq!(by_site, [("Node", 2), ("NodeList", 1)]);
+    // The details too: one group per type at the site.
+    let text = report.display_with(1).to_string();
+    assert_eq!(text.matches("leaked NodeList#").count(), 1, "{text}");
+    assert_eq!(text.matches("leaked Node#").count(), 1, "{text}");
+    assert_eq!(text.matches("… and 1 more Node created at").count(), 1, "{text}");
+}

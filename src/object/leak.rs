@@ -213,14 +213,17 @@ impl ObjectLeakReport {
 
 /// Groups entries by type (and site), largest first. O(entries).
 ///
-/// Groups by the addresses of the type name and of the `Location` first (a
-/// cheap hash; one call site gives one `Location`), then merges groups whose
-/// text is equal, should the compiler have duplicated one.
+/// Groups by the address and length of the type name and the address of the
+/// `Location` first (a cheap hash; one call site gives one `Location`), then
+/// merges groups whose text is equal, should the compiler have duplicated
+/// one. (The length counts: a name may share its address with a longer one
+/// it is the start of, as `"Node"` cut from `"NodeList"` does.)
 fn tally(entries: &[LeakEntry], by_site: bool) -> Vec<LeakTally> {
-    let mut groups: HashMap<(usize, usize), LeakTally, BuildHasherDefault<AddressHasher>> = HashMap::default();
+    let mut groups: HashMap<(usize, usize, usize), LeakTally, BuildHasherDefault<AddressHasher>> = HashMap::default();
     for entry in entries {
         let site = by_site.then_some(entry.site);
-        let id = (entry.type_name.as_ptr() as usize, site.map_or(0, |s| std::ptr::from_ref(s) as usize));
+        let name = (entry.type_name.as_ptr() as usize, entry.type_name.len());
+        let id = (name.0, name.1, site.map_or(0, |s| std::ptr::from_ref(s) as usize));
         let group = groups.entry(id).or_insert(LeakTally { type_name: entry.type_name, site, count: 0, bytes: 0 });
         group.count += 1;
         group.bytes = group.bytes.saturating_add(entry.size);

@@ -347,11 +347,12 @@ pub(crate) fn write_report_with_hidden(
     Ok(())
 }
 
-/// A (type, site) group, by the addresses of the type name and the `Location`.
-type SiteKey = (usize, usize);
+/// A (type, site) group, by the address and length of the type name (a
+/// name may start where a longer one does) and the address of the `Location`.
+type SiteKey = (usize, usize, usize);
 
 fn site_key(type_name: &'static str, site: &'static Location<'static>) -> SiteKey {
-    (type_name.as_ptr() as usize, std::ptr::from_ref(site) as usize)
+    (type_name.as_ptr() as usize, type_name.len(), std::ptr::from_ref(site) as usize)
 }
 
 /// A (type, site) group, by text.
