@@ -203,6 +203,58 @@ fn a_lying_visit_handles_never_frees_a_used_object() {
 }
 
 #[test]
+fn a_panicking_visit_handles_stops_one_step_and_only_its_candidate() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static PANIC: AtomicBool = AtomicBool::new(false);
+    struct Brittle {
+        next: Option<Handle<Brittle>>,
+        brittle: bool,
+        _drops: DropToken,
+    }
+    impl MMObject for Brittle {
+        const TYPE_NAME: &'static str = "Brittle";
+        const TAG: &'static str = "Brittle";
+        fn visit_handles(&self, visitor: &mut dyn FnMut(ObjectKey)) {
+            assert!(!(self.brittle && PANIC.load(Ordering::Relaxed)), "visit_handles failed");
+            self.next.iter().for_each(|h| visitor(h.key()));
+        }
+        fn release_handles(&mut self) {
+            self.next = None;
+        }
+    }
+    let mut mm = quiet();
+    let drops = Drops::default();
+    let mut cycle = |brittle: bool| {
+        let a = mm.create(Brittle { next: None, brittle, _drops: drops.token() });
+        let b = mm.create(Brittle { next: Some(a.clone()), brittle, _drops: drops.token() });
+        mm[&a].next = Some(b.clone());
+        drop(a); // `a` becomes a candidate; `b` is one too, once its handle goes
+        drop(b);
+    };
+    cycle(false);
+    cycle(true); // queued last: a step takes it first
+    PANIC.store(true, Ordering::Relaxed);
+    let mut collector = CycleCollector::new();
+    let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.step(&mut mm, Duration::ZERO)));
+    assert!(step.is_err(), "the panic propagates");
+    PANIC.store(false, Ordering::Relaxed);
+    // The next steps carry on: the sound cycle is found; of the brittle
+    // one, the candidate whose read panicked left the queue, and the other
+    // member is still queued, so a pass collects it all the same.
+    let mut collected = 0;
+    while collected < 4 {
+        let step = collector.step(&mut mm, Duration::from_secs(1));
+        collected += step.collected.objects;
+        if step.pass_finished {
+            break;
+        }
+    }
+    assert_eq!(collected, 4, "both cycles, through the candidates left");
+    assert_eq!(drops.count(), 4);
+    assert!(mm.is_empty());
+}
+
+#[test]
 fn enum_release_handles() {
     #[derive(MMObject)]
     enum Shape {

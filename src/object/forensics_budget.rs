@@ -150,6 +150,11 @@ impl CycleCollector {
     ///
     /// A panic in a `visit_handles`, `release_handles` or `Drop` impl
     /// propagates; the manager stays consistent and the next step carries on.
+    /// The candidate whose group was being read when `visit_handles`
+    /// panicked leaves the queue (so a `visit_handles` that always panics
+    /// does not stop every later step at the same object): it is queued
+    /// again when its count next falls, and
+    /// [`collect_cycles`](ObjectManager::collect_cycles) reads every object.
     pub fn step(&mut self, mm: &mut ObjectManager, budget: Duration) -> CycleStep {
         let start = Instant::now();
         let mut out = CycleStep { collected: mm.collect_garbage(), ..CycleStep::default() };
