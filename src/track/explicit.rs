@@ -138,6 +138,9 @@ impl Tracker {
         let placed = unsafe { self.place(layout, how, |outer| System.alloc(outer)) };
         match placed {
             Ok(placed) if placed.recorded => {
+                // `try_dealloc` reaches the block through this provenance, not the caller's
+                // pointer (the record's `as usize` exposed it too; this says so).
+                let _ = placed.user.expose_provenance();
                 // SAFETY: `user` is inside a non-null block.
                 Ok(unsafe { NonNull::new_unchecked(placed.user) })
             }
@@ -197,19 +200,26 @@ impl Tracker {
         let guarded = record.flags & FLAG_GUARDED != 0;
         let layout = Layout::from_size_align(record.size, record.align()).expect("layout was valid at allocation");
         let block = block::block_layout(layout, guarded).expect("layout was valid at allocation");
+        // The block is reached through the provenance `place` exposed when it recorded the
+        // address (`as usize`), never through `ptr`: this function is safe, so `ptr` may be
+        // any pointer with this address (one made from the integer alone, with no
+        // provenance, or one narrowed to part of the block).
+        let user = std::ptr::with_exposed_provenance_mut::<u8>(addr);
         let mut result = Ok(());
         if guarded {
             let hflags = H_COUNTED | H_RECORD | H_GUARDED;
             // SAFETY: the record was live until we removed it, so the block is live, guarded
-            // and of this size; only this thread could remove the record.
-            let bad = unsafe { block::damaged_bytes(ptr.as_ptr(), record.size, Header::new(record.tag.0, hflags)) };
+            // and of this size; only this thread could remove the record. `user` carries the
+            // provenance of the whole `System` block, exposed when the record was made.
+            let bad = unsafe { block::damaged_bytes(user, record.size, Header::new(record.tag.0, hflags)) };
             if bad != 0 && record.flags & FLAG_OVERRUN_REPORTED == 0 {
                 result = Err(self.overrun(addr, record.size, bad, record.site));
             }
         }
         // SAFETY: the block was allocated by `System` with `block.outer` at
-        // `ptr - block.prefix` (see `try_alloc`), and its record is gone, so it is freed once.
-        unsafe { System.dealloc(ptr.as_ptr().sub(block.prefix), block.outer) };
+        // `user - block.prefix` (see `try_alloc`), with the provenance `user` carries, and its
+        // record is gone, so it is freed once.
+        unsafe { System.dealloc(user.sub(block.prefix), block.outer) };
         result
     }
 

@@ -161,6 +161,30 @@ fn the_explicit_api_catches_double_frees_across_switches() {
     assert_eq!(tracker.tag_stats(tag).bytes, 0);
 }
 
+/// `try_dealloc` is safe and takes any `NonNull`: one made from the block's address alone
+/// (no provenance, as `NonNull::new(addr as *mut u8)` under strict provenance gives) or
+/// narrowed to a part of the block must still free it cleanly. The tracker reaches the
+/// block (its guards, the `System` free) through the provenance it exposed when it
+/// recorded the address, never through the caller's pointer: that was undefined behaviour
+/// under Miri (pointer arithmetic and a free through a pointer with no provenance).
+#[test]
+fn the_explicit_api_frees_through_its_own_pointer() {
+    let tracker = Tracker::new();
+    let tag = tracker.tag_named("soundness-track-own-pointer");
+    for diagnostics in [false, true] {
+        tracker.set_diagnostics(diagnostics);
+        let p = tracker.alloc(GUARDED, tag);
+        let forged = std::ptr::NonNull::new(std::ptr::without_provenance_mut::<u8>(p.as_ptr() as usize)).unwrap();
+        tracker.try_dealloc(forged).unwrap();
+        let p = tracker.alloc(GUARDED, tag);
+        // SAFETY: a pointer to the block's first byte, with provenance over that byte only.
+        let narrowed = std::ptr::NonNull::from(unsafe { &mut *p.as_ptr() });
+        tracker.try_dealloc(narrowed).unwrap();
+    }
+    assert_eq!(tracker.tag_stats(tag).bytes, 0);
+    assert_eq!(tracker.error_counts(), Default::default());
+}
+
 /// `mem::forget` of a guard from `enter()` leaves its tag current until an enclosing guard
 /// drops, which restores the tag from before it; nothing panics (a `Drop` must not), and
 /// nothing else is corrupted.
