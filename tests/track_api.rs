@@ -677,3 +677,60 @@ fn the_shared_path_raises_no_phantom_peak() {
     let stats = TRACKER.tag_stats(&TAG);
     assert_eq!((stats.bytes, stats.peak_bytes, stats.peak_count), (0, 1000, 1), "{stats:?}");
 }
+
+/// An allocation the inner allocator refuses counts nowhere: no peak, no total, no live
+/// count. The budget is checked before the allocation, but the count and the peaks wait
+/// for the block (a failed `Tracker::try_alloc` of 2^60 bytes showed a peak of 2^60, and a
+/// refused `try_reserve` under a watched or budgeted tag did the same).
+#[test]
+fn a_refused_allocation_counts_nowhere() {
+    use mmobject::track::TrackingAllocator;
+    use std::alloc::GlobalAlloc;
+
+    /// An inner allocator with no memory at all.
+    struct Refuses;
+    // SAFETY: it never hands out a block, so it never has one to free.
+    unsafe impl GlobalAlloc for Refuses {
+        unsafe fn alloc(&self, _: Layout) -> *mut u8 {
+            std::ptr::null_mut()
+        }
+        unsafe fn dealloc(&self, _: *mut u8, _: Layout) {
+            unreachable!("no block was handed out")
+        }
+    }
+
+    static TRACKER: Tracker = Tracker::new();
+    static BUDGETED: Tag = Tag::new("api-refused-budgeted");
+    static WATCHED: Tag = Tag::new("api-refused-watched");
+    static PLAIN: Tag = Tag::new("api-refused-plain");
+    let alloc = TrackingAllocator::with_tracker(Refuses, &TRACKER);
+    TRACKER.set_budget(&BUDGETED, 1 << 20);
+    TRACKER.watch(&WATCHED, true);
+    for tag in [&BUDGETED, &WATCHED, &PLAIN] {
+        let _in = tag.enter();
+        // SAFETY: a non-zero layout; the null result is not used.
+        assert!(unsafe { alloc.alloc(Layout::new::<[u8; 4096]>()) }.is_null());
+        let stats = TRACKER.tag_stats(tag);
+        assert_eq!(
+            (stats.bytes, stats.peak_bytes, stats.count, stats.peak_count, stats.total_count),
+            (0, 0, 0, 0, 0),
+            "{stats:?}"
+        );
+    }
+
+    if !cfg!(miri) {
+        // Miri reports a request this large as resource exhaustion instead of refusing it.
+        let t = Tracker::new();
+        let tag = t.tag_named("api-refused-explicit");
+        let refused = t.try_alloc(Layout::from_size_align(1 << 60, 8).unwrap(), tag);
+        assert!(matches!(refused, Err(Error::OutOfMemory { .. })), "{refused:?}");
+        let stats = t.tag_stats(tag);
+        assert_eq!(
+            (stats.bytes, stats.peak_bytes, stats.count, stats.peak_count, stats.total_count),
+            (0, 0, 0, 0, 0),
+            "{stats:?}"
+        );
+    }
+    TRACKER.clear_budget(&BUDGETED);
+    TRACKER.watch(&WATCHED, false);
+}

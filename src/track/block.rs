@@ -295,26 +295,39 @@ impl Tracker {
         let size = layout.size();
         let block = block_layout(layout, how.guarded).ok_or(PlaceError::Layout)?;
         let in_allocator = how.charger == Charger::Allocator;
-        let mut watched = false;
-        if let Some(tag) = how.tag {
-            watched = if in_allocator {
-                self.count_alloc(tag, size).map_err(PlaceError::Budget)?
-            } else {
-                self.charge_counters(tag, size, how.charger).map_err(PlaceError::Budget)?;
-                self.counters[tag.index()].watch.load(Ordering::Relaxed)
-            };
-        }
+        // The budget is checked, and the bytes claimed, before the allocation; the
+        // allocation is counted, and the peaks raised, only once the block exists, so an
+        // allocation the inner allocator refuses shows in no peak and no total. A global
+        // allocator's block of a tag with no budget and no watch is counted afterwards,
+        // in the thread's slot, as on the counting path (nothing could refuse it).
+        let claimed = match how.tag {
+            Some(tag) if !in_allocator || self.is_slow(tag) => {
+                self.claim_bytes(tag, size, how.charger).map_err(PlaceError::Budget)?;
+                if in_allocator && !self.fed.load(Ordering::Relaxed) {
+                    self.fed.store(true, Ordering::Relaxed);
+                }
+                Some(tag)
+            }
+            _ => None,
+        };
         let base = allocate(block.outer);
         if base.is_null() {
-            if let Some(tag) = how.tag {
-                if in_allocator {
-                    self.count_free(tag, size);
-                } else {
-                    self.counters[tag.index()].sub(size);
-                }
+            if let Some(tag) = claimed {
+                self.counters[tag.index()].sub_bytes(size);
             }
             return Err(PlaceError::OutOfMemory(block.outer));
         }
+        let watched = match (how.tag, claimed) {
+            (Some(tag), Some(_)) => {
+                self.commit_claim(tag, true);
+                self.counters[tag.index()].watch.load(Ordering::Relaxed)
+            }
+            (Some(tag), None) => {
+                self.count_unbudgeted(tag, size);
+                false
+            }
+            (None, _) => false,
+        };
         let tag = how.tag.unwrap_or(TagId::UNTAGGED);
         let mut hflags = if how.tag.is_some() { H_COUNTED } else { 0 };
         if how.record.is_some() {

@@ -300,43 +300,60 @@ impl Tracker {
         }
     }
 
-    /// The budget check and the charge, as one step: the one place a budget is checked.
+    /// The budget check and the charge, as one step: [`claim_bytes`](Self::claim_bytes),
+    /// then [`commit_claim`](Self::commit_claim) (which counts the allocation unless the
+    /// `charger` is `InUse` or `Growth`).
+    #[inline]
+    pub(crate) fn charge_counters(&self, tag: TagId, bytes: usize, charger: Charger) -> Result<(), Error> {
+        self.claim_bytes(tag, bytes, charger)?;
+        self.commit_claim(tag, !matches!(charger, Charger::InUse | Charger::Growth));
+        Ok(())
+    }
+
+    /// The budget check and the claim of `bytes` on the tag's shared byte counter: the one
+    /// place a budget is checked. Counts no allocation and raises no peak: a caller that
+    /// has yet to allocate the bytes does that with [`commit_claim`](Self::commit_claim)
+    /// once the block exists, or gives them back with `sub_bytes` if the allocation fails
+    /// (an allocation that never happened shows in no peak and no total).
     ///
-    /// Under the budget, the bytes are claimed with a compare-exchange on the tag's shared
-    /// byte counter, so two charges racing for the last bytes of a budget cannot both pass
-    /// (the check and the add see the same value). Over it, the tag's policy (or the
-    /// `charger`'s rule) decides, and unless it refuses, the bytes are counted.
+    /// Under the budget, the bytes are claimed with a compare-exchange, so two charges
+    /// racing for the last bytes of a budget cannot both pass (the check and the add see
+    /// the same value). Over it, the tag's policy (or the `charger`'s rule) decides, and
+    /// unless it refuses, the bytes are claimed all the same.
     ///
     /// Bytes still pending in thread slots (counted before the budget was set, which made
     /// the tag take this path) are included in the current use.
     #[inline]
-    pub(crate) fn charge_counters(&self, tag: TagId, bytes: usize, charger: Charger) -> Result<(), Error> {
+    pub(crate) fn claim_bytes(&self, tag: TagId, bytes: usize, charger: Charger) -> Result<(), Error> {
         let c = &self.counters[tag.index()];
         let budget = c.budget.load(Ordering::Relaxed);
-        let one_more = !matches!(charger, Charger::InUse | Charger::Growth);
         if budget == NO_BUDGET {
-            let shared = c.add(bytes, one_more);
-            self.raise_peaks(tag, shared);
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
             return Ok(());
         }
-        let (pending_bytes, pending_count, _) = self.threads.pending(tag.index());
+        let (pending_bytes, _, _) = self.threads.pending(tag.index());
         let mut raw = c.bytes.load(Ordering::Relaxed);
         loop {
             let current = (raw as isize).wrapping_add(pending_bytes).max(0) as usize;
             if current.saturating_add(bytes) > budget {
                 self.over_budget(tag, budget, current, bytes, charger)?;
-                c.raise_peaks(c.add(bytes, one_more), (pending_bytes, pending_count));
+                c.bytes.fetch_add(bytes, Ordering::Relaxed);
                 return Ok(());
             }
             match c.bytes.compare_exchange_weak(raw, raw.wrapping_add(bytes), Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => {
-                    let shared = (raw.wrapping_add(bytes), c.counted(one_more));
-                    c.raise_peaks(shared, (pending_bytes, pending_count));
-                    return Ok(());
-                }
+                Ok(_) => return Ok(()),
                 Err(now) => raw = now,
             }
         }
+    }
+
+    /// Completes a [`claim_bytes`](Self::claim_bytes): counts one allocation if
+    /// `one_more`, and raises the tag's peaks from the whole total.
+    #[inline]
+    pub(crate) fn commit_claim(&self, tag: TagId, one_more: bool) {
+        let c = &self.counters[tag.index()];
+        let bytes = c.bytes.load(Ordering::Relaxed);
+        self.raise_peaks(tag, (bytes, c.counted(one_more)));
     }
 
     #[cold]

@@ -262,43 +262,7 @@ impl Tracker {
         self.counters[tag.index()].raise_peaks(shared, (pending.0, pending.1));
     }
 
-    /// Counts an allocation made by a `TrackingAllocator`: in this thread's slot when the
-    /// tag has no budget and no watch, else through [`Tracker::charge_counters`]. Returns
-    /// whether the tag is watched.
-    #[inline(always)]
-    pub(crate) fn count_alloc(&self, tag: TagId, bytes: usize) -> Result<bool, Error> {
-        if !self.is_slow(tag) {
-            if let Some(slot) = self.threads.cached_slot() {
-                if slot.alloc(tag.index(), bytes as isize) {
-                    self.flush(slot, tag);
-                }
-                return Ok(false);
-            }
-        }
-        self.count_alloc_slow(tag, bytes)
-    }
-
-    /// `count_alloc` for budgeted or watched tags, or a thread without its slot cached.
-    #[cold]
-    #[inline(never)]
-    fn count_alloc_slow(&self, tag: TagId, bytes: usize) -> Result<bool, Error> {
-        let c = &self.counters[tag.index()];
-        if !c.slow.load(Ordering::Relaxed) {
-            if let Some(slot) = self.threads.slot() {
-                if slot.alloc(tag.index(), bytes as isize) {
-                    self.flush(slot, tag);
-                }
-                return Ok(false);
-            }
-        }
-        if !self.fed.load(Ordering::Relaxed) {
-            self.fed.store(true, Ordering::Relaxed);
-        }
-        self.charge_counters(tag, bytes, Charger::Allocator)?;
-        Ok(c.watch.load(Ordering::Relaxed))
-    }
-
-    /// Counts a free (of a block counted by `count_alloc` or `charge_counters`), in this
+    /// Counts a free (of a block counted by `count_unbudgeted` or `charge_counters`), in this
     /// thread's slot when possible. Returns `true` if the tag is watched.
     #[inline(always)]
     pub(crate) fn count_free(&self, tag: TagId, bytes: usize) -> bool {
