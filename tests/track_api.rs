@@ -734,3 +734,37 @@ fn a_refused_allocation_counts_nowhere() {
     TRACKER.clear_budget(&BUDGETED);
     TRACKER.watch(&WATCHED, false);
 }
+
+/// In sampled mode a block that grows by `realloc` into a size the mode records (every
+/// block from `large` up) gets its record, as an allocation of that size does: a buffer
+/// grown past `large` by pushes (the usual way large buffers are made) was resized in
+/// place and never recorded, so it never showed in a leak report.
+#[test]
+fn a_sampled_block_grown_past_large_is_recorded() {
+    use mmobject::track::{Sampling, TrackingAllocator};
+    use std::alloc::{GlobalAlloc, System};
+    static TRACKER: Tracker = Tracker::with_mode(Mode::Sampled(Sampling::new(0, 256, 4096, 64)));
+    static TAG: Tag = Tag::new("api-sampled-realloc");
+    let alloc = TrackingAllocator::with_tracker(System, &TRACKER);
+    let (small, large, shrunk) = (Layout::new::<[u8; 64]>(), Layout::new::<[u8; 8192]>(), Layout::new::<[u8; 100]>());
+    let _in = TAG.enter();
+    // SAFETY: non-zero layouts; each block is reallocated or freed once, with its layout.
+    unsafe {
+        let p = alloc.alloc(small);
+        p.write_bytes(7, small.size());
+        assert_eq!(TRACKER.live_records(), 0, "below `small`: counted only");
+        let p = alloc.realloc(p, small, large.size());
+        assert!(!p.is_null());
+        assert_eq!(p.add(63).read(), 7, "the contents moved with the block");
+        assert_eq!(TRACKER.live_records(), 1, "grown past `large`: recorded");
+        let leaks = TRACKER.leak_report();
+        assert_eq!((leaks.total_count, leaks.total_bytes), (1, large.size()));
+        let p = alloc.realloc(p, large, shrunk.size());
+        assert_eq!(TRACKER.live_records(), 0, "shrunk below `small`: its record went with the old block");
+        let stats = TRACKER.tag_stats(&TAG);
+        assert_eq!((stats.bytes, stats.count), (shrunk.size(), 1));
+        alloc.dealloc(p, shrunk);
+    }
+    let stats = TRACKER.tag_stats(&TAG);
+    assert_eq!((stats.bytes, stats.count), (0, 0));
+}

@@ -115,6 +115,24 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 (config.diagnostics(), config.records(layout.size()))
             }
         };
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.alloc_placed(layout, tag, zeroed, guarded, record) }
+    }
+
+    /// [`alloc_tagged`](Self::alloc_tagged) with the guards and the record decided by the
+    /// caller (`record`: a record with that many stack frames).
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    unsafe fn alloc_placed(
+        &self,
+        layout: Layout,
+        tag: Option<TagId>,
+        zeroed: bool,
+        guarded: bool,
+        record: Option<usize>,
+    ) -> *mut u8 {
         let how = Placement {
             tag,
             guarded,
@@ -198,13 +216,25 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         // SAFETY: `new_size` is non-zero and does not overflow `isize` when rounded to
         // `layout.align()` (the caller's contract for `realloc`).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        if !in_tracker() && !self.tracker.config().keeps_records() {
+        let config = self.tracker.config();
+        if !in_tracker() && !config.keeps_records() {
             // SAFETY: `ptr` is live and came from this allocator (caller's contract).
             let header = unsafe { block::read_header(ptr) };
             if header.is_counted_only() {
-                // SAFETY: the caller's contract, passed on; the header says the block is
-                // counted only.
-                return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
+                // Sampled mode records some sizes (every one from its `large` up): a block
+                // that grows into one gets its record, as an allocation of the new size
+                // would, so it is moved; else it is resized in place.
+                let Some(depth) = config.records(new_size) else {
+                    // SAFETY: the caller's contract, passed on; the header says the block
+                    // is counted only.
+                    return unsafe { self.realloc_counted(ptr, layout, new_layout, header) };
+                };
+                // SAFETY: `new_layout` has a non-zero size; no guards, since diagnostics
+                // are off (`keeps_records` is false).
+                let new =
+                    unsafe { self.alloc_placed(new_layout, Some(TagId(header.tag())), false, false, Some(depth)) };
+                // SAFETY: the caller's contract, passed on; `new` is null or a fresh block.
+                return unsafe { self.move_block(ptr, layout, new, new_size) };
             }
         }
         let tag = if in_tracker() {
@@ -217,6 +247,22 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         };
         // SAFETY: `new_layout` has a non-zero size.
         let new = unsafe { self.alloc_tagged(new_layout, tag, false) };
+        // SAFETY: the caller's contract, passed on; `new` is null or a fresh block.
+        unsafe { self.move_block(ptr, layout, new, new_size) }
+    }
+}
+
+impl<A: GlobalAlloc> TrackingAllocator<A> {
+    /// The end of a `realloc` that moves: copies `ptr`'s bytes into `new` and frees `ptr`,
+    /// unless `new` is null (then `ptr` stays as it was). Returns `new`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::realloc`] (`ptr` is live, from this allocator, allocated with
+    /// `layout`), and `new` is null or a fresh block of this allocator of at least
+    /// `new_size` bytes, the size `realloc` was asked for.
+    #[inline]
+    unsafe fn move_block(&self, ptr: *mut u8, layout: Layout, new: *mut u8, new_size: usize) -> *mut u8 {
         if !new.is_null() {
             // SAFETY: both blocks are live, distinct, and at least `min(old, new)` long.
             unsafe {
@@ -226,9 +272,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         }
         new
     }
-}
 
-impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// `dealloc` off the counting path: diagnostics, a slow tag, a block with a record, or
     /// a thread without its slot cached.
     ///

@@ -74,8 +74,9 @@
 //!   and a `realloc` keeps its block's tag and counts only the change of size (a growth
 //!   that fits the budget is never refused for the old bytes it replaces; a block with a
 //!   record or guards, in `Records`, `Stacks` or diagnostic mode, is moved instead, and
-//!   counts as two blocks until the old one is freed); the manager then charges nothing of
-//!   its own.
+//!   counts as two blocks until the old one is freed, and so is a block that `Sampled`
+//!   mode records at its new size, which gets its record as an allocation of that size
+//!   would); the manager then charges nothing of its own.
 //!   Build objects inside their tag's scope to have their heap bytes under it:
 //!   [`ObjectManager::create_with`](crate::ObjectManager::create_with) does that. Growth
 //!   and frees while the object lives are exact with no re-measuring.
