@@ -188,6 +188,23 @@ fn external_memory_track_untrack() {
     assert_eq!(t.live_records(), 0);
 }
 
+/// `untrack` gives up only memory that `track` took: the record of a block the tracker
+/// allocated stays for that block's own free. It used to be removed, so the block's free
+/// then found no record, was reported as a double free, and the block was leaked (a
+/// `TrackingAllocator` block likewise, on its `dealloc`).
+#[test]
+fn untrack_leaves_the_tracker_s_own_blocks_alone() {
+    let t = Tracker::with_mode(Mode::Records);
+    let tag = t.tag_named("api-untrack-own");
+    let p = t.alloc(Layout::new::<[u8; 32]>(), tag);
+    assert_eq!(t.try_untrack(p.as_ptr()), Err(Error::UntrackedFree { addr: p.as_ptr() as usize }));
+    assert_eq!((t.live_records(), t.tag_stats(tag).bytes), (1, 32), "the record and the count stay");
+    assert_eq!(t.try_dealloc(p), Ok(()), "its own free finds it");
+    assert_eq!(t.error_counts().double_frees, 0);
+    assert_eq!(t.error_counts().untracked_frees, 1, "the untrack, reported");
+    assert_eq!((t.live_records(), t.tag_stats(tag).bytes, t.tag_stats(tag).count), (0, 0, 0));
+}
+
 #[test]
 fn bad_frees_are_reported() {
     capture_logs();

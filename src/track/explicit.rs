@@ -81,13 +81,25 @@ impl Tracker {
 
     /// Stops tracking `ptr`; returns the size it was tracked with.
     ///
+    /// Only memory tracked with [`Tracker::track`] is untracked: the record of a block the
+    /// tracker allocated itself ([`Tracker::alloc`], or a
+    /// [`TrackingAllocator`](super::TrackingAllocator) keeping records) stays, for its own
+    /// free to find.
+    ///
     /// # Errors
     ///
     /// [`Error::DoubleFree`] if `ptr` was untracked or freed recently (and not tracked
-    /// again), [`Error::UntrackedFree`] if the tracker has no record of it. Both are also
-    /// logged (`log::error!`) and counted in [`Tracker::error_counts`].
+    /// again), [`Error::UntrackedFree`] if the tracker has no record of external memory at
+    /// `ptr`. Both are also logged (`log::error!`) and counted in
+    /// [`Tracker::error_counts`].
     pub fn try_untrack(&self, ptr: *const u8) -> Result<usize, Error> {
-        self.remove_record((ptr as usize).max(2), true).map(|r| r.size)
+        let addr = (ptr as usize).max(2);
+        match self.take_external_record(addr) {
+            Ok(record) => Ok(record.size),
+            // A block the tracker allocated: not `track`ed, and its own free needs the record.
+            Err(true) => Err(self.untracked_free(addr)),
+            Err(false) => Err(self.bad_free(addr)),
+        }
     }
 
     /// Stops tracking `ptr`.

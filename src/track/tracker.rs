@@ -576,22 +576,27 @@ impl Tracker {
     /// the layout of its own record. `Err(true)` if the table holds a record of another
     /// kind, `Err(false)` if it holds none.
     pub(crate) fn take_own_record(&self, addr: usize) -> Result<Record, bool> {
+        self.take_record_of_kind(addr, FLAG_TRACKER_ALLOC)
+    }
+
+    /// Removes `addr`'s record if it is external memory ([`Tracker::track`]), applying the
+    /// counters and the freed ring; as [`take_own_record`](Self::take_own_record)
+    /// otherwise. (External records never go pending: `try_track` puts them in the table.)
+    pub(crate) fn take_external_record(&self, addr: usize) -> Result<Record, bool> {
+        self.take_record_of_kind(addr, FLAG_EXTERNAL)
+    }
+
+    /// Removes `addr`'s record from the table if its flags have `kind`, in one step under
+    /// the shard's lock. `Err(true)` if the table holds a record of another kind,
+    /// `Err(false)` if it holds none.
+    fn take_record_of_kind(&self, addr: usize, kind: u32) -> Result<Record, bool> {
         let taken = self.records.with_shard(addr, |map| match map.get_mut(addr).map(|r| r.flags) {
-            Some(flags) if flags & FLAG_TRACKER_ALLOC != 0 => map.remove(addr).ok_or(false),
+            Some(flags) if flags & kind != 0 => map.remove(addr).ok_or(false),
             Some(_) => Err(true),
             None => Err(false),
         })?;
         self.record_removed(addr, taken, true);
         Ok(taken)
-    }
-
-    /// Removes a block's record, applying the counters and the freed ring; a missing record
-    /// is reported as a bad free.
-    pub(crate) fn remove_record(&self, addr: usize, keep_freed: bool) -> Result<Record, Error> {
-        match self.take_record(addr, keep_freed) {
-            Some(r) => Ok(r),
-            None => Err(self.bad_free(addr)),
-        }
     }
 
     /// Counts the free of a block that has no record (counted by its header).
