@@ -200,6 +200,15 @@ pub enum Error {
         /// The address.
         addr: usize,
     },
+    /// Memory the tracker allocated itself was passed to [`Tracker::track`](crate::track::Tracker::track),
+    /// which is for memory it did not allocate.
+    #[error(
+        "already tracked: {addr:#x} is a block the tracker allocated itself; track only memory it did not allocate"
+    )]
+    AlreadyTracked {
+        /// The address.
+        addr: usize,
+    },
     /// Guard bytes around an allocation were overwritten.
     #[error("buffer overrun: {bytes} guard byte(s) overwritten around the {size}-byte block at {addr:#x} allocated at {site}")]
     BufferOverrun {

@@ -206,6 +206,36 @@ fn untrack_leaves_the_tracker_s_own_blocks_alone() {
 }
 
 #[test]
+fn track_refuses_the_tracker_s_own_blocks() {
+    let t = Tracker::with_mode(Mode::Records);
+    let tag = t.tag_named("api-track-own");
+    let other = t.tag_named("api-track-own-other");
+    let p = t.alloc(Layout::new::<[u8; 32]>(), tag);
+    let addr = p.as_ptr() as usize;
+    assert_eq!(t.try_track(p.as_ptr(), 100, other), Err(Error::AlreadyTracked { addr }));
+    assert!(t.try_track(p.as_ptr(), 100, other).unwrap_err().to_string().contains("allocated itself"));
+    assert_eq!(t.tag_stats(other).bytes, 0, "nothing was counted");
+    assert_eq!(t.try_dealloc(p), Ok(()), "the block's own record is still there for its free");
+    assert_eq!((t.live_records(), t.tag_stats(tag).bytes, t.tag_stats(other).total_count), (0, 0, 0));
+    // External memory tracked twice is replaced, the old record counted as freed.
+    let ext = [0u8; 16];
+    t.track(ext.as_ptr(), 16, other);
+    t.track(ext.as_ptr(), 8, other);
+    assert_eq!(t.tag_stats(other).bytes, 8);
+    assert_eq!(t.try_untrack(ext.as_ptr()), Ok(8));
+    assert_eq!(t.tag_stats(other).bytes, 0);
+}
+
+#[test]
+fn a_size_the_header_overflows_is_out_of_memory() {
+    let t = Tracker::new();
+    let tag = t.tag_named("api-header-overflow");
+    let huge = Layout::from_size_align(isize::MAX as usize - 7, 8).unwrap();
+    assert_eq!(t.try_alloc(huge, tag), Err(Error::OutOfMemory { requested: huge.size(), available: 0 }));
+    assert_eq!((t.tag_stats(tag).bytes, t.tag_stats(tag).peak_bytes), (0, 0));
+}
+
+#[test]
 fn bad_frees_are_reported() {
     capture_logs();
     let t = Tracker::new();
@@ -607,8 +637,12 @@ fn try_dealloc_racing_track_on_the_same_address_frees_with_the_right_layout() {
         while !STOP.load(Ordering::Relaxed) {
             let addr = SHARED.swap(0, Ordering::Acquire);
             if addr != 0 {
-                TRACKER.track(std::ptr::without_provenance(addr), 1 << 12, tag);
-                TRACKER.untrack(std::ptr::without_provenance(addr));
+                // Refused (`AlreadyTracked`) while the block's own record is there;
+                // between its removal and the block's free, a record of another kind
+                // may go in.
+                if TRACKER.try_track(std::ptr::without_provenance(addr), 1 << 12, tag).is_ok() {
+                    TRACKER.untrack(std::ptr::without_provenance(addr));
+                }
             }
         }
     });

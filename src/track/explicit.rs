@@ -24,10 +24,17 @@ impl Tracker {
     /// that [`Tracker::untrack`] can find it. Policies apply as for
     /// [`Tracker::try_charge`].
     ///
+    /// Tracking an address again before [`Tracker::untrack`] replaces its record and
+    /// counts the old one as freed.
+    ///
     /// # Errors
     ///
-    /// [`Error::BudgetExceeded`] under the [`BudgetPolicy::Error`](super::BudgetPolicy::Error) policy (nothing is
-    /// tracked then).
+    /// Nothing is tracked on error:
+    /// - [`Error::BudgetExceeded`] under the [`BudgetPolicy::Error`](super::BudgetPolicy::Error) policy;
+    /// - [`Error::AlreadyTracked`] if `ptr` is a block the tracker allocated and keeps a
+    ///   record of ([`Tracker::alloc`], or a [`TrackingAllocator`](super::TrackingAllocator)
+    ///   keeping records): its own free needs that record;
+    /// - [`Error::OutOfMemory`] if the record table cannot grow.
     ///
     /// # Examples
     ///
@@ -46,6 +53,10 @@ impl Tracker {
     #[track_caller]
     pub fn try_track(&self, ptr: *const u8, size: usize, tag: TagId) -> Result<(), Error> {
         let site = Location::caller();
+        let addr = (ptr as usize).max(2);
+        if self.records.with_shard(addr, |map| map.get_mut(addr).is_some_and(|old| old.flags & FLAG_EXTERNAL == 0)) {
+            return Err(Error::AlreadyTracked { addr });
+        }
         self.charge_counters(tag, size, Charger::Policy)?;
         let depth = self.mode().stack_depth();
         let stack = if depth == 0 {
@@ -55,10 +66,14 @@ impl Tracker {
             self.stacks.intern(&StackTrace::capture(depth))
         };
         let record = Record { size, tag, flags: FLAG_EXTERNAL, site, stack };
-        let addr = (ptr as usize).max(2);
-        if let Ok(Some(old)) = self.records.insert(addr, record) {
+        match self.records.insert(addr, record) {
             // A block tracked twice without `untrack`: count the old one as freed.
-            self.counters[old.tag.index()].sub(old.size);
+            Ok(Some(old)) => self.counters[old.tag.index()].sub(old.size),
+            Ok(None) => {}
+            Err(_) => {
+                self.counters[tag.index()].sub(size);
+                return Err(Error::OutOfMemory { requested: std::mem::size_of::<Record>(), available: 0 });
+            }
         }
         if self.counters[tag.index()].watch.load(Ordering::Relaxed) {
             self.watch_event("track", tag, size, Some(addr), Some(site));
@@ -118,7 +133,8 @@ impl Tracker {
     /// # Errors
     ///
     /// [`Error::BudgetExceeded`] under the `Error` policy; [`Error::OutOfMemory`] if
-    /// `System` fails; [`Error::UnsupportedAlignment`] if the layout cannot be padded.
+    /// `System` fails, or if the size with the tracker's header (and guard bytes) would
+    /// exceed `isize::MAX`.
     ///
     /// # Examples
     ///
@@ -164,7 +180,8 @@ impl Tracker {
                 unsafe { System.dealloc(placed.base, placed.block.outer) };
                 Err(Error::OutOfMemory { requested: placed.block.outer.size(), available: 0 })
             }
-            Err(PlaceError::Layout) => Err(Error::UnsupportedAlignment { align: layout.align(), max: 1 << 20 }),
+            // The header (and guards) would take the size past `isize::MAX`.
+            Err(PlaceError::Layout) => Err(Error::OutOfMemory { requested: layout.size(), available: 0 }),
             Err(PlaceError::Budget(e)) => Err(e),
             Err(PlaceError::OutOfMemory(outer)) => Err(Error::OutOfMemory { requested: outer.size(), available: 0 }),
         }
