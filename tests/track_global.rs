@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use mmobject::track::{scope, BudgetPolicy, Mode, Tag, TagStats, Tracker, TrackingAllocator};
-use mmobject::{MMObject, ObjectManager};
+use mmobject::{Error, MMObject, ObjectManager};
 
 #[global_allocator]
 static ALLOC: TrackingAllocator<System> = TrackingAllocator::new(System);
@@ -61,6 +61,7 @@ fn global_allocator_attributes_and_balances() {
     watch_logs_from_inside_the_allocator();
     records_mode_leak_report();
     reports_do_not_count_themselves();
+    track_refuses_what_the_allocator_recorded();
     diagnostics_catch_overruns_and_double_frees();
     objects_and_the_allocator_count_each_byte_once();
     a_store_allocator_through_the_tracking_allocator_counts_nothing();
@@ -238,6 +239,24 @@ fn records_mode_leak_report() {
     drop(kept); // allocated with records, freed in counting mode: still found
     assert_eq!((stats(&MESHES).bytes, stats(&MESHES).count), (0, 0));
     assert_eq!(t.error_counts().untracked_frees, 0);
+}
+
+/// `track` is for memory the tracker did not allocate: a block the global allocator recorded
+/// (pending in this thread's slot, or in the table) is refused, and its own free still finds
+/// its record.
+fn track_refuses_what_the_allocator_recorded() {
+    static TRACKED: Tag = Tag::new("global-Tracked");
+    let t = Tracker::global();
+    t.set_mode(Mode::Records);
+    let first = scope(&MESHES, || Box::new([0u8; 64]));
+    let second = scope(&MESHES, || Box::new([0u8; 64])); // `first`'s record is in the table now
+    for block in [first.as_ptr(), second.as_ptr()] {
+        assert_eq!(t.try_track(block, 64, TRACKED.id()), Err(Error::AlreadyTracked { addr: block as usize }));
+    }
+    assert_eq!(stats(&TRACKED).bytes, 0);
+    drop((first, second));
+    t.set_mode(Mode::Counting);
+    assert_eq!(t.error_counts().untracked_frees + t.error_counts().double_frees, 0, "both frees found their records");
 }
 
 /// With the tracker recording every block, a leak report taken inside a tag's scope does

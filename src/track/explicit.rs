@@ -54,7 +54,13 @@ impl Tracker {
     pub fn try_track(&self, ptr: *const u8, size: usize, tag: TagId) -> Result<(), Error> {
         let site = Location::caller();
         let addr = (ptr as usize).max(2);
-        if self.records.with_shard(addr, |map| map.get_mut(addr).is_some_and(|old| old.flags & FLAG_EXTERNAL == 0)) {
+        // The tracker's own record, in the table or still pending in this thread's slot (a
+        // block a `TrackingAllocator` just recorded here). One pending on another thread is
+        // not seen: it is merged into the table later and replaces the record made here.
+        let own =
+            self.records.with_shard(addr, |map| map.get_mut(addr).is_some_and(|old| old.flags & FLAG_EXTERNAL == 0))
+                || self.threads.cached_slot().is_some_and(|slot| slot.pending.held() == addr);
+        if own {
             return Err(Error::AlreadyTracked { addr });
         }
         self.charge_counters(tag, size, Charger::Policy)?;
