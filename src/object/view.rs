@@ -413,6 +413,7 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
     }
 
     /// Iterates over the live objects of `T` for writing, in key order.
+    #[inline]
     pub fn iter_mut(&mut self) -> IterMut<'_, T> {
         // SAFETY: the view's exclusive access is borrowed mutably by the iterator.
         unsafe { IterMut::new(self.store(), self.manager_id) }
@@ -428,6 +429,7 @@ impl<'a, T: MMObject> IntoIterator for ObjectViewMut<'a, T> {
     type Item = (WeakHandle<T>, &'a mut T);
     type IntoIter = IterMut<'a, T>;
 
+    #[inline]
     fn into_iter(self) -> IterMut<'a, T> {
         // SAFETY: the view's exclusive access for `'a` moves to the iterator.
         unsafe { IterMut::new(self.store(), self.manager_id) }
@@ -632,12 +634,14 @@ impl ObjectManager {
     ///
     /// To read objects of other types in the same loop, split the manager
     /// with [`views`](Self::views).
+    #[inline]
     pub fn iter_mut<T: MMObject>(&mut self) -> IterMut<'_, T> {
         self.view_mut::<T>().into_iter()
     }
 
     /// Exclusive access to the objects of `T`: writes through handles, weak
     /// handles, several at once, and iteration. See [`ObjectViewMut`].
+    #[inline]
     pub fn view_mut<T: MMObject>(&mut self) -> ObjectViewMut<'_, T> {
         // SAFETY: `&mut self` gives exclusive access to every value for the
         // view's lifetime.
