@@ -284,6 +284,18 @@ fn no_object_dies_while_any_thread_holds_it() {
     assert!(destroyed.iter().all(|d| d.load(Ordering::SeqCst)), "each destroyed once");
 }
 
+/// An owned manager with two entities: `kept` (returned), and one whose last
+/// handle went on another thread while the owner held counts on it.
+fn one_kept_one_released_elsewhere(drops: &Drops) -> (ObjectManager, Handle<Entity>) {
+    let mm = ObjectManager::builder().owner_thread(true).report_leaks(false).build();
+    let kept = mm.create(Entity { id: 1, token: drops.token() });
+    let gone = mm.create(Entity { id: 2, token: drops.token() });
+    let copy = gone.clone(); // the owner now holds counts on it
+    drop(gone);
+    std::thread::spawn(move || drop(copy)).join().unwrap();
+    (mm, kept)
+}
+
 /// On the owner thread, an object whose last handle went on another thread while the
 /// owner held counts on it is dead for the counts (`count`, `dead_count`) until the next
 /// collection destroys it; the iterators agree and skip it, so `len` matches what they
@@ -291,12 +303,7 @@ fn no_object_dies_while_any_thread_holds_it() {
 #[test]
 fn iterators_agree_with_the_counts_on_the_owner_thread() {
     let drops = Drops::new();
-    let mut mm = ObjectManager::builder().owner_thread(true).report_leaks(false).build();
-    let kept = mm.create(Entity { id: 1, token: drops.token() });
-    let gone = mm.create(Entity { id: 2, token: drops.token() });
-    let copy = gone.clone(); // the owner now holds counts on it
-    drop(gone);
-    std::thread::spawn(move || drop(copy)).join().unwrap();
+    let (mut mm, kept) = one_kept_one_released_elsewhere(&drops);
     assert_eq!((mm.count::<Entity>(), mm.dead_count()), (1, 1));
     let iter = mm.iter::<Entity>();
     assert_eq!(iter.len(), 1);
@@ -344,12 +351,7 @@ fn shutdown_on_the_owner_decides_checks_of_objects_destroyed_in_place() {
 #[test]
 fn iterators_on_another_thread_count_what_they_yield() {
     let drops = Drops::new();
-    let mut mm = ObjectManager::builder().owner_thread(true).report_leaks(false).build();
-    let kept = mm.create(Entity { id: 1, token: drops.token() });
-    let gone = mm.create(Entity { id: 2, token: drops.token() });
-    let copy = gone.clone(); // the owner now holds counts on it
-    drop(gone);
-    std::thread::spawn(move || drop(copy)).join().unwrap();
+    let (mut mm, kept) = one_kept_one_released_elsewhere(&drops);
     std::thread::scope(|s| {
         s.spawn(|| {
             let iter = mm.iter::<Entity>();

@@ -272,32 +272,11 @@ impl Hand {
     }
 
     fn take(&mut self, rng: &mut SmallRng, share: f64) -> Hand {
-        let mut out = Hand::new();
-        let mut i = 0;
-        while i < self.plains.len() {
-            if rng.gen_bool(share) {
-                out.plains.push(self.plains.swap_remove(i));
-            } else {
-                i += 1;
-            }
+        Hand {
+            plains: take_share(&mut self.plains, rng, share),
+            nodes: take_share(&mut self.nodes, rng, share),
+            raws: take_share(&mut self.raws, rng, share),
         }
-        let mut i = 0;
-        while i < self.nodes.len() {
-            if rng.gen_bool(share) {
-                out.nodes.push(self.nodes.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        let mut i = 0;
-        while i < self.raws.len() {
-            if rng.gen_bool(share) {
-                out.raws.push(self.raws.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        out
     }
 
     fn absorb(&mut self, other: Hand) {
@@ -1384,4 +1363,18 @@ fn object_stress() {
         PANICS_CAUGHT.load(SeqCst),
         OUTLIVED.load(SeqCst)
     );
+}
+
+/// Moves each element of `items` out with probability `share`.
+fn take_share<T>(items: &mut Vec<T>, rng: &mut SmallRng, share: f64) -> Vec<T> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < items.len() {
+        if rng.gen_bool(share) {
+            out.push(items.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    out
 }
