@@ -30,7 +30,7 @@ use super::{MMObject, ObjectKey, WeakHandle};
 /// - While `offset < len`, `base` points to a run of `len` contiguous slots
 ///   of the published segment `runs.segment` of `store`, starting at segment
 ///   offset `runs.run_start`; its slot `offset` has manager-wide index
-///   `first_index + offset` (`runs.first_index` is the same number).
+///   `first_index + offset`.
 /// - With a store, the cursor counted itself in the store's `iterating`
 ///   (`begin_iteration`) and uncounts itself when dropped. Without one it is
 ///   at its end from the start.
@@ -65,8 +65,6 @@ struct Runs {
     segment_base: NonNull<u8>,
     segment_end: u32,
     run_start: u32,
-    /// The current run's first slot's manager-wide index.
-    first_index: u32,
     /// One past the last local index to visit: the slots used at the start.
     end: u32,
 }
@@ -97,7 +95,6 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 segment_base: NonNull::dangling(),
                 segment_end: 0,
                 run_start: 0,
-                first_index: 0,
                 end: store.map_or(0, Store::used),
             },
             // As the walk will see them: on another thread than the owner, an
@@ -174,7 +171,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
     fn next_run(&mut self) -> bool {
         // By value: a reference to `runs` would let the cursor's address out
         // of the loop, and keep its fields in memory.
-        let (runs, next) = self.runs.next(self.store, self.len);
+        let (runs, next) = self.runs.next(self.store, self.len, self.first_index);
         self.runs = runs;
         match next {
             Some(Run { base, len, first_index }) => {
@@ -190,19 +187,14 @@ impl<'a, T: MMObject> Cursor<'a, T> {
 }
 
 impl Runs {
-    /// The runs moved on past the run of `len` slots just walked, with the
-    /// next run (`None` at the end).
+    /// The runs moved on past the run of `len` slots just walked (whose first
+    /// slot has manager-wide index `first_index`), with the next run (`None`
+    /// at the end).
     #[cold]
-    fn next<T: MMObject>(mut self, store: Option<&Store<T>>, len: u32) -> (Self, Option<Run<T>>) {
-        let next = self.advance(store, len);
-        (self, next)
-    }
-
-    /// [`next`](Self::next) in place.
-    fn advance<T: MMObject>(&mut self, store: Option<&Store<T>>, len: u32) -> Option<Run<T>> {
+    fn next<T: MMObject>(mut self, store: Option<&Store<T>>, len: u32, mut first_index: u32) -> (Self, Option<Run<T>>) {
         let Some(store) = store.filter(|_| self.segment != MAX_SEGMENTS) else {
             self.segment = MAX_SEGMENTS;
-            return None;
+            return (self, None);
         };
         let base_bits = store.base_bits();
         let mut next = self.run_start + len;
@@ -211,12 +203,12 @@ impl Runs {
             let first = segment_first(self.segment.min(MAX_SEGMENTS - 1), base_bits);
             if self.segment >= MAX_SEGMENTS || first >= self.end {
                 self.segment = MAX_SEGMENTS;
-                return None;
+                return (self, None);
             }
-            if let Some((base, first_index)) = store.segment(self.segment) {
+            if let Some((base, segment_index)) = store.segment(self.segment) {
                 self.segment_base = base;
                 self.segment_end = segment_len(self.segment, base_bits).min(self.end - first);
-                self.first_index = first_index;
+                first_index = segment_index;
                 self.run_start = 0;
                 next = 0;
             }
@@ -224,9 +216,9 @@ impl Runs {
         // SAFETY: `next < segment_end`, within the published segment at `segment_base`.
         let (run, len) = unsafe { Chunks::<T>::run(self.segment_base, next, self.segment_end) };
         // Keys count from the segment's first slot: move them to the run's.
-        self.first_index += next - self.run_start;
+        first_index += next - self.run_start;
         self.run_start = next;
-        Some(Run { base: run, len, first_index: self.first_index })
+        (self, Some(Run { base: run, len, first_index }))
     }
 }
 

@@ -222,8 +222,11 @@ fn tally(entries: &[LeakEntry], by_site: bool) -> Vec<LeakTally> {
     let mut groups: HashMap<(usize, usize, usize), LeakTally, BuildHasherDefault<AddressHasher>> = HashMap::default();
     for entry in entries {
         let site = by_site.then_some(entry.site);
-        let name = (entry.type_name.as_ptr() as usize, entry.type_name.len());
-        let id = (name.0, name.1, site.map_or(0, |s| std::ptr::from_ref(s) as usize));
+        let id = (
+            entry.type_name.as_ptr() as usize,
+            entry.type_name.len(),
+            site.map_or(0, |s| std::ptr::from_ref(s) as usize),
+        );
         let group = groups.entry(id).or_insert(LeakTally { type_name: entry.type_name, site, count: 0, bytes: 0 });
         group.count += 1;
         group.bytes = group.bytes.saturating_add(entry.size);

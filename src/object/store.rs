@@ -675,7 +675,7 @@ impl<T: MMObject> Store<T> {
 
     /// Live objects (dead ones not counted). Costs O(dead).
     pub(crate) fn live_count_now(&self) -> usize {
-        (self.resident() as usize).saturating_sub(self.dead_count())
+        self.live_count_read(true)
     }
 
     /// Live objects as a thread that reads the owner's reservations or not
