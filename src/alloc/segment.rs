@@ -50,7 +50,8 @@ const CACHE_BLOCKS: usize = 32;
 /// - **Threads**: `Send + Sync`; its ledger holds addresses, and the kept blocks.
 ///
 /// Invariants: `ledger.live` maps the address of every block handed out and not yet freed
-/// to the layout it was allocated with from `System`; `ledger.cached` holds blocks
+/// to the pointer `System` returned for it and the layout it was allocated with (the free
+/// goes through that pointer, never the caller's, whose provenance may be narrower); `ledger.cached` holds blocks
 /// allocated from `System` with their layouts, handed out to nobody; `ledger.in_use` is
 /// the sum of the live layouts' sizes, `ledger.cached_bytes` that of the cached ones, and
 /// their sum never exceeds `limit`.
@@ -78,9 +79,9 @@ pub struct SegmentAlloc {
 
 #[derive(Debug)]
 struct SegmentLedger {
-    live: BTreeMap<usize, Layout>,
+    live: BTreeMap<usize, (OwnedBlock, Layout)>,
     freed: VecDeque<usize>,
-    cached: Vec<(FreeBlock, Layout)>,
+    cached: Vec<(OwnedBlock, Layout)>,
     cached_bytes: usize,
     in_use: usize,
     peak: usize,
@@ -166,7 +167,7 @@ impl SegmentAlloc {
             }
         };
         let addr = block.as_ptr() as usize;
-        ledger.live.insert(addr, layout);
+        ledger.live.insert(addr, (OwnedBlock(block), layout));
         ledger.freed.retain(|&freed| freed != addr);
         ledger.in_use += layout.size();
         ledger.peak = ledger.peak.max(ledger.in_use);
@@ -205,7 +206,9 @@ impl SegmentAlloc {
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let mut ledger = self.ledger.lock();
-        let Some(layout) = ledger.live.remove(&addr) else {
+        // The block is reached through the ledger's own pointer: the caller's may carry
+        // less provenance (a narrowed or rebuilt pointer with the same address).
+        let Some((block, layout)) = ledger.live.remove(&addr) else {
             if region::is_dangling(ptr) {
                 // A zero-size block a collection made up without asking (no real block
                 // lies this low): nothing to free.
@@ -219,16 +222,16 @@ impl SegmentAlloc {
         }
         ledger.freed.push_back(addr);
         if layout.size() <= CACHE_BYTES {
-            // The caller gives up every use of `ptr`: it is ours to keep.
-            ledger.cached.push((FreeBlock(ptr), layout));
+            // The caller gives up every use of the block: it is ours to keep.
+            ledger.cached.push((block, layout));
             ledger.cached_bytes += layout.size();
             while ledger.cached_bytes > CACHE_BYTES || ledger.cached.len() > CACHE_BLOCKS {
                 ledger.release_oldest();
             }
         } else {
-            // SAFETY: the ledger says `ptr` came from `System.alloc(layout)` and is live;
-            // the caller gives up every use of it.
-            unsafe { System.dealloc(ptr.as_ptr(), layout) };
+            // SAFETY: the ledger's pointer came from `System.alloc(layout)` and the block is
+            // live; the caller gives up every use of it.
+            unsafe { System.dealloc(block.0.as_ptr(), layout) };
         }
         Ok(())
     }
@@ -273,19 +276,20 @@ impl SegmentLedger {
 
     #[cold]
     fn bad_free(&self, addr: usize) -> Error {
-        let below = self.live.range(..addr).next_back().map(|(&start, layout)| (start, layout.size()));
+        let below = self.live.range(..addr).next_back().map(|(&start, (_, layout))| (start, layout.size()));
         shell::bad_free(addr, self.freed.contains(&addr), below)
     }
 }
 
-/// A freed block kept for reuse.
+/// The pointer `System` returned for a block: live (handed out) or kept for reuse.
 #[derive(Debug)]
-struct FreeBlock(NonNull<u8>);
+struct OwnedBlock(NonNull<u8>);
 
-// SAFETY: a kept block is untyped bytes owned by the ledger (behind its lock) and used by
-// nobody until it is handed out again, like a `Box<[u8]>`: no value (so no `Rc`) lives in
-// it, and there is no type parameter, so no bound is needed.
-unsafe impl Send for FreeBlock {}
+// SAFETY: the ledger (behind its lock) holds only the pointer of untyped bytes, like a
+// `Box<[u8]>` would: a kept block is used by nobody until it is handed out again, and a
+// live block's contents belong to the caller, who may send them anyway. No value (so no
+// `Rc`) is reached through it, and there is no type parameter, so no bound is needed.
+unsafe impl Send for OwnedBlock {}
 
 impl Drop for SegmentAlloc {
     fn drop(&mut self) {

@@ -158,6 +158,31 @@ fn small_object_frees_one_byte_boxes_under_stacked_borrows() {
     assert_eq!(small.stats().live, 0);
 }
 
+/// `SegmentAlloc::try_free` is `unsafe`, but its contract asks only that a live block is not
+/// used after the free: the pointer may be rebuilt from the address alone. The ledger used to
+/// keep that pointer for reuse, so the next allocation of the same layout, and the final
+/// `release_cached`, went through a pointer with no provenance (undefined behaviour under
+/// Miri). It now keeps the pointer it got from the system.
+#[test]
+fn segment_alloc_frees_and_reuses_through_its_own_pointer() {
+    let segments = SegmentAlloc::new();
+    let layout = Layout::from_size_align(256, 64).unwrap();
+    let block = segments.alloc(layout);
+    let addr_only = NonNull::new(std::ptr::without_provenance_mut::<u8>(block.as_ptr() as usize)).unwrap();
+    // SAFETY: `block` is live and unused from here on; the pointer names it by address.
+    unsafe { segments.try_free(addr_only) }.expect("a live block, named by its address");
+    let again = segments.alloc(layout);
+    assert_eq!(again.as_ptr() as usize, block.as_ptr() as usize, "the kept block is reused");
+    // SAFETY: `again` is a live block of 256 bytes, ours alone.
+    unsafe {
+        again.as_ptr().write_bytes(0xAB, layout.size());
+        assert_eq!(*again.as_ptr().add(255), 0xAB);
+        segments.free(again);
+    }
+    segments.release_cached();
+    assert_eq!((segments.stats().live, segments.cached_bytes()), (0, 0));
+}
+
 // ---- lying or unhelpful safe trait implementations ---------------------------------------
 
 /// A raw allocator that keeps the (unsafe) `RawAlloc` contract for the blocks it returns but
