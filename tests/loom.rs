@@ -12,7 +12,8 @@
 //! - allocators: remote frees and double frees of the size-class pool and the
 //!   small-object allocator, and a thread exit handing its page or lane back;
 //! - the tracker's pending records: a free on another thread racing the
-//!   owner's move, and a report racing the owner's publish, move and cancel.
+//!   owner's move, a report racing the owner's publish, move and cancel, and
+//!   `try_track`'s look for a record racing the owner's move and republish.
 //!
 //! Under `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every
 //! read and write of a value is checked too.
@@ -1034,6 +1035,33 @@ mod pending_record {
             assert!(s.table.lock().unwrap().is_empty(), "no record of a freed block left behind");
             assert_eq!(s.slot.model_read(), Some((0x300, 11)));
             assert_eq!(remote_free(&s, 0x100), None, "a second free finds nothing");
+        });
+    }
+
+    /// `try_track`'s look for the tracker's own record (under the shard lock: the table,
+    /// then the slot's address) runs while the owner moves its pending record into the
+    /// table, publishes and cancels a newer one, and publishes again: the block live
+    /// throughout is found every time, in one place or the other.
+    #[test]
+    fn a_track_check_races_the_owners_move_and_republish() {
+        super::model(|| {
+            let s = shard();
+            s.slot.model_publish(0x100, 7);
+            let checker = Arc::clone(&s);
+            let t = thread::spawn(move || {
+                let table = checker.table.lock().unwrap();
+                let in_table = table.iter().any(|&(a, _)| a == 0x100);
+                // A switch between the two looks (loom does not always try one here): the
+                // lock keeps the move out of it; with the table's look in a lock section of
+                // its own, the model fails.
+                thread::yield_now();
+                in_table || checker.slot.model_holds(0x100)
+            });
+            owner_allocates(&s, 0x200, 9);
+            assert_eq!(s.slot.model_cancel(0x200), Some(9));
+            owner_allocates(&s, 0x300, 11);
+            assert!(t.join().unwrap(), "the live block's record was missed");
+            assert_eq!(remote_free(&s, 0x100), Some(7));
         });
     }
 

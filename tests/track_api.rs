@@ -822,3 +822,49 @@ fn a_sampled_block_grown_past_large_is_recorded() {
     let stats = TRACKER.tag_stats(&TAG);
     assert_eq!((stats.bytes, stats.count), (0, 0));
 }
+
+/// `try_track` refuses a block whose record is still pending in another thread's slot (a
+/// `TrackingAllocator` keeps the record of a thread's newest block there until the thread's
+/// next recorded allocation). It used to look at the table and its own thread's slot only,
+/// so it tracked the block as external memory: two records for one block, its bytes counted
+/// twice, and the allocator's record replaced on the owner's next allocation.
+#[test]
+fn try_track_refuses_a_block_pending_on_another_thread() {
+    use mmobject::track::TrackingAllocator;
+    use std::alloc::{GlobalAlloc, System};
+    use std::sync::Barrier;
+    static TRACKER: Tracker = Tracker::with_mode(Mode::Records);
+    static TAG: Tag = Tag::new("api-track-pending");
+    static OTHER: Tag = Tag::new("api-track-pending-other");
+    let block = Layout::new::<[u64; 8]>();
+    let (made, checked) = (Barrier::new(2), Barrier::new(2));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let alloc = TrackingAllocator::with_tracker(System, &TRACKER);
+            let _in = TAG.enter();
+            // SAFETY: non-zero layouts; each block freed once, with its layout.
+            unsafe {
+                alloc.dealloc(alloc.alloc(block), block); // gives the thread its slot
+                let p = alloc.alloc(block); // its record stays pending in this thread's slot
+                tx.send(p as usize).unwrap();
+                made.wait();
+                checked.wait(); // alive, the record still pending, until the check is done
+                alloc.dealloc(p, block);
+            }
+        });
+        let addr = rx.recv().unwrap();
+        made.wait();
+        let refused = TRACKER.try_track(std::ptr::without_provenance(addr), 64, OTHER.id());
+        let other = TRACKER.tag_stats(&OTHER);
+        let live = TRACKER.live_records();
+        checked.wait();
+        assert_eq!(refused, Err(Error::AlreadyTracked { addr }));
+        assert_eq!((other.bytes, other.peak_bytes, other.total_count), (0, 0, 0), "nothing counted: {other:?}");
+        assert_eq!(live, 1, "one record for the block");
+    });
+    assert_eq!(TRACKER.live_records(), 0);
+    let stats = TRACKER.tag_stats(&TAG);
+    assert_eq!((stats.bytes, stats.count), (0, 0));
+    assert_eq!(TRACKER.error_counts(), Default::default());
+}

@@ -12,6 +12,7 @@ use super::budget::Charger;
 use super::record::{Record, ALIGN_SHIFT, FLAG_EXTERNAL, FLAG_GUARDED, FLAG_OVERRUN_REPORTED, FLAG_TRACKER_ALLOC};
 use super::scope::Reentry;
 use super::stack_trace::{StackTrace, NO_STACK};
+use super::table::SysMap;
 use super::tag::TagId;
 use super::tracker::Tracker;
 use crate::Error;
@@ -54,16 +55,13 @@ impl Tracker {
     pub fn try_track(&self, ptr: *const u8, size: usize, tag: TagId) -> Result<(), Error> {
         let site = Location::caller();
         let addr = (ptr as usize).max(2);
-        // The tracker's own record, in the table or still pending in this thread's slot (a
-        // block a `TrackingAllocator` just recorded here). One pending on another thread is
-        // not seen: it is merged into the table later and replaces the record made here.
-        let own =
-            self.records.with_shard(addr, |map| map.get_mut(addr).is_some_and(|old| old.flags & FLAG_EXTERNAL == 0))
-                || self.threads.cached_slot().is_some_and(|slot| slot.pending.held() == addr);
-        if own {
+        // Refused before anything is counted (no budget check, no policy run).
+        if self.records.with_shard(addr, |map| self.own_record_locked(map, addr)) {
             return Err(Error::AlreadyTracked { addr });
         }
-        self.charge_counters(tag, size, Charger::Policy)?;
+        // The bytes are claimed (the budget check) now, the allocation counted once the
+        // record is in: a refusal below gives the bytes back and shows in no peak or total.
+        self.claim_bytes(tag, size, Charger::Policy)?;
         let depth = self.mode().stack_depth();
         let stack = if depth == 0 {
             NO_STACK
@@ -72,19 +70,42 @@ impl Tracker {
             self.stacks.intern(&StackTrace::capture(depth))
         };
         let record = Record { size, tag, flags: FLAG_EXTERNAL, site, stack };
-        match self.records.insert(addr, record) {
+        // Checked again with the insert, in one step under the shard's lock: a block the
+        // tracker placed at `addr` since the first check keeps its own record.
+        let inserted = self.records.with_shard(addr, |map| {
+            if self.own_record_locked(map, addr) {
+                return Err(Error::AlreadyTracked { addr });
+            }
+            let old = map
+                .insert(addr, record)
+                .map_err(|_| Error::OutOfMemory { requested: std::mem::size_of::<Record>(), available: 0 })?;
+            // Counted before the lock goes, so an `untrack` never credits it first.
+            self.commit_claim(tag, true);
+            Ok(old)
+        });
+        match inserted {
             // A block tracked twice without `untrack`: count the old one as freed.
             Ok(Some(old)) => self.counters[old.tag.index()].sub(old.size),
             Ok(None) => {}
-            Err(_) => {
-                self.counters[tag.index()].sub(size);
-                return Err(Error::OutOfMemory { requested: std::mem::size_of::<Record>(), available: 0 });
+            Err(e) => {
+                self.counters[tag.index()].sub_bytes(size);
+                return Err(e);
             }
         }
         if self.counters[tag.index()].watch.load(Ordering::Relaxed) {
             self.watch_event("track", tag, size, Some(addr), Some(site));
         }
         Ok(())
+    }
+
+    /// Whether the tracker keeps a record of its own (not `track`ed memory) for `addr`: in
+    /// `map`, the table's shard of `addr` whose lock the caller holds, or pending in any
+    /// thread's slot (a block a `TrackingAllocator` recorded there; see
+    /// [`Tracker::pending_anywhere`] for why the lock makes the look complete).
+    fn own_record_locked(&self, map: &mut SysMap<Record>, addr: usize) -> bool {
+        // External records never go pending: one pending is the tracker's own (and may sit
+        // beside an external record of memory that was freed without `untrack`).
+        map.get_mut(addr).is_some_and(|r| r.flags & FLAG_EXTERNAL == 0) || self.pending_anywhere(addr)
     }
 
     /// Tracks external memory, like [`Tracker::try_track`].

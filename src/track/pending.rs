@@ -18,6 +18,9 @@
 //!   moved or claimed, never both.
 //! - **Read** (reports): under the shard's lock, a sequence-checked copy; a record is moved
 //!   only under that lock, so a report sees it once, in the slot or in the table.
+//! - **Look** (the explicit API, asking whether an address has the tracker's own record):
+//!   under the shard's lock, the table and then every slot's address (no copy of the
+//!   fields); a record pending when the lock was taken is in one or the other.
 //!
 //! One race is not decided: a block freed at the same moment by its owner (cancel) and by
 //! another thread (claim) — a double free racing itself — may pass both checks, since the
@@ -131,6 +134,15 @@ impl PendingRecord {
         let record = self.fields();
         self.addr.store(0, Ordering::Relaxed);
         Some(record)
+    }
+
+    /// Whether `addr` is the pending record: a check from any thread. Only meaningful under
+    /// the lock of `addr`'s shard, which keeps the record from being moved or claimed
+    /// meanwhile (see `Tracker::pending_anywhere`); no copy of the fields, so no sequence
+    /// check.
+    #[inline]
+    pub(crate) fn holds(&self, addr: usize) -> bool {
+        self.addr.load(Ordering::Relaxed) == addr
     }
 
     /// Offers the pending record to `put` (which stores it in the table) and empties the slot
@@ -280,6 +292,11 @@ mod model {
         /// [`PendingRecord::claim`].
         pub fn model_claim(&self, addr: usize) -> Option<usize> {
             self.claim(addr).map(size_of)
+        }
+
+        /// [`PendingRecord::holds`].
+        pub fn model_holds(&self, addr: usize) -> bool {
+            self.holds(addr)
         }
 
         /// [`PendingRecord::read`].

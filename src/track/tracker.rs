@@ -479,6 +479,24 @@ impl Tracker {
         found
     }
 
+    /// Whether `addr`'s record is pending in some thread's slot (any thread's, the caller's
+    /// included). The caller holds the lock of `addr`'s shard. Not on the allocator's path:
+    /// it walks every slot.
+    ///
+    /// Ordering: it cannot miss a record pending at `addr` when the caller took the lock
+    /// (one whose publish happened before, as a block handed to the caller was). The slot's
+    /// `addr` leaves that value only by the owner's cancel (its free of the block: then
+    /// the block is gone, and a concurrent free may be ordered either way), or by a move or
+    /// a claim, which run under this same lock: one that finished before the caller took it
+    /// shows in the table (the lock's release and acquire order it before the table's
+    /// look), and one that starts later cannot have stored yet, so the relaxed load reads
+    /// the published `addr`. A new `addr` is published only for a block placed meanwhile.
+    pub(crate) fn pending_anywhere(&self, addr: usize) -> bool {
+        let mut found = false;
+        self.threads.for_each(|slot| found |= slot.pending.holds(addr));
+        found
+    }
+
     /// A copy of `addr`'s record, from the table or a thread's pending record (tests read
     /// where a record is with it).
     #[cfg(test)]
