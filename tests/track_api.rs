@@ -868,3 +868,75 @@ fn try_track_refuses_a_block_pending_on_another_thread() {
     assert_eq!((stats.bytes, stats.count), (0, 0));
     assert_eq!(TRACKER.error_counts(), Default::default());
 }
+
+/// `try_untrack` and `try_dealloc` of a block a `TrackingAllocator` recorded are refused as
+/// frees of memory that is not theirs (`UntrackedFree`), the block's record left in place,
+/// also while the record is pending in a thread's slot. They looked at the table alone, and
+/// took a pending block for a double free when its address had been freed before (an entry
+/// in the freed ring), counting a double free that never happened.
+#[test]
+fn untrack_and_dealloc_refuse_a_pending_block_as_untracked() {
+    use mmobject::track::TrackingAllocator;
+    use std::alloc::GlobalAlloc;
+    use std::cell::UnsafeCell;
+    use std::sync::atomic::AtomicBool;
+
+    /// An inner allocator with one block, so that a block comes back at the same address.
+    struct OneBlock;
+    #[repr(C, align(64))]
+    struct Buffer(UnsafeCell<[u8; 256]>, AtomicBool);
+    // SAFETY: the bytes are handed to one holder at a time (`AtomicBool`), as a block.
+    unsafe impl Sync for Buffer {}
+    static BUFFER: Buffer = Buffer(UnsafeCell::new([0; 256]), AtomicBool::new(false));
+    // SAFETY: the one block is handed out only while it is free (the flag), fits the layout
+    // (size and alignment checked) and is taken back by `dealloc`.
+    unsafe impl GlobalAlloc for OneBlock {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            if layout.size() > 256 || layout.align() > 64 || BUFFER.1.swap(true, Ordering::Acquire) {
+                return std::ptr::null_mut();
+            }
+            BUFFER.0.get().cast()
+        }
+        unsafe fn dealloc(&self, _: *mut u8, _: Layout) {
+            BUFFER.1.store(false, Ordering::Release);
+        }
+    }
+
+    static TRACKER: Tracker = Tracker::with_mode(Mode::Records);
+    static TAG: Tag = Tag::new("api-untrack-pending");
+    let alloc = TrackingAllocator::with_tracker(OneBlock, &TRACKER);
+    let block = Layout::new::<[u64; 8]>();
+    let _in = TAG.enter();
+    // SAFETY: a non-zero layout; the block is freed once, with it.
+    let addr = unsafe {
+        let p = alloc.alloc(block); // the thread's first recorded block: into the table
+        alloc.dealloc(p, block);
+        p as usize
+    };
+    // External memory at that address, tracked and untracked: an entry in the freed ring.
+    TRACKER.track(std::ptr::without_provenance(addr), 8, TAG.id());
+    assert_eq!(TRACKER.try_untrack(std::ptr::without_provenance(addr)), Ok(8));
+    // SAFETY: a non-zero layout; freed once below, with it.
+    let p = unsafe { alloc.alloc(block) }; // its record stays pending in this thread's slot
+    assert_eq!(p as usize, addr);
+    let refuse_both = || {
+        let untracked = Err(Error::UntrackedFree { addr });
+        assert_eq!(TRACKER.try_untrack(std::ptr::without_provenance(addr)), untracked);
+        assert_eq!(
+            TRACKER.try_dealloc(NonNull::new(std::ptr::without_provenance_mut(addr)).unwrap()),
+            untracked.map(|_| ())
+        );
+    };
+    refuse_both(); // on the thread that holds the record
+    std::thread::scope(|s| {
+        s.spawn(refuse_both); // and on another
+    });
+    let errors = TRACKER.error_counts();
+    assert_eq!((errors.untracked_frees, errors.double_frees), (4, 0), "{errors:?}");
+    assert_eq!(TRACKER.live_records(), 1, "the block's record stays");
+    // SAFETY: live, from `alloc`, freed once with its layout.
+    unsafe { alloc.dealloc(p, block) };
+    assert_eq!(TRACKER.live_records(), 0);
+    let stats = TRACKER.tag_stats(&TAG);
+    assert_eq!((stats.bytes, stats.count), (0, 0));
+}

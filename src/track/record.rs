@@ -50,8 +50,8 @@ struct Shard(SpinLock<SysMap<Record>>);
 /// The records of the newest allocation of each thread may be pending in the thread's slot
 /// instead (see `pending.rs`); the tracker's lookups and reports go through
 /// `Tracker::take_record` and `Tracker::for_each_record`, which see both
-/// (`Tracker::take_own_record` looks at the table alone: the records of the tracker's own
-/// blocks never go pending).
+/// (`Tracker::take_own_record` takes from the table alone: the records of the tracker's own
+/// blocks never go pending; a miss looks at the pending records only to tell the error).
 #[derive(Debug)]
 pub(crate) struct RecordTable {
     shards: [Shard; SHARDS],

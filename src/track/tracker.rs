@@ -605,13 +605,14 @@ impl Tracker {
     }
 
     /// Removes `addr`'s record from the table if its flags have `kind`, in one step under
-    /// the shard's lock. `Err(true)` if the table holds a record of another kind,
-    /// `Err(false)` if it holds none.
+    /// the shard's lock. `Err(true)` if the tracker holds a record of another kind (in the
+    /// table, or pending in a thread's slot: a `TrackingAllocator` block's, which neither
+    /// kind is), `Err(false)` if it holds none.
     fn take_record_of_kind(&self, addr: usize, kind: u32) -> Result<Record, bool> {
         let taken = self.records.with_shard(addr, |map| match map.get_mut(addr).map(|r| r.flags) {
             Some(flags) if flags & kind != 0 => map.remove(addr).ok_or(false),
             Some(_) => Err(true),
-            None => Err(false),
+            None => Err(self.pending_anywhere(addr)),
         })?;
         self.record_removed(addr, taken, true);
         Ok(taken)
