@@ -83,19 +83,28 @@ impl Tracker {
     }
 
     /// Writes the timeline as CSV: a header `frame,<tag>,<tag>,...` (every registered tag,
-    /// in id order), then one row of byte counts per frame.
+    /// in id order), then one row of byte counts per frame, the frames as they were at one
+    /// moment (a concurrent [`Tracker::clear_timeline`] comes wholly before or after).
     ///
     /// # Errors
     ///
     /// Any error from `out`.
     pub fn write_csv(&self, mut out: impl Write) -> io::Result<()> {
-        // Copy the samples out without allocating while the lock is held.
-        let len = self.timeline.inner.lock().0.len();
-        let mut rows: Vec<usize> = Vec::with_capacity(len);
-        {
+        // Copy the samples out whole, under one lock, without allocating while it is held:
+        // the buffer is sized first, and if the timeline outgrew it meanwhile, sized again.
+        // (A prefix of the length seen first is not enough: a `clear_timeline` and new
+        // frames in between may put a frame's boundary elsewhere, and the copy would end
+        // inside a frame.)
+        let mut rows: Vec<usize> = Vec::new();
+        loop {
+            let len = self.timeline.inner.lock().0.len();
+            rows.reserve(len);
             let g = self.timeline.inner.lock();
-            // A `clear_timeline` between the two locks leaves fewer rows.
-            rows.extend_from_slice(&g.0.as_slice()[..len.min(g.0.len())]);
+            if g.0.len() <= rows.capacity() {
+                // Cannot reallocate: the capacity covers the whole copy.
+                rows.extend_from_slice(g.0.as_slice());
+                break;
+            }
         }
         let (names, n) = tag::registered_names();
         let mut line = String::from("frame");
