@@ -135,6 +135,9 @@ impl TagCounters {
         pending: impl FnOnce() -> (isize, isize, isize),
     ) -> TagStats {
         let budget = self.budget.load(Ordering::Relaxed);
+        // Read before the slots, as `current` reads the shared bytes and count: a slot
+        // folded in between is missed, never counted twice (it was in both).
+        let total_count = self.total_count.load(Ordering::Relaxed);
         let (bytes, count, pending_allocs) = self.current(pending);
         TagStats {
             id: tag.0,
@@ -143,7 +146,7 @@ impl TagCounters {
             peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
             count,
             peak_count: self.peak_count.load(Ordering::Relaxed),
-            total_count: self.total_count.load(Ordering::Relaxed) + pending_allocs as u64,
+            total_count: total_count.wrapping_add(pending_allocs as u64),
             budget: (budget != NO_BUDGET).then_some(budget),
             watched: self.watch.load(Ordering::Relaxed),
         }
@@ -235,6 +238,22 @@ mod tests {
         let s = c.snapshot(TagId(0), "x", || (5, 1, 1));
         assert_eq!((s.bytes, s.count, s.total_count), (35, 2, 3));
         assert_eq!((s.peak_bytes, s.peak_count), (35, 2));
+    }
+
+    /// A slot folded between a snapshot's look at the slots and its look at the total:
+    /// the allocations it held are counted once. The total was read after the slots, and
+    /// showed them twice.
+    #[test]
+    fn a_fold_during_a_snapshot_counts_its_allocations_once() {
+        let c = TagCounters::new();
+        c.fold(0, 0, 3);
+        let s = c.snapshot(TagId(0), "x", || {
+            // The slot's deltas as read, then folded by their owner at once.
+            c.fold(64, 1, 1);
+            (64, 1, 1)
+        });
+        assert!(s.total_count <= 4, "{s:?}");
+        assert_eq!(c.snapshot(TagId(0), "x", || (0, 0, 0)).total_count, 4);
     }
 
     #[test]
