@@ -940,3 +940,55 @@ fn untrack_and_dealloc_refuse_a_pending_block_as_untracked() {
     let stats = TRACKER.tag_stats(&TAG);
     assert_eq!((stats.bytes, stats.count), (0, 0));
 }
+
+/// A `realloc` in place that the inner allocator refuses leaves the tag as it was: no
+/// peak, under a budgeted tag (its growth went through the shared counters and raised the
+/// peak before the inner `realloc`) or a plain one (a growth past the thread slot's flush
+/// threshold was folded in, raising the peak, before it was taken back).
+#[test]
+fn a_refused_realloc_raises_no_peak() {
+    use mmobject::track::TrackingAllocator;
+    use std::alloc::{GlobalAlloc, System};
+
+    /// `System`, except that it never grows or shrinks a block.
+    struct NoRealloc;
+    // SAFETY: blocks come from `System` and go back to it with their layout.
+    unsafe impl GlobalAlloc for NoRealloc {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, _: *mut u8, _: Layout, _: usize) -> *mut u8 {
+            std::ptr::null_mut()
+        }
+    }
+
+    static TRACKER: Tracker = Tracker::new();
+    static BUDGETED: Tag = Tag::new("api-realloc-refused-budgeted");
+    static PLAIN: Tag = Tag::new("api-realloc-refused-plain");
+    let alloc = TrackingAllocator::with_tracker(NoRealloc, &TRACKER);
+    TRACKER.set_budget(&BUDGETED, 1 << 30);
+    let small = Layout::new::<[u8; 100]>();
+    for tag in [&BUDGETED, &PLAIN] {
+        let _in = tag.enter();
+        // SAFETY: a non-zero layout; the block is freed once, with it (the refused
+        // `realloc` leaves it as it was).
+        unsafe {
+            let p = alloc.alloc(small);
+            assert!(!p.is_null());
+            assert!(alloc.realloc(p, small, 1 << 20).is_null());
+            let stats = TRACKER.tag_stats(tag);
+            assert_eq!(
+                (stats.bytes, stats.peak_bytes, stats.count, stats.peak_count, stats.total_count),
+                (100, 100, 1, 1, 1),
+                "{stats:?}"
+            );
+            alloc.dealloc(p, small);
+        }
+    }
+    TRACKER.clear_budget(&BUDGETED);
+}

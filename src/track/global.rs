@@ -493,16 +493,13 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         let t = self.tracker;
         let tag = TagId(header.tag());
         let (old_size, new_size) = (layout.size(), new_layout.size());
-        // The block changes size: the difference is counted (and a growth checked against
-        // the budget), not a new block beside the old one.
-        let watched = match t.count_resize(tag, old_size, new_size, Charger::Growth) {
-            Ok(watched) => watched,
-            Err(_) => return ptr::null_mut(), // refused by the budget; the old block stays
+        // The block changes size: the difference is counted, not a new block beside the
+        // old one. A growth is checked against the budget (and claimed) first; the count
+        // and the peaks wait for the inner `realloc`, so a refused one shows nowhere.
+        let Ok(claimed) = t.claim_resize(tag, old_size, new_size) else {
+            return ptr::null_mut(); // refused by the budget; the old block stays
         };
-        // Undoes the count when the block stays as it was (never refused: `InUse`).
-        let undo = || {
-            let _ = t.count_resize(tag, new_size, old_size, Charger::InUse);
-        };
+        let undo = || t.resize_refused(tag, old_size, new_size, claimed);
         let (Some(old_block), Some(new_block)) =
             (block::block_layout(layout, false), block::block_layout(new_layout, false))
         else {
@@ -518,6 +515,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             undo();
             return base;
         }
+        let watched = t.resized(tag, old_size, new_size, claimed);
         // SAFETY: `base` is a live block of `new_block.outer`.
         let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED)) };
         t.placed_without_record(user as usize);

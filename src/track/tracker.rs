@@ -294,26 +294,53 @@ impl Tracker {
         c.watch.load(Ordering::Relaxed)
     }
 
-    /// Counts a counted block's change of size from `old` to `new` bytes (a `realloc` in
-    /// place): the difference alone, in this thread's slot when the tag is not slow. A
-    /// growth on a slow tag goes through the budget check as `charger` says; a shrink is
-    /// never refused. Returns whether the tag is watched.
-    pub(crate) fn count_resize(&self, tag: TagId, old: usize, new: usize, charger: Charger) -> Result<bool, Error> {
+    /// The first step of counting a counted block's change of size from `old` to `new`
+    /// bytes (a `realloc` in place), before the inner `realloc`: a growth under a slow tag
+    /// is checked against the budget (as `Charger::Growth` decides) and its bytes claimed
+    /// (`Ok(true)`); anything else waits for the block (`Ok(false)`), as nothing can refuse
+    /// it. Then [`Tracker::resized`] if the block changed size, else
+    /// [`Tracker::resize_refused`].
+    pub(crate) fn claim_resize(&self, tag: TagId, old: usize, new: usize) -> Result<bool, Error> {
+        if new > old && self.is_slow(tag) {
+            self.claim_bytes(tag, new - old, Charger::Growth)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Counts the change of size once the block has it: a claimed growth is committed
+    /// (raising the peaks); else the difference goes to this thread's slot if the tag is
+    /// not slow, or to the shared counters (no budget check: a growth not claimed had
+    /// nothing to refuse it). Returns whether the tag is watched.
+    pub(crate) fn resized(&self, tag: TagId, old: usize, new: usize, claimed: bool) -> bool {
         let c = &self.counters[tag.index()];
+        if claimed {
+            self.commit_claim(tag, false);
+            return c.watch.load(Ordering::Relaxed);
+        }
         if !c.slow.load(Ordering::Relaxed) {
             if let Some(slot) = self.threads.slot() {
                 if slot.resize(tag.index(), (new as isize).wrapping_sub(old as isize)) {
                     self.flush(slot, tag);
                 }
-                return Ok(false);
+                return false;
             }
         }
         if new >= old {
-            self.charge_counters(tag, new - old, charger)?;
+            // No budget to check: the tag was not slow when the growth was claimed.
+            let shared = c.add(new - old, false);
+            self.raise_peaks(tag, shared);
         } else {
             c.sub_bytes(old - new);
         }
-        Ok(c.watch.load(Ordering::Relaxed))
+        c.watch.load(Ordering::Relaxed)
+    }
+
+    /// Gives back what [`Tracker::claim_resize`] claimed, for a block that kept its size.
+    pub(crate) fn resize_refused(&self, tag: TagId, old: usize, new: usize, claimed: bool) {
+        if claimed {
+            self.counters[tag.index()].sub_bytes(new - old);
+        }
     }
 
     /// Folds this thread's deltas for `tag` into the shared counters.
