@@ -681,7 +681,7 @@ fn try_dealloc_of_a_dangling_pointer_is_an_untracked_free() {
 }
 
 /// The timeline's CSV may be written while another thread marks frames and clears the
-/// timeline: a clear between its two looks leaves fewer rows, never a slice past the end.
+/// timeline: never a slice past the end (and never a torn row: see `track_timeline.rs`).
 #[test]
 #[cfg_attr(miri, ignore = "a timing stress test")]
 fn the_timeline_csv_races_clears() {
