@@ -62,9 +62,12 @@ impl TagCounters {
         self.rearm_warning(before.wrapping_sub(size));
     }
 
-    /// Lets the next overrun warn again once `bytes` is back within the budget.
+    /// Lets the next overrun warn again once `bytes` is back within the budget. `bytes` may
+    /// sit below zero (wrapped) for a while, which is within any budget; the budget is any
+    /// `usize`, so it is not compared as an `isize`.
     fn rearm_warning(&self, bytes: usize) {
-        if self.warned.load(Ordering::Relaxed) && (bytes as isize) <= self.budget.load(Ordering::Relaxed) as isize {
+        if self.warned.load(Ordering::Relaxed) && ((bytes as isize) < 0 || bytes <= self.budget.load(Ordering::Relaxed))
+        {
             self.warned.store(false, Ordering::Relaxed);
         }
     }
@@ -254,6 +257,24 @@ mod tests {
         });
         assert!(s.total_count <= 4, "{s:?}");
         assert_eq!(c.snapshot(TagId(0), "x", || (0, 0, 0)).total_count, 4);
+    }
+
+    /// Back under a budget larger than `isize::MAX` (`set_budget` takes any `usize`), the
+    /// next overrun warns again: the budget was compared as an `isize`, negative, so the
+    /// warning never rearmed.
+    #[test]
+    fn the_warning_rearms_under_a_budget_past_isize_max() {
+        let c = TagCounters::new();
+        c.budget.store(NO_BUDGET - 1, Ordering::Relaxed);
+        c.bytes.store(100, Ordering::Relaxed);
+        c.warned.store(true, Ordering::Relaxed);
+        c.sub_bytes(50);
+        assert!(!c.warned.load(Ordering::Relaxed));
+        // Below zero for a while (the matching charge still pending in a slot): under too.
+        c.warned.store(true, Ordering::Relaxed);
+        c.budget.store(10, Ordering::Relaxed);
+        c.sub(60);
+        assert!(!c.warned.load(Ordering::Relaxed));
     }
 
     #[test]
