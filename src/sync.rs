@@ -43,6 +43,12 @@ impl<T> RwLock<T> {
         self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Loom's read lock never waits behind a queued writer, so it is
+    /// already what `parking_lot`'s `read_recursive` promises.
+    pub(crate) fn read_recursive(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+        self.read()
+    }
+
     pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
         self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner())
     }

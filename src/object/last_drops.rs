@@ -28,9 +28,10 @@ use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use crate::sync::{fence, AtomicU32, AtomicUsize, Mutex, Ordering, UnsafeCell};
+use crate::sync::{fence, AtomicU32, AtomicUsize, Ordering, UnsafeCell};
 
 use super::owner_counts::{Check, Released};
+use super::reentry::NamedMutex;
 use super::shared::{StoreShared, DEAD_LANES};
 use super::slot::{LINK_FLAG, NIL};
 
@@ -65,7 +66,8 @@ enum Found {
 /// - `recorded` counts the entries ever written and is stored only by the
 ///   owning thread, after it wrote the entry (`Release`); `drained` counts
 ///   the entries ever drained and is stored only under `draining`, after the
-///   drainer read them and pushed their slots (`Release`).
+///   drainer read them and pushed their slots (`Release`); their checks are
+///   queued, or lost if queueing them panicked (see [`Progress`]).
 ///   `drained <= recorded <= drained + CAPACITY`, so entry `i` lives in cell
 ///   `i % CAPACITY` from its write until `drained` passes it.
 /// - Every dead entry names a slot whose count its thread took to zero: no
@@ -76,7 +78,7 @@ pub(crate) struct LastDrops {
     entries: Box<[UnsafeCell<MaybeUninit<Entry>>]>,
     recorded: AtomicUsize,
     drained: AtomicUsize,
-    draining: Mutex<()>,
+    draining: NamedMutex<()>,
 }
 
 // The cells are written only by the owning thread, in cells no drainer reads
@@ -125,37 +127,58 @@ impl LastDrops {
         let _turn = self.draining.lock();
         let drained = self.drained.load(Ordering::Relaxed);
         let recorded = self.recorded.load(Ordering::Acquire);
-        let mut lanes: Option<Lanes> = None;
+        // Queueing a check runs user code (the store allocator, a logger),
+        // which may panic: the guard then still pushes the open lanes and
+        // marks what was read as drained, so no entry is linked twice.
+        let mut progress = Progress { ring: self, next: drained, lanes: None };
         let mut checks = Checks::default();
         for i in drained..recorded {
             // SAFETY: `i` is below `recorded` (read with `Acquire`, so its
             // write is visible) and at or above `drained`, which only we may
             // move: the cell holds entry `i` and its thread does not touch it.
             let entry = self.entries[i % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() });
-            let local = match entry.found {
-                Found::Dead(local) => local,
-                Found::Check(check) => {
-                    checks.add(entry.shared, check);
-                    continue;
-                }
-            };
-            match &mut lanes {
-                Some(open) if open.shared == entry.shared => open.link(local, entry.word),
-                other => {
-                    if let Some(done) = other.take() {
-                        done.push();
+            match entry.found {
+                Found::Dead(local) => match &mut progress.lanes {
+                    Some(open) if open.shared == entry.shared => open.link(local, entry.word),
+                    other => {
+                        if let Some(done) = other.take() {
+                            done.push();
+                        }
+                        let mut open = Lanes::new(entry.shared);
+                        open.link(local, entry.word);
+                        *other = Some(open);
                     }
-                    let mut open = Lanes::new(entry.shared);
-                    open.link(local, entry.word);
-                    *other = Some(open);
-                }
+                },
+                Found::Check(check) => checks.add(entry.shared, check),
             }
+            progress.next = i + 1;
         }
-        if let Some(done) = lanes {
+        if let Some(done) = progress.lanes.take() {
             done.push();
         }
         checks.flush();
-        self.drained.store(recorded, Ordering::Release);
+    }
+}
+
+/// A drain's progress: on drop (also when queueing a check panicked) it
+/// pushes the lanes still open and stores `drained` past the entries read.
+/// Checks of entries read but not yet queued are then lost: their objects
+/// wait for shutdown, which is a leak, never a double destroy.
+struct Progress<'a> {
+    ring: &'a LastDrops,
+    /// The first entry not read yet.
+    next: usize,
+    lanes: Option<Lanes>,
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        if let Some(done) = self.lanes.take() {
+            done.push();
+        }
+        // `Release`: the pushes above, and the reads of the cells, happen
+        // before the owner reuses them.
+        self.ring.drained.store(self.next, Ordering::Release);
     }
 }
 
@@ -334,15 +357,16 @@ struct RingPtr(NonNull<LastDrops>);
 unsafe impl Send for RingPtr {}
 
 #[cfg(not(loom))]
-fn registry() -> &'static Mutex<Vec<RingPtr>> {
-    static RINGS: Mutex<Vec<RingPtr>> = Mutex::new(Vec::new());
+fn registry() -> &'static NamedMutex<Vec<RingPtr>> {
+    static RINGS: NamedMutex<Vec<RingPtr>> = NamedMutex::new(Vec::new(), "draining every thread's last drops", "");
     &RINGS
 }
 
 #[cfg(loom)]
-fn registry() -> &'static Mutex<Vec<RingPtr>> {
+fn registry() -> &'static NamedMutex<Vec<RingPtr>> {
     loom::lazy_static! {
-        static ref RINGS: Mutex<Vec<RingPtr>> = Mutex::new(Vec::new());
+        static ref RINGS: NamedMutex<Vec<RingPtr>> =
+            NamedMutex::new(Vec::new(), "draining every thread's last drops", "");
     }
     &RINGS
 }
@@ -390,7 +414,7 @@ impl ThreadRing {
             entries: entries.into_boxed_slice(),
             recorded: AtomicUsize::new(0),
             drained: AtomicUsize::new(0),
-            draining: Mutex::new(()),
+            draining: NamedMutex::new((), "draining the last drops of a thread", ""),
         };
         // SAFETY: `raw` is a fresh allocation of `LastDrops`'s layout.
         unsafe { raw.as_ptr().write(ring) };

@@ -110,7 +110,11 @@ impl Loader {
         strict_budget: bool,
     ) -> Result<Handle<T>, TryCreateError<T>> {
         // Held through the create, so shutdown waits for it (see `Registry`).
-        let open = self.registry.open.read();
+        // Recursive: the create runs user code (the store allocator, `size()`
+        // under a tracker, a logger), which may create through a loader
+        // again; a plain read would queue behind a waiting shutdown, which
+        // waits for this one: a deadlock.
+        let open = self.registry.open.read_recursive();
         if !*open {
             return Err(TryCreateError { value, error: Error::ManagerShutDown { manager: self.registry.id } });
         }
@@ -124,7 +128,7 @@ impl Loader {
 
     /// True until the manager shuts down.
     pub fn is_open(&self) -> bool {
-        *self.registry.open.read()
+        *self.registry.open.read_recursive()
     }
 }
 

@@ -43,6 +43,7 @@ mod manager;
 mod owner_counts;
 mod owner_slots;
 mod raw;
+mod reentry;
 mod registry;
 mod release;
 mod report;

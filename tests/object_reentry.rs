@@ -1,0 +1,170 @@
+//! Re-entrancy: user code the manager runs (a store allocator, `size()`, a
+//! `Drop`) that comes back into the manager. Each case either works or
+//! panics with a message naming what the thread was doing; none deadlocks
+//! and none corrupts the manager.
+//!
+//! The store allocator here forwards to `Global` and runs a per-thread hook
+//! first, when one is armed. A hook is taken out while it runs, so the
+//! allocations it causes itself do not run it again.
+
+mod support;
+
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use mmobject::allocator_api2::alloc::{AllocError, Allocator, Global};
+use mmobject::{MMObject, ObjectManager};
+
+use support::Drops;
+
+type Hook = Box<dyn FnMut(Layout)>;
+
+thread_local! {
+    static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Runs `hook` before each store allocation this thread makes, until [`disarm`].
+fn arm(hook: impl FnMut(Layout) + 'static) {
+    HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+}
+
+fn disarm() {
+    HOOK.with(|h| h.borrow_mut().take());
+}
+
+#[derive(Clone, Copy)]
+struct HookAlloc;
+
+// SAFETY: every block comes from and goes back to `Global`.
+unsafe impl Allocator for HookAlloc {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if let Some(mut hook) = HOOK.with(|h| h.borrow_mut().take()) {
+            hook(layout);
+            // Put back, unless the hook re-armed or a panic went past.
+            HOOK.with(|h| {
+                h.borrow_mut().get_or_insert(hook);
+            });
+        }
+        Global.allocate(layout)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller's contract is `Global`'s, which allocated it.
+        unsafe { Global.deallocate(ptr, layout) }
+    }
+}
+
+fn hooked() -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(4).allocator(HookAlloc).build()
+}
+
+/// Runs `f` on its own thread and returns what it returns, or panics as it
+/// panicked; a run past 10 s is a deadlock, and fails the test (the stuck
+/// thread is left behind).
+fn within_10s<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (send, recv) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = send.send(catch_unwind(AssertUnwindSafe(f)));
+    });
+    match recv.recv_timeout(Duration::from_secs(10)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(payload)) => std::panic::resume_unwind(payload),
+        Err(_) => panic!("deadlock: the scenario did not finish within 10 s"),
+    }
+}
+
+/// The message of a caught panic.
+fn message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => payload.downcast::<&str>().map_or_else(|_| "?".into(), |s| s.to_string()),
+    }
+}
+
+#[derive(MMObject)]
+struct Rock {
+    id: u32,
+}
+
+#[derive(MMObject)]
+struct Pebble {
+    id: u32,
+}
+
+#[derive(MMObject)]
+struct Sand {
+    id: u32,
+}
+
+#[test]
+fn nested_loader_create_while_shutdown_waits_completes() {
+    within_10s(|| {
+        let mm = hooked();
+        mm.reserve::<Pebble>(1); // the nested create needs no lock of its own
+        let loader = mm.loader();
+        let (inside, entered) = mpsc::channel();
+        let (closing, closes) = mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            let nested = loader.clone();
+            let mut once = Some((inside, closes));
+            arm(move |_| {
+                if let Some((inside, closes)) = once.take() {
+                    inside.send(()).unwrap();
+                    closes.recv().unwrap();
+                    // Give shutdown time to queue for the write lock.
+                    std::thread::sleep(Duration::from_millis(200));
+                    assert!(nested.try_create(Pebble { id: 1 }).is_ok());
+                }
+            });
+            // Rock's first create registers its store: the allocator runs.
+            let rock = loader.try_create(Rock { id: 0 });
+            disarm();
+            rock.is_ok()
+        });
+        entered.recv().unwrap();
+        closing.send(()).unwrap();
+        let report = mm.shutdown();
+        assert!(worker.join().unwrap(), "the loader's create began before shutdown");
+        drop(report);
+    });
+}
+
+/// A store allocator that panics (or a logger that panics after it refused)
+/// while the last drops of a thread are being drained: the drain must not
+/// leave entries it already moved to look undrained, or the next collection
+/// links them a second time and destroys objects twice.
+#[test]
+fn a_panicking_allocator_during_a_drain_destroys_nothing_twice() {
+    within_10s(|| {
+        let drops = Drops::new();
+        let mut mm = ObjectManager::builder()
+            .report_leaks(false)
+            .segment_base(4)
+            .allocator(HookAlloc)
+            .owner_thread(true)
+            .build();
+        #[derive(MMObject)]
+        struct Counted {
+            _token: support::DropToken,
+        }
+        let counted: Vec<_> = (0..3).map(|_| mm.create(Counted { _token: drops.token() })).collect();
+        let checked = mm.create(Sand { id: 0 });
+        let copy = checked.clone(); // the owner thread now holds counts on it
+        drop(counted); // three last drops in this thread's ring
+        drop(copy);
+        drop(checked); // a check, queued after them
+        arm(|_| panic!("store allocator refuses to work"));
+        let outcome = catch_unwind(AssertUnwindSafe(|| mm.collect_garbage()));
+        disarm();
+        assert!(message(outcome.expect_err("the allocator panics")).contains("refuses"));
+        mm.collect_garbage();
+        mm.collect_garbage();
+        assert_eq!(drops.count(), 3, "each object dropped once");
+        drop(mm);
+        assert_eq!(drops.count(), 3);
+    });
+}
