@@ -101,6 +101,36 @@ struct Sand {
 }
 
 #[test]
+fn allocator_creating_the_type_whose_store_grows_panics_clearly() {
+    let text = within_10s(|| {
+        let mm = hooked();
+        mm.reserve::<Rock>(0); // registered, no segment yet
+        let loader = mm.loader();
+        arm(move |_| drop(loader.create(Rock { id: 1 })));
+        let outcome = catch_unwind(AssertUnwindSafe(|| drop(mm.create(Rock { id: 0 }))));
+        disarm();
+        // The manager is still usable.
+        assert_eq!(mm[&mm.create(Rock { id: 2 })].id, 2);
+        message(outcome.expect_err("a re-entrant grow of the same store must panic"))
+    });
+    assert!(text.contains("already growing the store of `") && text.contains("Rock"), "{text}");
+}
+
+#[test]
+fn allocator_creating_an_unregistered_type_while_one_registers_panics_clearly() {
+    let text = within_10s(|| {
+        let mm = hooked();
+        let loader = mm.loader();
+        arm(move |_| drop(loader.create(Pebble { id: 1 })));
+        let outcome = catch_unwind(AssertUnwindSafe(|| drop(mm.create(Rock { id: 0 }))));
+        disarm();
+        assert_eq!(mm[&mm.create(Pebble { id: 2 })].id, 2);
+        message(outcome.expect_err("a re-entrant registration must panic"))
+    });
+    assert!(text.contains("already registering an object type"), "{text}");
+}
+
+#[test]
 fn nested_loader_create_while_shutdown_waits_completes() {
     within_10s(|| {
         let mm = hooked();
@@ -166,5 +196,71 @@ fn a_panicking_allocator_during_a_drain_destroys_nothing_twice() {
         assert_eq!(drops.count(), 3, "each object dropped once");
         drop(mm);
         assert_eq!(drops.count(), 3);
+    });
+}
+
+#[derive(MMObject)]
+struct Node {
+    next: Option<mmobject::Handle<Node>>,
+}
+
+#[test]
+fn allocator_dropping_a_handle_while_a_cycle_candidate_is_queued_panics_clearly() {
+    let text = within_10s(|| {
+        let mm = hooked();
+        let a = mm.create(Node { next: None });
+        let b = mm.create(Node { next: Some(a.clone()) });
+        let a2 = mm.create(Node { next: Some(b.clone()) });
+        // `a` and `b` are held twice: dropping one handle of each queues a candidate.
+        let mut b = Some(b);
+        arm(move |_| drop(b.take()));
+        let outcome = catch_unwind(AssertUnwindSafe(|| drop(a)));
+        disarm();
+        drop(a2);
+        message(outcome.expect_err("a re-entrant candidate push must panic"))
+    });
+    assert!(text.contains("already queueing a cycle candidate of `Node`"), "{text}");
+}
+
+/// The allocator runs while a drain queues a check (owner thread): there it
+/// drops enough last handles to fill this thread's ring again, and reads
+/// and collects another manager (which drains every ring). Both would wait
+/// for the drain under way; both go on without it.
+#[test]
+fn allocator_releasing_and_collecting_during_a_drain_works() {
+    within_10s(|| {
+        let drops = Drops::new();
+        let mut mm = ObjectManager::builder()
+            .report_leaks(false)
+            .segment_base(4)
+            .allocator(HookAlloc)
+            .owner_thread(true)
+            .build();
+        #[derive(MMObject)]
+        struct Counted {
+            _token: support::DropToken,
+        }
+        let many: Vec<_> = (0..600).map(|_| mm.create(Counted { _token: drops.token() })).collect();
+        let other = support::quiet();
+        let elsewhere = other.create(Sand { id: 1 });
+        let checked = mm.create(Sand { id: 0 });
+        drop(checked.clone()); // the owner thread now holds counts on it
+        drop(checked); // a check in this thread's ring
+        let mut hook_state = Some((many, elsewhere, other));
+        arm(move |_| {
+            if let Some((many, elsewhere, mut other)) = hook_state.take() {
+                for handle in many {
+                    drop(handle);
+                }
+                drop(elsewhere);
+                assert_eq!(other.collect_garbage().objects, 1);
+                assert!(other.shutdown().is_empty());
+            }
+        });
+        mm.collect_garbage();
+        disarm();
+        mm.collect_garbage();
+        assert_eq!(drops.count(), 600, "each object dropped once");
+        assert_eq!(mm.len(), 0);
     });
 }

@@ -18,7 +18,6 @@ use std::ptr;
 
 use allocator_api2::vec::Vec;
 use hashbrown::{DefaultHashBuilder, HashMap};
-use parking_lot::Mutex;
 
 // `std`'s atomics even under loom: the table is no part of a modelled
 // protocol (only that a site keeps its number is), and its searches would
@@ -27,6 +26,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::Error;
 
+use super::reentry::NamedMutex;
 use super::store_alloc::StoreAlloc;
 
 /// Sites numbered without a lock.
@@ -49,7 +49,7 @@ const MAX_PROBES: usize = 8;
 ///   site at once): reports show the same `file:line` for both.
 pub(crate) struct CreationSites {
     fast: Vec<AtomicPtr<Location<'static>>, StoreAlloc>,
-    more: Mutex<More>,
+    more: NamedMutex<More>,
 }
 
 type More = (HashMap<SiteKey, u32, DefaultHashBuilder, StoreAlloc>, Vec<&'static Location<'static>, StoreAlloc>);
@@ -75,7 +75,7 @@ impl CreationSites {
         }
         fast.extend((0..FAST).map(|_| AtomicPtr::new(ptr::null_mut())));
         let more = (HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc.clone()), Vec::new_in(alloc));
-        Ok(CreationSites { fast, more: Mutex::new(more) })
+        Ok(CreationSites { fast, more: NamedMutex::new(more, "numbering a creation site of", type_name) })
     }
 
     /// The number of `site`, given one if it has none yet. `None` only if

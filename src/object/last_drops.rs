@@ -94,17 +94,25 @@ unsafe impl Send for LastDrops {}
 
 impl LastDrops {
     /// Records a slot whose count the calling thread just took to zero,
-    /// draining the ring first if it is full.
+    /// draining the ring first if it is full. Returns false, recording
+    /// nothing, if it is full while this thread drains it (user code that
+    /// the drain ran): the caller then pushes the slot itself.
     ///
     /// # Safety
     ///
     /// Only the ring's owning thread calls it, and the entry is as the type's
     /// invariants ask.
-    unsafe fn record(&self, entry: Entry) {
+    unsafe fn record(&self, entry: Entry) -> bool {
         // Only this thread stores `recorded`.
         let recorded = self.recorded.load(Ordering::Relaxed);
         // `Acquire`: a drainer's reads of the cell about to be reused happen before the write.
         if recorded - self.drained.load(Ordering::Acquire) == CAPACITY {
+            if self.draining.held_here() {
+                // User code run by this thread's own drain (the store
+                // allocator or a logger, queueing a check) dropped a last
+                // handle: the caller pushes the slot itself.
+                return false;
+            }
             self.drain();
         }
         self.entries[recorded % CAPACITY].with_mut(|cell| {
@@ -115,6 +123,7 @@ impl LastDrops {
         // `Release`: publishes the entry (and, through the caller's fence,
         // every use of the object) to whoever drains it.
         self.recorded.store(recorded + 1, Ordering::Release);
+        true
     }
 
     /// Pushes every recorded slot onto its store's dead lanes. Any thread may
@@ -330,8 +339,7 @@ unsafe fn record_mine(entry: Entry) -> bool {
         Some(ring) => {
             // SAFETY: `ring` is this thread's own, and the entry is as the
             // invariants ask (caller).
-            unsafe { ring.as_ref().record(entry) };
-            true
+            unsafe { ring.as_ref().record(entry) }
         }
         None => false,
     });
@@ -341,6 +349,12 @@ unsafe fn record_mine(entry: Entry) -> bool {
 /// Drains every thread's ring: afterwards every last drop that happened
 /// before the call is on its store's dead list.
 pub(crate) fn drain_all() {
+    if registry().held_here() {
+        // User code run under this drain (a store allocator or a logger,
+        // queueing a check) read or collected a manager: the drain under
+        // way goes on, and what it has not reached waits for the next one.
+        return;
+    }
     let rings = registry().lock();
     for ring in rings.iter() {
         // SAFETY: a registered ring stays allocated until its thread takes it
@@ -418,6 +432,11 @@ impl ThreadRing {
         };
         // SAFETY: `raw` is a fresh allocation of `LastDrops`'s layout.
         unsafe { raw.as_ptr().write(ring) };
+        if registry().held_here() {
+            // Called from user code under `drain_all`: no ring for now, the
+            // caller pushes the slot itself.
+            return None;
+        }
         let mut rings = registry().lock();
         if rings.try_reserve(1).is_err() {
             drop(rings);

@@ -49,6 +49,12 @@ impl<T> NamedMutex<T> {
         NamedMutex { lock: Mutex::new(value), holder: AtomicU64::new(0), doing, whose }
     }
 
+    /// True if this thread holds the lock: for a caller that can do without
+    /// it, where waiting would deadlock.
+    pub(crate) fn held_here(&self) -> bool {
+        self.holder.load(Ordering::Relaxed) == thread_token()
+    }
+
     /// Locks, or panics if this thread already holds the lock (re-entered
     /// from user code the manager called under it).
     #[track_caller]

@@ -13,11 +13,12 @@ use std::hash::{Hash, Hasher};
 use std::panic::Location;
 use std::sync::{Arc, OnceLock};
 
-use crate::sync::{AtomicUsize, Mutex, Ordering, RwLock};
+use crate::sync::{AtomicUsize, Ordering, RwLock};
 use crate::track::Tracker;
 use crate::{Error, Result};
 
 use super::index_space::IndexSpace;
+use super::reentry::NamedMutex;
 use super::store::{ErasedStore, SlotSource, Store, StoreConfig};
 use super::store_alloc::StoreAlloc;
 use super::{Handle, HandleOrigin, MMObject, TryCreateError};
@@ -70,7 +71,7 @@ pub(crate) struct Registry {
     types: Box<[OnceLock<(TypeId, u32)>]>,
     stores: Box<[OnceLock<StoreEntry>]>,
     store_count: AtomicUsize,
-    register_lock: Mutex<()>,
+    register_lock: NamedMutex<()>,
     pub(crate) index_space: Arc<IndexSpace>,
     config: RegistryConfig,
     pub(crate) open: RwLock<bool>,
@@ -85,7 +86,7 @@ impl Registry {
             types: (0..TYPE_TABLE).map(|_| OnceLock::new()).collect(),
             stores: (0..MAX_TYPES).map(|_| OnceLock::new()).collect(),
             store_count: AtomicUsize::new(0),
-            register_lock: Mutex::new(()),
+            register_lock: NamedMutex::new((), "registering an object type", ""),
             index_space: Arc::new(IndexSpace::new(config.alloc.clone())),
             config,
             open: RwLock::new(true),

@@ -14,13 +14,13 @@
 //! at once (see `Store::collect`).
 
 use hashbrown::{DefaultHashBuilder, HashMap};
-use parking_lot::Mutex;
 
-use crate::sync::{self, fence, AtomicU32, Ordering};
+use crate::sync::{fence, AtomicU32, Ordering};
 
 use super::candidates::Candidates;
 use super::layout::{locate, MAX_SEGMENTS};
 use super::owner_counts::Check;
+use super::reentry::NamedMutex;
 use super::slot::{LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 
@@ -75,11 +75,11 @@ pub(crate) struct StoreShared {
     /// The manager's owner thread's token, or 0 for none (see `owner_counts.rs`).
     pub(crate) owner_thread: u64,
     /// Candidate roots for cycle collection (see `candidates.rs`).
-    pub(crate) candidates: sync::Mutex<Candidates>,
+    pub(crate) candidates: NamedMutex<Candidates>,
     /// Checks of the objects whose last handle may be gone while the owner
     /// thread holds counts on them, for the owner's next collection (see
     /// `owner_counts.rs`). A slot may be named twice.
-    checks: sync::Mutex<allocator_api2::vec::Vec<Check, StoreAlloc>>,
+    checks: NamedMutex<allocator_api2::vec::Vec<Check, StoreAlloc>>,
     /// Set once a collection on another thread than the owner left checks
     /// queued, and said so.
     pub(crate) warned_not_owner: std::sync::atomic::AtomicBool,
@@ -87,10 +87,10 @@ pub(crate) struct StoreShared {
     segment_start: [AtomicU32; MAX_SEGMENTS],
     /// Outstanding raw references, by local slot index. Raw calls check it, so
     /// a raw handle can never give back more references than it holds.
-    pub(crate) raw_refs: Mutex<RawRefs>,
+    pub(crate) raw_refs: NamedMutex<RawRefs>,
     /// Where each live handle was made (feature `handle-sites`).
     #[cfg(feature = "handle-sites")]
-    pub(crate) handle_sites: Mutex<super::handle_sites::HandleSites>,
+    pub(crate) handle_sites: NamedMutex<super::handle_sites::HandleSites>,
 }
 
 impl StoreShared {
@@ -112,13 +112,25 @@ impl StoreShared {
             type_name,
             cyclable,
             owner_thread,
-            candidates: sync::Mutex::new(Candidates::new(alloc.clone())),
-            checks: sync::Mutex::new(allocator_api2::vec::Vec::new_in(alloc.clone())),
+            candidates: NamedMutex::new(Candidates::new(alloc.clone()), "queueing a cycle candidate of", type_name),
+            checks: NamedMutex::new(
+                allocator_api2::vec::Vec::new_in(alloc.clone()),
+                "queueing checks of released",
+                type_name,
+            ),
             warned_not_owner: std::sync::atomic::AtomicBool::new(false),
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
             #[cfg(feature = "handle-sites")]
-            handle_sites: Mutex::new(super::handle_sites::HandleSites::new(alloc.clone())),
-            raw_refs: Mutex::new(HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc)),
+            handle_sites: NamedMutex::new(
+                super::handle_sites::HandleSites::new(alloc.clone()),
+                "recording a handle site of",
+                type_name,
+            ),
+            raw_refs: NamedMutex::new(
+                HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc),
+                "updating the raw references of",
+                type_name,
+            ),
         }
     }
 

@@ -38,6 +38,7 @@ use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
 use super::owner_slots::{Chain, OwnerSlots, RUN};
+use super::reentry::NamedMutex;
 use super::report::TypeReport;
 use super::shared::{StoreShared, DEAD_LANES};
 use super::slot::{Slot, SlotHeader, SlotState, CHECK, GENERATION_LIMIT, LINK_FLAG, NIL};
@@ -126,7 +127,7 @@ pub(crate) struct Store<T> {
     /// after the collection moved them).
     returned: AtomicU64,
     peak_resident: AtomicU64,
-    grow_lock: Mutex<()>,
+    grow_lock: NamedMutex<()>,
     /// Taken by loaders to pop, and by collection to push (see the invariants).
     free_lock: Mutex<()>,
     /// Live iterators over this store (see the invariants).
@@ -215,7 +216,7 @@ impl<T: MMObject> Store<T> {
             returned_head: AtomicU32::new(NIL),
             returned: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
-            grow_lock: Mutex::new(()),
+            grow_lock: NamedMutex::new((), "growing the store of", T::TYPE_NAME),
             free_lock: Mutex::new(()),
             iterating: AtomicU32::new(0),
             index_space,
