@@ -131,6 +131,50 @@ fn allocator_creating_an_unregistered_type_while_one_registers_panics_clearly() 
 }
 
 #[test]
+fn allocator_growing_other_stores_while_the_index_table_grows_works() {
+    within_10s(|| {
+        let mm: &'static ObjectManager = Box::leak(Box::new(hooked()));
+        let mut want = 0;
+        // The index table's ranges (four `u32`s each) are the store allocations
+        // aligned to 4: grow Pebble's store each time the table grows.
+        arm(move |layout| {
+            if layout.align() == 4 {
+                want += 64;
+                mm.reserve::<Pebble>(want);
+            }
+        });
+        let rocks = mm.create_many((0..200).map(|id| Rock { id }));
+        disarm();
+        assert_eq!(mm[&rocks[199]].id, 199);
+        assert!(mm.count::<Pebble>() == 0 && mm.report().types.len() == 2);
+    });
+}
+
+#[test]
+fn allocator_creating_the_type_while_its_charge_table_grows_works() {
+    static TRACKER: mmobject::track::Tracker = mmobject::track::Tracker::new();
+    within_10s(|| {
+        let mm =
+            ObjectManager::builder().report_leaks(false).segment_base(4).allocator(HookAlloc).tracker(&TRACKER).build();
+        let first = mm.create(Rock { id: 0 }); // segment 0 has room for 3 more
+        let loader = mm.loader();
+        let made = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let keep = std::rc::Rc::clone(&made);
+        // The tracker's charge table holds `usize`s: the store allocations aligned to 8.
+        arm(move |layout| {
+            if layout.align() == 8 {
+                keep.borrow_mut().push(loader.create(Rock { id: 1 }));
+            }
+        });
+        mm.reserve::<Rock>(10);
+        disarm();
+        assert!(!made.borrow().is_empty());
+        assert_eq!(mm.count::<Rock>(), 1 + made.borrow().len());
+        assert_eq!(mm[&first].id, 0);
+    });
+}
+
+#[test]
 fn nested_loader_create_while_shutdown_waits_completes() {
     within_10s(|| {
         let mm = hooked();

@@ -49,24 +49,43 @@ impl IndexSpace {
         local_start: u32,
         type_name: &'static str,
     ) -> Result<u32, Error> {
-        let mut inner = self.inner.write();
-        let start = inner.next;
-        if u64::from(start) + u64::from(len) > u64::from(MAX_INDEX) {
-            return Err(Error::CapacityExceeded { what: "object slots in one manager", limit: MAX_INDEX as usize });
+        loop {
+            let mut inner = self.inner.write();
+            let start = inner.next;
+            if u64::from(start) + u64::from(len) > u64::from(MAX_INDEX) {
+                return Err(Error::CapacityExceeded { what: "object slots in one manager", limit: MAX_INDEX as usize });
+            }
+            if inner.ranges.len() < inner.ranges.capacity() {
+                inner.next = start + len;
+                inner.ranges.push(Range { start, len, store, local_start });
+                return Ok(start);
+            }
+            // Room is made with the lock released: the allocator is user
+            // code, which may grow another store (and so come here) on this
+            // thread. Whoever swaps first wins; the other buffer is freed.
+            let want = (inner.ranges.len() * 2).max(4);
+            let alloc = inner.ranges.allocator().clone();
+            drop(inner);
+            let mut bigger = Vec::new_in(alloc);
+            if bigger.try_reserve_exact(want).is_err() {
+                return Err(Error::StoreOutOfMemory {
+                    type_name,
+                    part: "the manager's index table",
+                    bytes: want * std::mem::size_of::<Range>(),
+                    allocator: bigger.allocator().name(),
+                });
+            }
+            let mut inner = self.inner.write();
+            let spare = if inner.ranges.len() == inner.ranges.capacity() && inner.ranges.len() < bigger.capacity() {
+                bigger.extend_from_slice(&inner.ranges);
+                std::mem::replace(&mut inner.ranges, bigger)
+            } else {
+                bigger
+            };
+            // Freed with the lock released too.
+            drop(inner);
+            drop(spare);
         }
-        if inner.ranges.try_reserve(1).is_err() {
-            let alloc = inner.ranges.allocator().name();
-            let bytes = (inner.ranges.len() + 1) * std::mem::size_of::<Range>();
-            return Err(Error::StoreOutOfMemory {
-                type_name,
-                part: "the manager's index table",
-                bytes,
-                allocator: alloc,
-            });
-        }
-        inner.next = start + len;
-        inner.ranges.push(Range { start, len, store, local_start });
-        Ok(start)
     }
 
     /// Finds the store and local slot index of a manager-wide index.

@@ -81,11 +81,27 @@ impl Tracking {
     /// Makes the charge table cover slots `0..slots` (a segment is being added), or says
     /// that the store's allocator refused; nothing changes then.
     pub(crate) fn reserve_slots(&self, slots: usize) -> Result<(), ()> {
+        // The allocator runs with the lock released: it is user code, which
+        // may create (so charge) an object of this type on this thread. Only
+        // `grow`, under the store's growth lock, changes the table's length,
+        // so it is the same when the lock is taken again.
+        let (len, alloc) = {
+            let table = self.charged.lock();
+            (table.len(), table.allocator().clone())
+        };
+        if slots <= len {
+            return Ok(());
+        }
+        let mut bigger = Vec::new_in(alloc);
+        bigger.try_reserve_exact(slots).map_err(|_| ())?;
         let mut table = self.charged.lock();
-        let more = slots.saturating_sub(table.len());
-        table.try_reserve(more).map_err(|_| ())?;
-        let len = table.len() + more;
-        table.resize(len, VACANT);
+        debug_assert_eq!(table.len(), len, "only `grow` resizes the charge table");
+        bigger.extend_from_slice(&table);
+        bigger.resize(slots, VACANT);
+        let old = std::mem::replace(&mut *table, bigger);
+        drop(table);
+        // Freed with the lock released too.
+        drop(old);
         Ok(())
     }
 
