@@ -70,7 +70,8 @@ fn within_10s<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
     std::thread::spawn(move || {
         let _ = send.send(catch_unwind(AssertUnwindSafe(f)));
     });
-    match recv.recv_timeout(Duration::from_secs(10)) {
+    // Miri runs a scenario hundreds of times slower: there only a hang fails it.
+    match recv.recv_timeout(Duration::from_secs(if cfg!(miri) { 900 } else { 10 })) {
         Ok(Ok(value)) => value,
         Ok(Err(payload)) => std::panic::resume_unwind(payload),
         Err(_) => panic!("deadlock: the scenario did not finish within 10 s"),
@@ -128,6 +129,23 @@ fn allocator_creating_an_unregistered_type_while_one_registers_panics_clearly() 
         message(outcome.expect_err("a re-entrant registration must panic"))
     });
     assert!(text.contains("already registering an object type"), "{text}");
+}
+
+#[test]
+fn allocator_creating_a_registered_type_while_another_store_grows_works() {
+    within_10s(|| {
+        let mm = hooked();
+        let sand = mm.create(Sand { id: 0 }); // Sand's store has room for 3 more
+        let loader = mm.loader();
+        let made = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let keep = std::rc::Rc::clone(&made);
+        arm(move |_| keep.borrow_mut().push(loader.create(Sand { id: 1 })));
+        let rock = mm.create(Rock { id: 7 });
+        disarm();
+        assert_eq!(mm[&rock].id, 7);
+        assert_eq!(mm[&sand].id, 0);
+        assert!(!made.borrow().is_empty() && mm.count::<Sand>() == 1 + made.borrow().len());
+    });
 }
 
 #[test]
@@ -306,5 +324,167 @@ fn allocator_releasing_and_collecting_during_a_drain_works() {
         mm.collect_garbage();
         assert_eq!(drops.count(), 600, "each object dropped once");
         assert_eq!(mm.len(), 0);
+    });
+}
+
+/// `Drop` and `size()` during a collection: creating through a loader,
+/// cloning and dropping handles (also the last handle of another object)
+/// all work.
+#[test]
+fn drop_during_collection_may_create_and_release() {
+    within_10s(|| {
+        let mut mm = ObjectManager::builder().report_leaks(false).segment_base(4).build();
+        struct Busy {
+            loader: mmobject::Loader,
+            other: Option<mmobject::Handle<Sand>>,
+        }
+        impl MMObject for Busy {
+            const TYPE_NAME: &'static str = "Busy";
+            const TAG: &'static str = "Busy";
+            fn size(&self) -> usize {
+                drop(self.loader.create(Pebble { id: 9 }));
+                8
+            }
+        }
+        impl Drop for Busy {
+            fn drop(&mut self) {
+                let made = self.loader.create(Sand { id: 3 });
+                drop(made.clone());
+                drop(self.other.take());
+                drop(made);
+            }
+        }
+        let busy: Vec<_> =
+            (0..10).map(|i| mm.create(Busy { loader: mm.loader(), other: Some(mm.create(Sand { id: i })) })).collect();
+        drop(busy);
+        let stats = mm.collect_garbage();
+        assert_eq!(stats.objects, 10 + 10 + 10 + 10, "the Busy, their Sand, and what they made");
+        assert_eq!(mm.len(), 0);
+    });
+}
+
+/// `Drop` during `release_many` and during shutdown: a loader's create
+/// works in the first, and in the second is refused with a clear error.
+#[test]
+fn drop_during_release_many_and_shutdown_uses_a_loader() {
+    within_10s(|| {
+        let mut mm = ObjectManager::builder().report_leaks(false).segment_base(4).build();
+        struct Maker {
+            loader: mmobject::Loader,
+            refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        }
+        impl MMObject for Maker {
+            const TYPE_NAME: &'static str = "Maker";
+            const TAG: &'static str = "Maker";
+            fn may_hold_handles() -> bool {
+                false
+            }
+        }
+        impl Drop for Maker {
+            fn drop(&mut self) {
+                match self.loader.try_create(Pebble { id: 0 }) {
+                    Ok(made) => drop(made),
+                    Err(e) => {
+                        assert!(matches!(e.error, mmobject::Error::ManagerShutDown { .. }), "{e}");
+                        self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            }
+        }
+        let refused = std::sync::Arc::default();
+        let make =
+            |mm: &ObjectManager| mm.create(Maker { loader: mm.loader(), refused: std::sync::Arc::clone(&refused) });
+        let batch: Vec<_> = (0..5).map(|_| make(&mm)).collect();
+        assert_eq!(mm.release_many(batch).objects, 5);
+        assert_eq!(mm.count::<Pebble>(), 0, "the Pebbles made were dropped at once");
+        assert_eq!(mm.collect_garbage().objects, 5);
+        let kept = make(&mm);
+        let report = mm.shutdown();
+        assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(report.drop_panics(), 0);
+        drop(kept);
+    });
+}
+
+/// `create_many`'s iterator runs while the batch holds a run of slots: it
+/// may create objects of the same type and others through the manager.
+#[test]
+fn create_many_iterator_may_create_through_the_manager() {
+    within_10s(|| {
+        let mm = support::quiet();
+        let mut side = Vec::new();
+        let rocks = mm.create_many((0..50).map(|id| {
+            side.push(mm.create(Rock { id: 1000 + id }));
+            side.push(mm.create(Rock { id: 2000 + id }).clone());
+            drop(mm.create(Pebble { id }));
+            Rock { id }
+        }));
+        assert_eq!(mm.count::<Rock>(), 150);
+        let mut ids: Vec<u32> = rocks.iter().chain(&side).map(|r| mm[r].id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 150, "every object in its own slot");
+    });
+}
+
+/// `visit_handles` run by the cycle collector may clone and drop handles.
+#[test]
+fn visit_handles_may_clone_and_drop_handles() {
+    within_10s(|| {
+        let mut mm = support::quiet();
+        struct Looped {
+            next: std::sync::Mutex<Option<mmobject::Handle<Looped>>>,
+            spare: mmobject::Handle<Sand>,
+        }
+        impl MMObject for Looped {
+            const TYPE_NAME: &'static str = "Looped";
+            const TAG: &'static str = "Looped";
+            fn visit_handles(&self, visitor: &mut dyn FnMut(mmobject::ObjectKey)) {
+                drop(self.spare.clone());
+                if let Some(next) = &*self.next.lock().unwrap() {
+                    visitor(next.key());
+                }
+            }
+            fn release_handles(&mut self) {
+                self.next.get_mut().unwrap().take();
+            }
+        }
+        let sand = mm.create(Sand { id: 0 });
+        let a = mm.create(Looped { next: std::sync::Mutex::new(None), spare: sand.clone() });
+        let b = mm.create(Looped { next: std::sync::Mutex::new(Some(a.clone())), spare: sand.clone() });
+        *mm[&a].next.lock().unwrap() = Some(b.clone());
+        drop((a, b));
+        assert_eq!(mm.collect_cycles().objects, 2);
+        assert_eq!(mm.count::<Looped>(), 0);
+        assert_eq!(mm[&sand].id, 0);
+    });
+}
+
+/// A count made by the allocator while a drain queues a check (reached from
+/// `dead_count`, which drains every thread's ring) leaves the objects being
+/// queued out instead of waiting for the queue's lock.
+#[test]
+fn allocator_counting_while_checks_are_queued_works() {
+    within_10s(|| {
+        let mm: &'static ObjectManager = Box::leak(Box::new(
+            ObjectManager::builder()
+                .report_leaks(false)
+                .segment_base(4)
+                .allocator(HookAlloc)
+                .owner_thread(true)
+                .build(),
+        ));
+        let kept = mm.create(Sand { id: 1 });
+        let checked = mm.create(Sand { id: 0 });
+        drop(checked.clone()); // the owner thread now holds counts on it
+        drop(checked); // a check in this thread's ring
+        let counts = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let seen = std::rc::Rc::clone(&counts);
+        arm(move |_| seen.borrow_mut().push(mm.count::<Sand>()));
+        assert_eq!(mm.dead_count(), 1);
+        disarm();
+        assert!(!counts.borrow().is_empty(), "the check queue grew");
+        assert_eq!(mm.count::<Sand>(), 1);
+        assert_eq!(mm[&kept].id, 1);
     });
 }

@@ -165,6 +165,37 @@ impl ObjectManagerBuilder {
     /// [`ObjectManager::create`] panics with that error's message, which names
     /// the type and the allocator. Objects already alive are untouched.
     ///
+    /// # Re-entrancy
+    ///
+    /// The manager calls the allocator while a store grows (and, the first
+    /// time a type is used, while the type registers), sometimes holding one
+    /// of its locks, on whichever thread creates, drops or collects. The
+    /// allocator's own code may use the manager, within these rules:
+    ///
+    /// - It may create objects (through the manager or a
+    ///   [`Loader`](crate::Loader)) of types already registered, other than
+    ///   the one whose store is growing; grow other stores; clone and drop
+    ///   handles, the last ones included; read objects and count them; and
+    ///   collect another manager.
+    /// - It must not create an object of the type whose store it is growing,
+    ///   nor of a type not registered yet while a type registers (reserve
+    ///   such types first, with [`ObjectManager::reserve`]`::<T>(0)`), nor
+    ///   drop a handle whose drop queues work in the very table the
+    ///   allocator is growing (a cycle candidate of a type that may hold
+    ///   handles, a check of an object the [owner thread](Self::owner_thread)
+    ///   holds counts on), nor use raw handles of the store it serves.
+    ///   Each would wait for a lock its own thread holds: the manager panics
+    ///   instead, with a message that names what the thread was doing
+    ///   ("this thread is already growing the store of `Prop`").
+    /// - It may panic (on a refusal it cannot report, say): the operation
+    ///   that allocated panics with it and the manager stays consistent,
+    ///   though objects whose bookkeeping the allocation was for may be
+    ///   reclaimed only at shutdown (a leak, never a double destroy).
+    ///
+    /// The same rules hold for a logger and a tracker's budget callback,
+    /// which the manager may call from the same places. The simplest
+    /// allocator, and the fastest, uses no manager at all.
+    ///
     /// # Examples
     ///
     /// A level whose objects live under a 16 MiB cap:

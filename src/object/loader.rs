@@ -35,6 +35,13 @@ use super::{Handle, MMObject, ObjectManager, TryCreateError};
 /// interleave. Handles made by a loader are ordinary handles: they may be
 /// cloned and dropped on any thread.
 ///
+/// # From user code the manager runs
+///
+/// A loader may create from inside a `Drop`, `size()` or destroy hook that a
+/// collection runs, and from a store allocator within the rules of
+/// [`ObjectManagerBuilder::allocator`](crate::ObjectManagerBuilder::allocator),
+/// even while another thread's shutdown waits for the create under way.
+///
 /// # After shutdown
 ///
 /// Once the manager has shut down (or dropped), [`try_create`](Self::try_create)

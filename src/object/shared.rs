@@ -204,7 +204,13 @@ impl StoreShared {
 
     /// Calls `f` with the local index of every slot a queued check names,
     /// once each.
+    /// Reads nothing when called from user code that runs while this thread
+    /// queues checks (the store allocator, a logger): a count made there
+    /// leaves those objects out instead of waiting for itself.
     pub(crate) fn for_each_check(&self, mut f: impl FnMut(u32)) {
+        if self.checks.held_here() {
+            return;
+        }
         let mut locals: std::vec::Vec<u32> = self.checks.lock().iter().map(|check| check.slot()).collect();
         locals.sort_unstable();
         locals.dedup();

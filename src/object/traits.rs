@@ -27,6 +27,31 @@ use super::release::ReleaseHandles;
 /// Objects are `Send + Sync` because the manager hands out `&T` to any thread
 /// that holds `&ObjectManager`, and destroys objects on whichever thread calls
 /// [`collect_garbage`](crate::ObjectManager::collect_garbage).
+///
+/// # What `Drop`, `size()` and `visit_handles` may do
+///
+/// The manager runs them itself: `Drop` when it destroys an object
+/// (collection, [`release_many`](crate::ObjectManager::release_many),
+/// [`CycleCollector`](crate::CycleCollector), shutdown), `size()` when it
+/// creates one under a tracker, destroys one, and in reports, and
+/// `visit_handles` in the cycle collector and leak forensics. None of them
+/// runs under a lock that the manager's other operations need, so they may:
+///
+/// - create objects of any type through a [`Loader`](crate::Loader) (the
+///   manager itself is borrowed by the collection): during shutdown its
+///   [`try_create`](crate::Loader::try_create) returns
+///   [`Error::ManagerShutDown`](crate::Error::ManagerShutDown) and
+///   [`create`](crate::Loader::create) panics with that message, which the
+///   shutdown report counts among the `Drop` panics;
+/// - clone and drop handles, including the last handle of another object,
+///   which the same collection then destroys (cascades finish in one call).
+///
+/// A `size()` run by `create`, `report` or `remeasure` (through
+/// `&ObjectManager`) may also use the manager itself. A panic in any of them
+/// propagates after the object is destroyed all the same (see
+/// [`collect_garbage`](crate::ObjectManager::collect_garbage)). For the
+/// store allocator, see
+/// [`ObjectManagerBuilder::allocator`](crate::ObjectManagerBuilder::allocator).
 pub trait MMObject: Send + Sync + 'static {
     /// The type's name, as shown in reports and `Debug` output.
     const TYPE_NAME: &'static str;
