@@ -176,14 +176,20 @@ impl ObjectManagerBuilder {
     ///   [`Loader`](crate::Loader)) of types already registered, other than
     ///   the one whose store is growing; grow other stores; clone and drop
     ///   handles, the last ones included; read objects and count them; and
-    ///   collect another manager.
+    ///   collect another manager. Where the manager would wait for itself it
+    ///   does without: a handle dropped while the allocator grows the cycle
+    ///   candidate queue goes unqueued (the [`CycleCollector`](crate::CycleCollector)
+    ///   then scans the store), an object created while a creation site is
+    ///   numbered gets no site, a count made while checks are queued leaves
+    ///   them out, and the last drops made while this thread drains its
+    ///   ring go straight to the dead lists.
     /// - It must not create an object of the type whose store it is growing,
     ///   nor of a type not registered yet while a type registers (reserve
     ///   such types first, with [`ObjectManager::reserve`]`::<T>(0)`), nor
-    ///   drop a handle whose drop queues work in the very table the
-    ///   allocator is growing (a cycle candidate of a type that may hold
-    ///   handles, a check of an object the [owner thread](Self::owner_thread)
-    ///   holds counts on), nor use raw handles of the store it serves.
+    ///   drop, on the [owner thread](Self::owner_thread)'s manager, the last
+    ///   handle to an object the owner holds counts on while the allocator
+    ///   grows that type's queue of such checks, nor use raw handles of the
+    ///   store it serves.
     ///   Each would wait for a lock its own thread holds: the manager panics
     ///   instead, with a message that names what the thread was doing
     ///   ("this thread is already growing the store of `Prop`").

@@ -109,6 +109,11 @@ impl CreationSites {
         }) {
             return Some(number as u32);
         }
+        if self.more.held_here() {
+            // A create from user code (the store allocator) while this thread
+            // numbers a site: no number, as when the table has no room.
+            return None;
+        }
         let mut more = self.more.lock();
         let (numbers, sites) = &mut *more;
         if let Some(&number) = numbers.get(&key(site)) {

@@ -207,7 +207,8 @@ impl CycleCollector {
                 let mut candidates = store.shared().candidates.lock();
                 match candidates.pop() {
                     Some(local) => Ok(local),
-                    None => Err(candidates.take_lost()),
+                    None => Err(candidates.take_lost()
+                        | store.shared().candidates_missed.swap(false, std::sync::atomic::Ordering::Relaxed)),
                 }
             };
             match popped {

@@ -76,6 +76,10 @@ pub(crate) struct StoreShared {
     pub(crate) owner_thread: u64,
     /// Candidate roots for cycle collection (see `candidates.rs`).
     pub(crate) candidates: NamedMutex<Candidates>,
+    /// Set when a candidate could not be queued because this thread was
+    /// already queueing one (user code, the store allocator, dropped a
+    /// handle there): the collector then scans the store, as after a refusal.
+    pub(crate) candidates_missed: std::sync::atomic::AtomicBool,
     /// Checks of the objects whose last handle may be gone while the owner
     /// thread holds counts on them, for the owner's next collection (see
     /// `owner_counts.rs`). A slot may be named twice.
@@ -113,6 +117,7 @@ impl StoreShared {
             cyclable,
             owner_thread,
             candidates: NamedMutex::new(Candidates::new(alloc.clone()), "queueing a cycle candidate of", type_name),
+            candidates_missed: std::sync::atomic::AtomicBool::new(false),
             checks: NamedMutex::new(
                 allocator_api2::vec::Vec::new_in(alloc.clone()),
                 "queueing checks of released",
@@ -160,6 +165,12 @@ impl StoreShared {
     /// The caller holds a reference to the slot, so the store outlives the call.
     #[cold]
     pub(crate) fn note_candidate(&self, local: u32) -> bool {
+        if self.candidates.held_here() {
+            // Waiting would deadlock: the slot goes unqueued, as when the
+            // buffer has no room, and the collector scans the store.
+            self.candidates_missed.store(true, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
         self.candidates.lock().push(local)
     }
 
