@@ -550,3 +550,42 @@ fn allocator_counting_while_checks_are_queued_works() {
         assert_eq!(mm[&kept].id, 1);
     });
 }
+
+/// On an owner thread's manager, the allocator grows a type's queue of
+/// checks (a drain queues one) and drops the last handles of 300 objects of
+/// that type that the owner holds counts on: the ring fills, and the rest
+/// need the queue being grown. They are left to shutdown instead.
+#[test]
+fn allocator_releasing_owner_counted_objects_while_checks_are_queued_works() {
+    within_10s(|| {
+        let drops = Drops::new();
+        let mut mm = ObjectManager::builder()
+            .report_leaks(false)
+            .segment_base(4)
+            .allocator(HookAlloc)
+            .owner_thread(true)
+            .build();
+        #[derive(MMObject)]
+        struct Counted {
+            _token: support::DropToken,
+        }
+        let many: Vec<_> = (0..300).map(|_| mm.create(Counted { _token: drops.token() })).collect();
+        many.iter().for_each(|handle| drop(handle.clone())); // the owner holds counts on each
+        let checked = mm.create(Counted { _token: drops.token() });
+        drop(checked.clone());
+        drop(checked); // a check in this thread's ring
+        let mut many = Some(many);
+        arm(move |_| {
+            for handle in many.take().into_iter().flatten() {
+                drop(handle);
+            }
+        });
+        mm.collect_garbage();
+        disarm();
+        mm.collect_garbage();
+        let destroyed = drops.count();
+        assert!(destroyed > 200 && destroyed < 301, "most were destroyed, the rest wait: {destroyed}");
+        drop(mm);
+        assert_eq!(drops.count(), 301, "shutdown destroys the rest, once each");
+    });
+}

@@ -182,14 +182,15 @@ impl ObjectManagerBuilder {
     ///   then scans the store), an object created while a creation site is
     ///   numbered gets no site, a count made while checks are queued leaves
     ///   them out, and the last drops made while this thread drains its
-    ///   ring go straight to the dead lists.
+    ///   ring go straight to the dead lists. One costs memory until
+    ///   shutdown: on an [owner thread](Self::owner_thread)'s manager, the
+    ///   last handle dropped to an object the owner holds counts on, while
+    ///   the allocator grows that type's queue of such checks, leaves the
+    ///   object to shutdown (an error is logged).
     /// - It must not create an object of the type whose store it is growing,
     ///   nor of a type not registered yet while a type registers (reserve
     ///   such types first, with [`ObjectManager::reserve`]`::<T>(0)`), nor
-    ///   drop, on the [owner thread](Self::owner_thread)'s manager, the last
-    ///   handle to an object the owner holds counts on while the allocator
-    ///   grows that type's queue of such checks, nor use raw handles of the
-    ///   store it serves.
+    ///   use raw handles of the store it serves.
     ///   Each would wait for a lock its own thread holds: the manager panics
     ///   instead, with a message that names what the thread was doing
     ///   ("this thread is already growing the store of `Prop`").

@@ -179,18 +179,26 @@ impl StoreShared {
     /// If the store's allocator refuses room, the checks are dropped and an
     /// error is logged: those objects are then reclaimed only at shutdown.
     pub(crate) fn queue_checks(&self, new: &[Check]) {
-        let mut checks = self.checks.lock();
-        if checks.try_reserve(new.len()).is_err() {
-            drop(checks);
+        // Called from user code that runs while this thread queues checks
+        // (the store allocator, a logger): waiting would deadlock, so the
+        // checks are dropped, as when there is no room.
+        let queued = !self.checks.held_here() && {
+            let mut checks = self.checks.lock();
+            let room = checks.try_reserve(new.len()).is_ok();
+            if room {
+                checks.extend_from_slice(new);
+            }
+            room
+        };
+        if !queued {
             log::error!(
                 target: "mmobject",
-                "no memory to queue {} check(s) of released {} objects: they will be reclaimed at shutdown",
+                "could not queue {} check(s) of released {} objects (no memory, or a store allocator or logger \
+                 released them while the queue grew): they will be reclaimed at shutdown",
                 new.len(),
                 self.type_name
             );
-            return;
         }
-        checks.extend_from_slice(new);
     }
 
     /// Takes every queued check.
