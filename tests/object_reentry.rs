@@ -589,3 +589,22 @@ fn allocator_releasing_owner_counted_objects_while_checks_are_queued_works() {
         assert_eq!(drops.count(), 301, "shutdown destroys the rest, once each");
     });
 }
+
+#[test]
+fn allocator_making_a_raw_handle_while_the_raw_table_grows_panics_clearly() {
+    let text = within_10s(|| {
+        let mut mm = hooked();
+        let a = mm.create(Rock { id: 0 });
+        let mut b = Some(mm.create(Rock { id: 1 }));
+        arm(move |_| {
+            if let Some(b) = b.take() {
+                let _ = b.into_raw();
+            }
+        });
+        let outcome = catch_unwind(AssertUnwindSafe(|| a.into_raw()));
+        disarm();
+        assert_eq!(mm.collect_garbage().objects, 2, "both handles dropped as the panic went past");
+        message(outcome.expect_err("a re-entrant raw-table update must panic"))
+    });
+    assert!(text.contains("already updating the raw references of `") && text.contains("Rock"), "{text}");
+}
