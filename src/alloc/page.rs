@@ -192,12 +192,14 @@ impl Page {
         self.remote.fetch_and(!bits, Ordering::Relaxed);
     }
 
-    /// Puts back a block just taken, without undoing its count (owner only): for a block
-    /// that failed its use-after-free check and was refilled.
+    /// Puts back a block just taken and takes back its count (owner only): for a block
+    /// that failed its use-after-free check and was refilled, which was never handed out.
+    /// (Its bit in `taken` stays: a block freed before was taken before.)
     #[inline]
     pub(crate) fn untake(&self, bit: u32) {
         let mask = self.free.load(Ordering::Relaxed);
         self.free.store(mask | 1 << bit, Ordering::Relaxed);
+        self.allocations.store(self.allocations.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
     }
 
     /// Frees block `bit` on the owner's thread. `fill` runs after the double-free check and

@@ -1076,7 +1076,11 @@ mod tests {
             p.add(8).as_ptr().write(1);
         }
         assert_eq!(pool.try_alloc(Layout::new::<u64>()), Err(Error::UseAfterFree { addr: p.as_ptr() as usize }));
+        let refused = pool.stats();
+        assert_eq!((refused.allocations, refused.failures, refused.live), (1, 1, 0), "a refusal is no allocation");
+        assert_eq!(pool.class_stats()[0].allocations, 1);
         assert_eq!(pool.try_alloc(Layout::new::<u64>()), Ok(p), "refilled and handed out");
+        assert_eq!(pool.stats().allocations, 2);
     }
 
     #[test]

@@ -819,7 +819,8 @@ impl SmallObjectAllocator {
         // its one free.
         let back = unsafe { self.try_free(ptr) };
         debug_assert!(back.is_ok(), "a slot just taken frees cleanly: {back:?}");
-        self.shared.counters.failure();
+        // A failure, and not an allocation (the lane counted one when it took the slot).
+        self.shared.counters.refused();
         region::use_after_free("SmallObjectAllocator", ptr.as_ptr() as usize)
     }
 }
@@ -1173,7 +1174,10 @@ mod tests {
             p.as_ptr().write(0);
         }
         assert_eq!(small.try_alloc(Layout::new::<u64>()), Err(Error::UseAfterFree { addr: p.as_ptr() as usize }));
+        let refused = small.stats();
+        assert_eq!((refused.allocations, refused.failures, refused.live), (1, 1, 0), "a refusal is no allocation");
         assert_eq!(small.try_alloc(Layout::new::<u64>()), Ok(p));
+        assert_eq!(small.stats().allocations, 2);
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub(crate) struct SharedCounters {
     peak: AtomicUsize,
     failures: AtomicU64,
     fallbacks: AtomicU64,
+    /// Blocks taken for an allocation and then refused (debug builds' use-after-free check):
+    /// counted by the allocator's fast path as allocations, which they were not.
+    refused: AtomicU64,
 }
 
 impl SharedCounters {
@@ -109,6 +112,13 @@ impl SharedCounters {
     #[cold]
     pub(crate) fn failure(&self) {
         self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A failure that also takes back the allocation the fast path counted (see `refused`).
+    #[cold]
+    pub(crate) fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.failure();
     }
 
     #[cold]
@@ -136,7 +146,7 @@ impl SharedCounters {
             in_use: self.in_use.load(Ordering::Relaxed),
             peak: self.peak.load(Ordering::Relaxed),
             live,
-            allocations,
+            allocations: allocations.saturating_sub(self.refused.load(Ordering::Relaxed)),
             failures: self.failures.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
         }
