@@ -141,8 +141,13 @@ struct Shared {
     queued: HashSet<u32>,
     /// Where the next search for an unowned lane starts.
     cursor: u32,
-    /// Slots not free in unowned lanes, and the most there have been.
+    /// Slots not free in unowned lanes.
     loose: u64,
+    /// How many of `loose` may have come from threads that exited holding them (frees and
+    /// lanes taken over count against these first, so this never understates the rest).
+    /// They are counted in `peaks` already.
+    inherited: u64,
+    /// The most slots there have been in unowned lanes, without the inherited ones.
     loose_peak: u64,
     /// Slots handed out under the lock, plus those counted by threads that have exited.
     allocations: u64,
@@ -452,6 +457,7 @@ impl Lanes {
             let held: u64 =
                 self.lane_words(l).map(|w| u64::from((self.bits.load(w) & self.valid(w)).count_ones())).sum();
             shared.loose -= held;
+            shared.inherited = shared.inherited.saturating_sub(held);
             shared.cursor = l + 1;
             drop(shared);
             counts.add_held(held);
@@ -529,6 +535,7 @@ impl Lanes {
         let freed = self.clear(slot, fill);
         if freed.is_ok() {
             shared.loose -= 1;
+            shared.inherited = shared.inherited.saturating_sub(1);
         }
         (freed, Vec::new())
     }
@@ -546,7 +553,7 @@ impl Lanes {
                     let bit = (!word).trailing_zeros();
                     self.bits.store(w, word | 1 << bit);
                     shared.loose += 1;
-                    shared.loose_peak = shared.loose_peak.max(shared.loose);
+                    shared.loose_peak = shared.loose_peak.max(shared.loose - shared.inherited);
                     shared.allocations += 1;
                     return Some(w * 64 + bit as usize);
                 }
@@ -562,8 +569,10 @@ impl Lanes {
         let raced = self.apply_queued(&mut shared, cache.mine, counts);
         let (allocations, held, peak) = counts.read();
         self.owned.store(self.owned.load(Ordering::Relaxed) & !cache.mine, Ordering::Relaxed);
+        // The thread's peak counts its held slots already: as loose ones they are inherited,
+        // so they do not raise `loose_peak` a second time.
         shared.loose += held;
-        shared.loose_peak = shared.loose_peak.max(shared.loose);
+        shared.inherited += held;
         shared.allocations += allocations;
         shared.peaks += peak;
         counts.clear();

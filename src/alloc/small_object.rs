@@ -114,7 +114,9 @@ pub struct SizeHistogram {
     /// system (so it shows how many slots *would* have been needed). An upper bound: each
     /// thread's peak is counted without a compare on every allocation, so it can include
     /// slots the thread freed while it allocated from the same bitmap word (at most 63 per
-    /// thread and class); exact when no slot is freed between two allocations that raise it.
+    /// thread and class), and slots still live in a lane a thread takes over from one that
+    /// exited count in both threads' peaks. Exact when no slot is freed between two
+    /// allocations that raise it and no live slot changes threads.
     pub peak_live: [u64; 7],
     /// Requests too large (over 128 bytes) or too aligned for any class.
     pub larger: u64,
@@ -1199,6 +1201,23 @@ mod tests {
         assert!((84..=89).contains(&peak), "{peak}");
         // SAFETY: ours, each freed once.
         unsafe { live.into_iter().for_each(|p| small.free(p)) };
+    }
+
+    #[test]
+    fn slots_left_by_an_exited_thread_count_once_in_the_peak() {
+        let small = config([256, 0, 0, 0, 0, 0, 0]);
+        let l = Layout::new::<u64>();
+        let left: Vec<usize> = std::thread::scope(|s| {
+            s.spawn(|| (0..100).map(|_| small.alloc(l).as_ptr() as usize).collect()).join().unwrap()
+        });
+        // The thread's peak counted them; as loose slots they used to count again (200).
+        assert_eq!(small.histogram().peak_live[0], 100);
+        for addr in left {
+            // SAFETY: each came from `small` and is freed once.
+            unsafe { small.free(NonNull::new(addr as *mut u8).unwrap()) };
+        }
+        assert_eq!(small.histogram().peak_live[0], 100);
+        assert_eq!(small.stats().live, 0);
     }
 
     #[test]
