@@ -368,3 +368,47 @@ fn iterators_on_another_thread_count_what_they_yield() {
     assert_eq!(mm.collect_garbage().objects, 1);
     drop(kept);
 }
+
+/// The manager moves to another thread and shuts down there while its owner
+/// thread still clones and drops handles through its reservations (`Send`
+/// allows it). Shutdown there cannot read the reservations, so it keeps the
+/// memory of every slot whose word holds a count: the owner's later clones
+/// and drops, and the checks they queue, touch memory that stays allocated,
+/// and every value is dropped exactly once (Miri checks the accesses).
+#[test]
+fn shutdown_on_another_thread_while_the_owner_counts() {
+    let drops = Drops::new();
+    let mm = owned();
+    let n = if cfg!(miri) { 4 } else { 64 };
+    let handles: Vec<Handle<Entity>> = (0..n).map(|id| mm.create(Entity { id, token: drops.token() })).collect();
+    // Reservations on half of them, and a last owner drop on a quarter (checks queued).
+    for h in handles.iter().step_by(2) {
+        drop(h.clone());
+    }
+    let mut handles: Vec<Option<Handle<Entity>>> = handles.into_iter().map(Some).collect();
+    for h in handles.iter_mut().step_by(4) {
+        drop(h.take());
+    }
+    let started = Arc::new(AtomicBool::new(false));
+    let shutdown = {
+        let started = Arc::clone(&started);
+        std::thread::spawn(move || {
+            started.store(true, Ordering::SeqCst);
+            mm.shutdown()
+        })
+    };
+    // Counting from before the shutdown starts until after it has finished.
+    let mut round = 0;
+    while !started.load(Ordering::SeqCst) || !shutdown.is_finished() {
+        if let Some(h) = &handles[round % n] {
+            let copies = [h.clone(), h.clone()];
+            drop(copies);
+        }
+        round += 1;
+    }
+    let report = shutdown.join().unwrap();
+    assert_eq!(drops.count(), n, "shutdown destroyed every value once");
+    assert!(report.outliving_handles() > 0, "the slots the owner counts on stay allocated");
+    drop(handles);
+    assert_eq!(drops.count(), n, "no value is dropped again");
+}
