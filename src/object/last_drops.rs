@@ -414,6 +414,11 @@ impl ThreadRing {
 
     #[cold]
     fn register(&self) -> Option<NonNull<LastDrops>> {
+        if registry().held_here() {
+            // Called from user code under `drain_all`: no ring for now, the
+            // caller pushes the slot itself.
+            return None;
+        }
         // Framework memory, like a store's: never charged to the tag in scope
         // at the thread's first last drop (freed untracked too, in `drop`).
         let _untracked = crate::track::Reentry::enter();
@@ -432,11 +437,6 @@ impl ThreadRing {
         };
         // SAFETY: `raw` is a fresh allocation of `LastDrops`'s layout.
         unsafe { raw.as_ptr().write(ring) };
-        if registry().held_here() {
-            // Called from user code under `drain_all`: no ring for now, the
-            // caller pushes the slot itself.
-            return None;
-        }
         let mut rings = registry().lock();
         if rings.try_reserve(1).is_err() {
             drop(rings);
