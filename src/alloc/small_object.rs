@@ -271,7 +271,9 @@ impl fmt::Debug for SmallCache {
 /// Live system-fallback blocks, by address, and the fallback counts.
 #[derive(Default)]
 struct Fallbacks {
-    live: HashMap<usize, (Layout, Option<usize>)>,
+    /// The pointer `System` returned (frees go through it, never through the caller's),
+    /// the layout it was allocated with, and the class it stands in for.
+    live: HashMap<usize, (SystemBlock, Layout, Option<usize>)>,
     larger: u64,
     allocations: u64,
     /// Per class: requests the system served (or refused) because the class had no slot
@@ -280,6 +282,16 @@ struct Fallbacks {
     live_by_class: [u64; 7],
     peak_by_class: [u64; 7],
 }
+
+/// The pointer `System` returned for a fallback block, with its provenance over the whole
+/// block: the caller's pointer may carry less (one narrowed to part of the block, or rebuilt
+/// from the address), so the block is given back through this one.
+struct SystemBlock(NonNull<u8>);
+
+// SAFETY: the table (behind its lock) holds only the pointer of untyped bytes, like a
+// `Box<[u8]>` would, and never reads or writes through it: it is used once, to free the
+// block. No value (so no `Rc`) is reached through it, and there is no type parameter.
+unsafe impl Send for SystemBlock {}
 
 /// `(inverse, shift)` per class, to turn an offset into a class into a slot index and check it
 /// in one step. A slot size is `odd << shift` with `odd` 1 or 3, and `inverse` is `odd`'s
@@ -595,7 +607,7 @@ impl SmallObjectAllocator {
             }
         }
         table.allocations += 1;
-        table.live.insert(ptr.as_ptr() as usize, (real, class));
+        table.live.insert(ptr.as_ptr() as usize, (SystemBlock(ptr), real, class));
         drop(table);
         self.shared.counters.fallback();
         Ok(ptr)
@@ -730,7 +742,7 @@ impl SmallObjectAllocator {
     unsafe fn free_fallback(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let mut table = self.fallbacks.lock();
-        let Some((layout, class)) = table.live.remove(&addr) else {
+        let Some((block, layout, class)) = table.live.remove(&addr) else {
             return Err(Error::ForeignPointer { addr });
         };
         if let Some(i) = class {
@@ -738,8 +750,9 @@ impl SmallObjectAllocator {
         }
         drop(table);
         // SAFETY: the table only holds blocks from `System.alloc` with this layout, and the
-        // entry was removed, so each is freed once.
-        unsafe { System.dealloc(ptr.as_ptr(), layout) };
+        // entry was removed, so each is freed once. The free goes through the system's own
+        // pointer: `ptr` names the block but may not carry provenance over all of it.
+        unsafe { System.dealloc(block.0.as_ptr(), layout) };
         Ok(())
     }
 
@@ -849,10 +862,11 @@ impl Drop for SmallObjectAllocator {
         if !table.live.is_empty() {
             log::warn!("SmallObjectAllocator dropped with {} fallback block(s) still in use (freed)", table.live.len());
         }
-        for (addr, (layout, _)) in table.live.drain() {
-            // SAFETY: a live fallback block from `System.alloc` with this layout; the
-            // allocator is going away, so nobody can legally use it any more.
-            unsafe { System.dealloc(std::ptr::with_exposed_provenance_mut(addr), layout) };
+        for (_, (block, layout, _)) in table.live.drain() {
+            // SAFETY: a live fallback block from `System.alloc` with this layout, freed
+            // through the pointer `System` returned; the allocator is going away, so nobody
+            // can legally use it any more.
+            unsafe { System.dealloc(block.0.as_ptr(), layout) };
         }
     }
 }

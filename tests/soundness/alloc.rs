@@ -158,6 +158,40 @@ fn small_object_frees_one_byte_boxes_under_stacked_borrows() {
     assert_eq!(small.stats().live, 0);
 }
 
+/// `SmallObjectAllocator::try_free` asks only that a live block is not used after the free,
+/// and the module promises that a pointer handed back is used only as an address. Its
+/// system-fallback blocks were nonetheless given back to the system through the caller's
+/// pointer: a pointer rebuilt from the address (or narrowed to part of the block) has no
+/// provenance over the block, so the `dealloc` was undefined behaviour under Miri. The
+/// fallback table now keeps the pointer the system returned, and frees (also on drop)
+/// through it.
+#[test]
+fn small_object_fallback_frees_through_its_own_pointer() {
+    let small = SmallObjectAllocator::new(SmallObjectConfig { slots: [0; 7] });
+    let layout = Layout::from_size_align(24, 8).unwrap();
+    for _ in 0..3 {
+        let block = small.alloc(layout);
+        // SAFETY: `block` is a live fallback block of 24 bytes, ours alone.
+        unsafe { block.as_ptr().write_bytes(0x5A, layout.size()) };
+        let addr_only = NonNull::new(std::ptr::without_provenance_mut::<u8>(block.as_ptr() as usize)).unwrap();
+        // SAFETY: `block` is live and unused from here on; the pointer names it by address.
+        unsafe { small.try_free(addr_only) }.expect("a live fallback block, named by its address");
+    }
+    // A boxed array freed through a pointer narrowed to its first byte.
+    let boxed = ApiBox::new_in([7u8; 4], &small);
+    let raw = ApiBox::into_raw(boxed);
+    // SAFETY: `raw` is the live block of the box; the narrowed pointer names it by address
+    // and nothing uses the block afterwards.
+    unsafe {
+        let first = NonNull::from(&mut (*raw)[0]);
+        small.free(first);
+    }
+    // A block still live when the allocator goes: freed by the drop, through the table.
+    let _kept = small.alloc(layout);
+    assert_eq!(small.stats().live, 1);
+    drop(small);
+}
+
 /// `SegmentAlloc::try_free` is `unsafe`, but its contract asks only that a live block is not
 /// used after the free: the pointer may be rebuilt from the address alone. The ledger used to
 /// keep that pointer for reuse, so the next allocation of the same layout, and the final
