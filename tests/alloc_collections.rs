@@ -149,3 +149,117 @@ fn grow_to_a_larger_alignment() {
         assert!(a.grow(page, Layout::from_size_align(64, 4096).unwrap(), huge).is_err());
     }
 }
+
+/// Shrinks `p` (a live block of `old`, filled with 7s) to `new` in an allocator that has no
+/// room left, and checks the block it gets back keeps the bytes.
+///
+/// # Safety
+///
+/// `p` is a live block of `alloc` allocated for `old`; it is not used afterwards.
+unsafe fn shrink_when_full<A: Allocator + Copy>(alloc: A, p: std::ptr::NonNull<u8>, old: Layout, new: Layout) {
+    // SAFETY: forwarded: `p` is live for `old`, and `new` is no larger.
+    let shrunk = unsafe { alloc.shrink(p, old, new) }.expect("a shrink never needs room").cast::<u8>();
+    assert_eq!(shrunk.as_ptr() as usize % new.align(), 0);
+    // SAFETY: `shrunk` is a live block of `new.size()` bytes holding the first bytes of `p`.
+    unsafe {
+        assert!(std::slice::from_raw_parts(shrunk.as_ptr(), new.size()).iter().all(|&b| b == 7));
+        alloc.deallocate(shrunk, new);
+    }
+}
+
+/// A shrink asked of a full allocator used to fail (the default `shrink` allocates the
+/// smaller block first and copies), so `Vec::shrink_to_fit` on a full allocator aborted the
+/// process through `handle_alloc_error`. A block keeps its bytes when it shrinks in place,
+/// so a shrink now never fails for want of room; the stacks shrink their last block in place
+/// and give the rest back.
+#[test]
+fn shrink_succeeds_in_a_full_allocator() {
+    let old = Layout::from_size_align(64, 8).unwrap();
+    let new = Layout::from_size_align(16, 8).unwrap();
+    fn filled<A: Allocator + Copy>(alloc: A, old: Layout) -> std::ptr::NonNull<u8> {
+        let p = alloc.allocate(old).unwrap().cast::<u8>();
+        // SAFETY: `p` is a fresh block of `old.size()` bytes.
+        unsafe { p.as_ptr().write_bytes(7, old.size()) };
+        p
+    }
+    fn fill_up<A: Allocator + Copy>(alloc: A) {
+        while alloc.allocate(Layout::new::<u8>()).is_ok() {}
+    }
+
+    let stack = StackAllocator::with_capacity(128);
+    let p = filled(&stack, old);
+    // SAFETY: `p` is the stack's live (and last) block of `old`.
+    unsafe { shrink_when_full(&stack, p, old, new) };
+    assert_eq!(stack.allocated_bytes(), 16, "the last block shrinks in place and gives back the rest");
+    let p = filled(&stack, old);
+    fill_up(&stack);
+    // SAFETY: `p` is the stack's live block of `old` (not the last one any more).
+    unsafe { shrink_when_full(&stack, p, old, new) };
+
+    let frame = FrameAllocator::with_capacity(128);
+    let p = filled(&frame, old);
+    fill_up(&frame);
+    // SAFETY: `p` is the frame's live block of `old`.
+    unsafe { shrink_when_full(&frame, p, old, new) };
+
+    let ends = DoubleEndedStack::with_capacity(128);
+    let p = filled(&ends, old);
+    // SAFETY: `p` is the lower stack's live (and last) block of `old`.
+    unsafe { shrink_when_full(&ends, p, old, new) };
+    assert_eq!(ends.allocated_bytes(mmobject::alloc::End::Lower), 16);
+    let p = filled(&ends, old);
+    fill_up(&ends);
+    // SAFETY: `p` is the lower stack's live block of `old`.
+    unsafe { shrink_when_full(&ends, p, old, new) };
+
+    let buffers = DoubleBufferedAllocator::with_capacity(128);
+    let p = filled(&buffers, old);
+    fill_up(&buffers);
+    // SAFETY: `p` is the current buffer's live block of `old`.
+    unsafe { shrink_when_full(&buffers, p, old, new) };
+
+    let pool = SizeClassPool::new(&[(16, 1), (64, 1)]);
+    let p = filled(&pool, old);
+    fill_up(&pool);
+    // SAFETY: `p` is the pool's live block of `old`.
+    unsafe { shrink_when_full(&pool, p, old, new) };
+    assert_eq!(pool.stats().in_use, 16, "only the filler is left");
+
+    let slots: Pool<[u64; 8]> = Pool::with_capacity(1);
+    let p = filled(&slots, old);
+    // SAFETY: `p` is the pool's only, live slot, allocated for `old`.
+    unsafe { shrink_when_full(&slots, p, old, new) };
+    assert!(slots.is_empty());
+
+    let aligned = AlignedAlloc::new(StackAllocator::with_capacity(256));
+    let p = filled(&aligned, old);
+    fill_up(&aligned);
+    // SAFETY: `p` is a live block of `old`.
+    unsafe { shrink_when_full(&aligned, p, old, new) };
+    assert_eq!(aligned.stats().live, aligned.stats().allocations as usize - 1);
+
+    // The collection-level case: `shrink_to_fit` in a full stack.
+    let stack = StackAllocator::with_capacity(256);
+    let mut v: Vec<u64, _> = Vec::with_capacity_in(16, &stack);
+    v.extend(0..4);
+    fill_up(&stack);
+    v.shrink_to_fit();
+    assert_eq!((v.capacity(), v.iter().sum::<u64>()), (4, 6));
+}
+
+/// A block in a `Pool` grows within its slot: a `Vec` growing up to the slot size in a
+/// pool with one slot used to need a second slot for each growth, and failed.
+#[test]
+fn pool_blocks_grow_within_their_slot() {
+    let pool: Pool<[u64; 8]> = Pool::with_capacity(1);
+    let mut v: Vec<u8, _> = Vec::new_in(&pool);
+    for i in 0..64u8 {
+        v.try_reserve(1).expect("room in the slot");
+        v.push(i);
+    }
+    assert!(v.iter().enumerate().all(|(i, &b)| b == i as u8));
+    assert!(v.try_reserve(1).is_err(), "past the slot");
+    assert_eq!(pool.stats().live, 1);
+    drop(v);
+    assert!(pool.is_empty());
+}

@@ -312,6 +312,13 @@ unsafe impl Shell for DoubleBufferedAllocator {
         // current buffer's last block, so it is left to the copying path.
         unsafe { Shell::grow_in_place(self.current(), ptr, old, new) }
     }
+
+    #[inline]
+    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        // SAFETY: forwarded contract: a block of the previous frame's buffer is never the
+        // current buffer's last block, so it is kept where it is and no memory is touched.
+        unsafe { Shell::shrink_in_place(self.current(), ptr, old, new) }
+    }
 }
 
 shell::impl_allocator!(DoubleBufferedAllocator);

@@ -201,6 +201,12 @@ unsafe impl Shell for FrameAllocator {
         // SAFETY: forwarded contract: the block came from the inner stack.
         unsafe { Shell::grow_in_place(&self.stack, ptr, old, new) }
     }
+
+    #[inline]
+    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        // SAFETY: forwarded contract: the block came from the inner stack.
+        unsafe { Shell::shrink_in_place(&self.stack, ptr, old, new) }
+    }
 }
 
 shell::impl_allocator!(FrameAllocator);

@@ -402,6 +402,10 @@ impl<T> fmt::Debug for Pool<T> {
 // 2. Slots stay valid until `try_free` or the pool's drop (which needs it unborrowed).
 // 3. `try_free` (`release`) checks range, slot start and the occupied bit before touching
 //    memory, and then writes only through the region's pointer.
+// 4. `grow_in_place` returns the slot itself (through the region's pointer) when the new
+//    layout fits in it: its bytes past the old size were the block's already.
+// 5. `shrink_in_place` returns the block itself, when its address suits the new alignment.
+// 6. `try_free` (`release`) frees a slot by its address.
 unsafe impl<T> Shell for Pool<T> {
     fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
         let slot_align = align_of::<Slot<T>>();
@@ -419,6 +423,24 @@ unsafe impl<T> Shell for Pool<T> {
     #[inline]
     unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         self.release(ptr).map(drop)
+    }
+
+    /// Every slot is the same size: a smaller block would be another whole slot, so the
+    /// block stays where it is (if its address suits the new alignment).
+    #[inline]
+    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, _old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        ((ptr.as_ptr() as usize) % new.align() == 0).then_some(ptr)
+    }
+
+    /// A block grows within its slot: the slot's spare bytes are the block's already.
+    #[inline]
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, _old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        if new.size() > Self::SLOT || (ptr.as_ptr() as usize) % new.align() != 0 {
+            return None;
+        }
+        // The caller's pointer may cover only the bytes it asked for: hand back the pool's
+        // own pointer to the slot, which covers all of it.
+        Some(self.slot(self.index_of(ptr).ok()?))
     }
 }
 

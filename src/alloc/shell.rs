@@ -25,6 +25,11 @@ use crate::{Error, Result};
 /// 4. A block from `grow_in_place(ptr, old, new)` is `ptr`'s block itself, grown: valid for
 ///    `new.size()` bytes, aligned to `new.align()`, its first `old.size()` bytes unchanged,
 ///    and live as in 1 and 2.
+/// 5. A block from `shrink_in_place(ptr, old, new)` is `ptr`'s block itself, shrunk: valid
+///    for `new.size()` bytes, aligned to `new.align()`, its first `new.size()` bytes
+///    unchanged, and live as in 1 and 2.
+/// 6. `try_free` frees a block by its address alone, whatever layout it was last known by
+///    (so a block kept in place by a shrink is freed whole).
 pub(crate) unsafe trait Shell {
     /// Allocates a block for `layout`.
     fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>>;
@@ -45,6 +50,20 @@ pub(crate) unsafe trait Shell {
     /// `new.size() >= old.size()`.
     #[inline]
     unsafe fn grow_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        let _ = (ptr, old, new);
+        None
+    }
+
+    /// Shrinks `ptr`'s block in place if the allocator prefers that to moving it (the stacks:
+    /// a new block would only add to the top), or returns `None` to try a smaller block
+    /// first.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live block of this allocator allocated for `old`, and
+    /// `new.size() <= old.size()`.
+    #[inline]
+    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
         let _ = (ptr, old, new);
         None
     }
@@ -116,7 +135,11 @@ pub(crate) fn fail(error: Error) -> ! {
 ///
 /// `deallocate` panics with the error's message on a bad free (a foreign pointer, not a
 /// block start, a double free); `grow` grows in place when [`Shell::grow_in_place`] can,
-/// and otherwise allocates, copies and frees.
+/// and otherwise allocates, copies and frees. `shrink` shrinks in place when
+/// [`Shell::shrink_in_place`] prefers to, and otherwise moves the contents to a smaller
+/// block; when there is no room for one it keeps the block where it is (if its address
+/// suits the new alignment), so a shrink never fails for want of room (the failed request
+/// is still counted in `failures`).
 ///
 /// Zero-size requests (alignment up to [`MAX_ALIGN`](super::region::MAX_ALIGN)) get a
 /// dangling, aligned pointer and no block, as `Global` does, and freeing one does nothing:
@@ -136,6 +159,10 @@ macro_rules! impl_allocator {
         //    reset through `&mut`, which cannot happen while this `&X` is borrowed (Shell 2);
         //    `grow` returns the same block grown (Shell 4) or a new block that holds the old
         //    contents, and frees the old one only after the copy.
+        //    `shrink` returns the same block shrunk (Shell 5), the block itself unchanged
+        //    when its address suits the new alignment (it is valid for `old.size() >=
+        //    new.size()` bytes and is freed by address whatever its layout, Shell 6), or a
+        //    new block as `grow` does.
         // 3. Copies of `&X` are the same allocator, so a block may be freed through any.
         unsafe impl<$($generics)*> ::allocator_api2::alloc::Allocator for &$ty {
             #[inline]
@@ -188,6 +215,39 @@ macro_rules! impl_allocator {
                     ::allocator_api2::alloc::Allocator::deallocate(self, ptr, old);
                 }
                 Ok(block)
+            }
+
+            #[inline]
+            unsafe fn shrink(
+                &self,
+                ptr: ::std::ptr::NonNull<u8>,
+                old: ::std::alloc::Layout,
+                new: ::std::alloc::Layout,
+            ) -> ::core::result::Result<::std::ptr::NonNull<[u8]>, ::allocator_api2::alloc::AllocError> {
+                if new.size() != 0 {
+                    // SAFETY: the `Allocator` contract: `ptr` is a live block allocated for
+                    // `old`, and `new.size() <= old.size()`.
+                    if let Some(p) = unsafe { $crate::alloc::shell::Shell::shrink_in_place(*self, ptr, old, new) } {
+                        return Ok(::std::ptr::NonNull::slice_from_raw_parts(p, new.size()));
+                    }
+                }
+                match ::allocator_api2::alloc::Allocator::allocate(self, new) {
+                    Ok(block) => {
+                        // SAFETY: `ptr` is live for `old.size() >= new.size()` bytes and the new
+                        // block is fresh (or empty), so they do not overlap; `ptr` is freed
+                        // once, after the copy, and not used again.
+                        unsafe {
+                            block.cast::<u8>().as_ptr().copy_from_nonoverlapping(ptr.as_ptr(), new.size());
+                            ::allocator_api2::alloc::Allocator::deallocate(self, ptr, old);
+                        }
+                        Ok(block)
+                    }
+                    // No room for a smaller block: this one, kept where it is, serves (Shell 6).
+                    Err(_) if new.size() != 0 && (ptr.as_ptr() as usize) % new.align() == 0 => {
+                        Ok(::std::ptr::NonNull::slice_from_raw_parts(ptr, new.size()))
+                    }
+                    Err(error) => Err(error),
+                }
             }
         }
     };
