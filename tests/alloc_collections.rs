@@ -263,3 +263,98 @@ fn pool_blocks_grow_within_their_slot() {
     drop(v);
     assert!(pool.is_empty());
 }
+
+/// `grow_zeroed` and `grow` across size classes and to a larger alignment: the bytes are
+/// kept, the new ones are zero, the old block is freed once (the counters say exactly one
+/// block is live after each step), and a growth that finds no room fails with the old
+/// block intact and one failure counted.
+#[test]
+fn grow_across_classes_keeps_bytes_and_counts() {
+    let pool = SizeClassPool::new(&[(16, 4), (128, 2)]);
+    let a = &pool;
+    let small = Layout::from_size_align(10, 8).unwrap();
+    let page = Layout::from_size_align(100, 64).unwrap();
+    let p = a.allocate(small).unwrap().cast::<u8>();
+    // SAFETY: `p` is live for `small`, and then `g` for `page`; each layout is at least as
+    // large as the last, and each block is used only until it is grown or freed.
+    unsafe {
+        p.as_ptr().write_bytes(3, 10);
+        let g = a.grow_zeroed(p, small, page).unwrap().cast::<u8>();
+        assert_eq!(g.as_ptr() as usize % 64, 0);
+        assert!((0..100).all(|i| *g.as_ptr().add(i) == if i < 10 { 3 } else { 0 }));
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.live, s.allocations, s.peak, s.failures), (128, 1, 2, 144, 0));
+        assert!(a.grow(g, page, Layout::from_size_align(1000, 8).unwrap()).is_err());
+        assert!((0..100).all(|i| *g.as_ptr().add(i) == if i < 10 { 3 } else { 0 }), "the old block is intact");
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.live, s.allocations, s.failures), (128, 1, 2, 1));
+        a.deallocate(g, page);
+    }
+    assert_eq!((pool.stats().in_use, pool.stats().live), (0, 0));
+
+    let small_objects = SmallObjectAllocator::new(SmallObjectConfig { slots: [4; 7] });
+    let a = &small_objects;
+    let p = a.allocate(small).unwrap().cast::<u8>();
+    // SAFETY: as above; the last growth goes past every class, to a system block.
+    unsafe {
+        p.as_ptr().write_bytes(3, 10);
+        let g = a.grow_zeroed(p, small, page).unwrap().cast::<u8>();
+        assert!((0..100).all(|i| *g.as_ptr().add(i) == if i < 10 { 3 } else { 0 }));
+        let big = Layout::from_size_align(1000, 8).unwrap();
+        let h = a.grow(g, page, big).unwrap().cast::<u8>();
+        assert!((0..100).all(|i| *h.as_ptr().add(i) == if i < 10 { 3 } else { 0 }));
+        let s = small_objects.stats();
+        assert_eq!((s.live, s.allocations, s.fallbacks), (1, 3, 1));
+        a.deallocate(h, big);
+    }
+    assert_eq!(small_objects.stats().live, 0);
+}
+
+/// Layouts no allocator can serve are errors, never overflow in the rounding: sizes near
+/// `isize::MAX`, alignments above 4096 (except for `SegmentAlloc`, which takes any), and a
+/// growth to such a size.
+#[test]
+fn huge_and_over_aligned_layouts_are_errors() {
+    fn refuse<A: Allocator + Copy>(alloc: A, any_alignment: bool) {
+        let max = isize::MAX as usize;
+        for layout in [
+            Layout::from_size_align(max - 4095, 4096).unwrap(),
+            Layout::from_size_align(max, 1).unwrap(),
+            Layout::from_size_align(max - 7, 8).unwrap(),
+        ] {
+            assert!(alloc.allocate(layout).is_err(), "{layout:?}");
+        }
+        for layout in [Layout::from_size_align(0, 8192).unwrap(), Layout::from_size_align(8, 8192).unwrap()] {
+            match alloc.allocate(layout) {
+                Err(_) => assert!(!any_alignment, "{layout:?}"),
+                Ok(block) => {
+                    assert!(any_alignment && block.cast::<u8>().as_ptr() as usize % 8192 == 0);
+                    // SAFETY: a live block of `layout`, freed once.
+                    unsafe { alloc.deallocate(block.cast(), layout) };
+                }
+            }
+        }
+        let small = Layout::new::<u64>();
+        let p = alloc.allocate(small).unwrap().cast::<u8>();
+        let huge = Layout::from_size_align(isize::MAX as usize - 4095, 4096).unwrap();
+        // SAFETY: `p` is live for `small`; the failed growths leave it live, and it is freed once.
+        unsafe {
+            assert!(alloc.grow(p, small, huge).is_err());
+            assert!(alloc.grow_zeroed(p, small, huge).is_err());
+            alloc.deallocate(p, small);
+        }
+    }
+    refuse(&StackAllocator::with_capacity(128), false);
+    refuse(&DoubleEndedStack::with_capacity(128), false);
+    refuse(&FrameAllocator::with_capacity(128), false);
+    refuse(&DoubleBufferedAllocator::with_capacity(128), false);
+    refuse(&SizeClassPool::new(&[(16, 4)]), false);
+    refuse(&Pool::<u64>::with_capacity(4), false);
+    refuse(&AlignedAlloc::new(SystemRaw), false);
+    // These two pass large requests on to the system, which Miri cannot ask for
+    // `isize::MAX` bytes (it stops with "resource exhaustion" instead of returning null).
+    if !cfg!(miri) {
+        refuse(&SmallObjectAllocator::new(SmallObjectConfig { slots: [4; 7] }), false);
+        refuse(&SegmentAlloc::new(), true);
+    }
+}

@@ -413,3 +413,42 @@ fn double_ended_stack_boxes_at_both_ends() {
     let high = stack.alloc(End::Upper, 3u64);
     assert_eq!((*low, *b, *high), (1, 2, 3));
 }
+
+// ---- a block freed into another instance of the same type -------------------------------
+
+/// A block from one allocator given to `deallocate` of another of the same type (same
+/// configuration, so the same classes and slot sizes) is refused with a panic naming the
+/// foreign pointer, before any memory is touched; the block stays live in its own allocator
+/// and is freed there afterwards.
+#[test]
+fn blocks_freed_into_another_instance_are_refused() {
+    fn refuse<A: Allocator + Copy>(owner: A, other: A, layout: Layout) {
+        let block = owner.allocate(layout).expect("room").cast::<u8>();
+        // SAFETY: `block` is a live block of `owner`, and it is not used while `other`
+        // looks at it; `other` must refuse it without touching it.
+        let refused =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { other.deallocate(block, layout) }));
+        let message = refused.expect_err("a foreign block must be refused");
+        let message = message.downcast_ref::<String>().expect("a formatted panic message");
+        assert!(message.contains("foreign free"), "{message}");
+        // SAFETY: the block is still `owner`'s, live, and freed once.
+        unsafe {
+            block.as_ptr().write_bytes(1, layout.size());
+            owner.deallocate(block, layout);
+        }
+    }
+    let layout = Layout::new::<[u64; 2]>();
+    refuse(&SizeClassPool::new(&[(16, 4)]), &SizeClassPool::new(&[(16, 4)]), layout);
+    let config = SmallObjectConfig { slots: [4; 7] };
+    refuse(&SmallObjectAllocator::new(config.clone()), &SmallObjectAllocator::new(config), layout);
+    // System-fallback blocks, looked up in the other allocator's table.
+    let none = SmallObjectConfig { slots: [0; 7] };
+    refuse(&SmallObjectAllocator::new(none.clone()), &SmallObjectAllocator::new(none), layout);
+    refuse(&Pool::<[u64; 2]>::with_capacity(2), &Pool::<[u64; 2]>::with_capacity(2), layout);
+    refuse(&StackAllocator::with_capacity(64), &StackAllocator::with_capacity(64), layout);
+    refuse(&DoubleEndedStack::with_capacity(64), &DoubleEndedStack::with_capacity(64), layout);
+    refuse(&FrameAllocator::with_capacity(64), &FrameAllocator::with_capacity(64), layout);
+    refuse(&DoubleBufferedAllocator::with_capacity(64), &DoubleBufferedAllocator::with_capacity(64), layout);
+    refuse(&AlignedAlloc::new(SystemRaw), &AlignedAlloc::new(SystemRaw), layout);
+    refuse(&SegmentAlloc::new(), &SegmentAlloc::new(), layout);
+}
