@@ -358,3 +358,37 @@ fn huge_and_over_aligned_layouts_are_errors() {
         refuse(&SegmentAlloc::new(), true);
     }
 }
+
+/// A `SizeClassPool` block that still suits the new size stays where it is: a growth
+/// within the block, or a shrink that the same class would serve, used to take a second
+/// block of the class and copy (and failed when the class was full).
+#[test]
+fn size_class_pool_resizes_within_a_block_in_place() {
+    let pool = SizeClassPool::new(&[(16, 1), (128, 1)]);
+    let a = &pool;
+    let (l100, l120, l70) = (
+        Layout::from_size_align(100, 8).unwrap(),
+        Layout::from_size_align(120, 8).unwrap(),
+        Layout::from_size_align(70, 8).unwrap(),
+    );
+    let p = a.allocate(l100).unwrap().cast::<u8>();
+    // SAFETY: `p` is live for `l100`, then for each layout it is resized to, and freed once.
+    unsafe {
+        p.as_ptr().write_bytes(9, 100);
+        let g = a.grow(p, l100, l120).unwrap().cast::<u8>();
+        assert_eq!(g, p, "grown within its 128-byte block");
+        let s = a.shrink(g, l120, l70).unwrap().cast::<u8>();
+        assert_eq!(s, p, "70 bytes are served by the same class");
+        assert!((0..70).all(|i| *s.as_ptr().add(i) == 9));
+        let st = pool.stats();
+        assert_eq!((st.allocations, st.live, st.failures, st.peak), (1, 1, 0, 128));
+        // A shrink to a smaller class moves the block and frees the old one.
+        let tiny = Layout::from_size_align(8, 8).unwrap();
+        let t = a.shrink(s, l70, tiny).unwrap().cast::<u8>();
+        assert_ne!(t, p);
+        assert!((0..8).all(|i| *t.as_ptr().add(i) == 9));
+        assert_eq!((pool.stats().in_use, pool.stats().live), (16, 1));
+        a.deallocate(t, tiny);
+    }
+    assert_eq!(pool.stats().live, 0);
+}

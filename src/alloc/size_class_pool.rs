@@ -836,6 +836,10 @@ impl fmt::Debug for SizeClassPool {
 // 3. `try_free` checks range, block start and the free bits before touching memory; a
 //    remote free touches no block memory at all, a local one writes only the debug fill,
 //    through the region's pointer.
+// 4, 5. `grow_in_place` and `shrink_in_place` return the block itself, through the
+//    region's pointer (whose provenance covers all of it), only when the new layout fits
+//    the block (size up to the block's, alignment dividing its address).
+// 6. `try_free` frees a block by its address.
 unsafe impl Shell for SizeClassPool {
     #[inline]
     fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
@@ -846,6 +850,39 @@ unsafe impl Shell for SizeClassPool {
     unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         // SAFETY: forwarded contract.
         unsafe { SizeClassPool::try_free(self, ptr) }
+    }
+
+    /// A block grows within itself when the new layout fits it.
+    #[inline]
+    unsafe fn grow_in_place(&self, ptr: NonNull<u8>, _old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        self.resize_in_place(ptr, new, |page| new.size() <= 1 << page.shift())
+    }
+
+    /// A block stays where it is when its class is the one the new layout would be served
+    /// from first: moving it would take a second block of the same size.
+    #[inline]
+    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, _old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        self.resize_in_place(ptr, new, |page| self.first_class(new) == Some(page.class()))
+    }
+}
+
+impl SizeClassPool {
+    /// The class a request for `layout` is served from first, as in
+    /// [`try_alloc`](Self::try_alloc), or `None` if no class is large enough.
+    fn first_class(&self, layout: Layout) -> Option<usize> {
+        let k = (usize::BITS - ((layout.size().max(layout.align()) - 1) | 7).leading_zeros()) as usize;
+        let first = self.by_log2[k];
+        (first != NO_CLASS).then_some(usize::from(first))
+    }
+
+    /// `ptr`'s block, through the region's pointer, if `new`'s alignment divides its address
+    /// and `keep` accepts its page; otherwise `None`.
+    #[cold]
+    #[inline(never)]
+    fn resize_in_place(&self, ptr: NonNull<u8>, new: Layout, keep: impl FnOnce(&Page) -> bool) -> Option<NonNull<u8>> {
+        let addr = ptr.as_ptr() as usize;
+        let (page, offset, _) = self.locate(addr).ok()?;
+        (addr % new.align() == 0 && keep(page)).then(|| self.region.at(offset))
     }
 }
 
