@@ -170,8 +170,7 @@ unsafe fn shrink_when_full<A: Allocator + Copy>(alloc: A, p: std::ptr::NonNull<u
 /// A shrink asked of a full allocator used to fail (the default `shrink` allocates the
 /// smaller block first and copies), so `Vec::shrink_to_fit` on a full allocator aborted the
 /// process through `handle_alloc_error`. A block keeps its bytes when it shrinks in place,
-/// so a shrink now never fails for want of room; the stacks shrink their last block in place
-/// and give the rest back.
+/// so a shrink now never fails for want of room; the stacks always shrink in place.
 #[test]
 fn shrink_succeeds_in_a_full_allocator() {
     let old = Layout::from_size_align(64, 8).unwrap();
@@ -190,7 +189,7 @@ fn shrink_succeeds_in_a_full_allocator() {
     let p = filled(&stack, old);
     // SAFETY: `p` is the stack's live (and last) block of `old`.
     unsafe { shrink_when_full(&stack, p, old, new) };
-    assert_eq!(stack.allocated_bytes(), 16, "the last block shrinks in place and gives back the rest");
+    assert_eq!(stack.allocated_bytes(), 64, "the block shrinks in place; the top stays");
     let p = filled(&stack, old);
     fill_up(&stack);
     // SAFETY: `p` is the stack's live block of `old` (not the last one any more).
@@ -206,7 +205,7 @@ fn shrink_succeeds_in_a_full_allocator() {
     let p = filled(&ends, old);
     // SAFETY: `p` is the lower stack's live (and last) block of `old`.
     unsafe { shrink_when_full(&ends, p, old, new) };
-    assert_eq!(ends.allocated_bytes(mmobject::alloc::End::Lower), 16);
+    assert_eq!(ends.allocated_bytes(mmobject::alloc::End::Lower), 64);
     let p = filled(&ends, old);
     fill_up(&ends);
     // SAFETY: `p` is the lower stack's live block of `old`.
@@ -391,4 +390,33 @@ fn size_class_pool_resizes_within_a_block_in_place() {
         a.deallocate(t, tiny);
     }
     assert_eq!(pool.stats().live, 0);
+}
+
+/// A shrink in a stack keeps the block where it is and leaves the top alone: a marker taken
+/// above a shrinking `Vec` stays valid. (Moving the top down to the shrunk block's end would
+/// put such a marker above the top, and `free_to_marker` would refuse it.)
+#[test]
+fn a_shrink_in_a_stack_keeps_markers_valid() {
+    let mut stack = StackAllocator::with_capacity(256);
+    let marker = {
+        let mut v: Vec<u64, _> = Vec::with_capacity_in(8, &stack);
+        v.push(1);
+        let above = stack.marker();
+        v.shrink_to_fit();
+        assert_eq!(v[0], 1);
+        above
+    };
+    stack.free_to_marker(marker);
+    assert_eq!(stack.allocated_bytes(), 64);
+
+    let mut ends = DoubleEndedStack::with_capacity(256);
+    let marker = {
+        let mut v: Vec<u64, _> = Vec::with_capacity_in(8, &ends);
+        v.push(1);
+        let above = ends.marker(mmobject::alloc::End::Lower);
+        v.shrink_to_fit();
+        above
+    };
+    ends.free_to_marker(marker);
+    assert_eq!(ends.allocated_bytes(mmobject::alloc::End::Lower), 64);
 }

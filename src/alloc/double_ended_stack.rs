@@ -321,38 +321,6 @@ impl DoubleEndedStack {
         Some(self.region.at(offset))
     }
 
-    /// Shrinks `block` (of `old_size` bytes) in place to `new_size` bytes if `new_align`
-    /// divides its address. If it is the lower stack's last block, the bytes after its new
-    /// end go back to the free gap; any other block keeps its bytes until its end is freed
-    /// to a marker. Returns the block, or `None`.
-    #[cold]
-    #[inline(never)]
-    fn shrink_block(
-        &self,
-        block: NonNull<u8>,
-        old_size: usize,
-        new_size: usize,
-        new_align: usize,
-    ) -> Option<NonNull<u8>> {
-        debug_assert!(new_size <= old_size, "shrink to a larger size");
-        if (block.as_ptr() as usize) % new_align != 0 {
-            return None;
-        }
-        let offset = (block.as_ptr() as usize).wrapping_sub(self.region.addr());
-        let lower = self.lower.get();
-        // As in `grow_last_lower`: only the lower stack's last block ends at the lower top.
-        if old_size != 0 && offset.checked_add(old_size) == Some(lower) {
-            self.update_peak();
-            let end = offset + new_size;
-            // SAFETY: `end..lower` is the tail of the lower stack's last block, inside the
-            // region; its owner gives it up with this shrink, so nobody references it. The
-            // fill goes through the region's pointer, not the caller's.
-            unsafe { region::fill_freed(self.region.at(end), lower - end) };
-            self.lower.set(end);
-        }
-        Some(block)
-    }
-
     #[cold]
     #[inline(never)]
     fn failed(&self, error: Error) -> Error {
@@ -382,7 +350,7 @@ impl fmt::Debug for DoubleEndedStack {
 // (`free_to_marker`, `reset`) or the drop (2); `try_free` touches no memory (3);
 // `grow_in_place` extends the lower stack's last block into the free gap, keeping its start
 // and contents, and only while it stays below the upper stack (4); `shrink_in_place` keeps
-// the block where it is, giving the lower stack's last block's tail back to the gap (5);
+// the block where it is, unchanged (5);
 // `try_free` frees nothing, so it ignores layouts (6).
 unsafe impl Shell for DoubleEndedStack {
     #[inline]
@@ -407,8 +375,10 @@ unsafe impl Shell for DoubleEndedStack {
     }
 
     #[inline]
-    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
-        self.shrink_block(ptr, old.size(), new.size(), new.align())
+    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, _old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        // The block stays where it is, and so does the top: a marker taken above the block
+        // stays valid (moving the top down through `&self` would put it above the top).
+        ((ptr.as_ptr() as usize) % new.align() == 0).then_some(ptr)
     }
 }
 

@@ -55,8 +55,8 @@ pub(crate) unsafe trait Shell {
     }
 
     /// Shrinks `ptr`'s block in place if the allocator prefers that to moving it (the stacks:
-    /// a new block would only add to the top), or returns `None` to try a smaller block
-    /// first.
+    /// a new block would only add to the top; a `Pool`: every slot is the same size), or
+    /// returns `None` to try a smaller block first.
     ///
     /// # Safety
     ///

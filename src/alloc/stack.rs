@@ -417,39 +417,6 @@ impl StackAllocator {
         Some(self.region.at(offset))
     }
 
-    /// Shrinks `block` (of `old_size` bytes) in place to `new_size` bytes if `new_align`
-    /// divides its address. If it is the last block on the stack, the bytes after its new
-    /// end go back to the stack; any other block keeps its bytes until the stack is freed
-    /// to a marker (moving it would only add to the top). Returns the block, or `None`.
-    #[cold]
-    #[inline(never)]
-    fn shrink_block(
-        &self,
-        block: NonNull<u8>,
-        old_size: usize,
-        new_size: usize,
-        new_align: usize,
-    ) -> Option<NonNull<u8>> {
-        debug_assert!(new_size <= old_size, "shrink to a larger size");
-        if (block.as_ptr() as usize) % new_align != 0 {
-            return None;
-        }
-        let offset = (block.as_ptr() as usize).wrapping_sub(self.region.addr());
-        let top = self.top.get();
-        // A pointer from elsewhere gives a meaningless (wrapped) offset, which cannot end at
-        // the top unless the pointer is this stack's last block.
-        if old_size != 0 && offset.checked_add(old_size) == Some(top) {
-            let end = offset + new_size;
-            self.peak.set(self.peak.get().max(top));
-            // SAFETY: `end..top` is the tail of the last block, inside the region; its owner
-            // gives it up with this shrink, so nobody references it. The fill goes through
-            // the region's pointer, not the caller's.
-            unsafe { region::fill_freed(self.region.at(end), top - end) };
-            self.top.set(end);
-        }
-        Some(block)
-    }
-
     /// Whether `ptr` points into this stack's region.
     #[inline]
     pub fn contains(&self, ptr: NonNull<u8>) -> bool {
@@ -509,8 +476,8 @@ impl fmt::Debug for StackAllocator {
 //    the stack.
 // 3. `try_free` touches no memory: individual blocks are not freed.
 // 4. `grow_in_place` extends the last block into free bytes above the top (`grow_last`).
-// 5. `shrink_in_place` keeps the block where it is, and for the last block moves the top
-//    down to its new end (`shrink_block`).
+// 5. `shrink_in_place` keeps the block where it is, unchanged (a new block would only add
+//    to the top).
 // 6. `try_free` frees nothing, so it ignores layouts.
 unsafe impl Shell for StackAllocator {
     #[inline]
@@ -536,8 +503,10 @@ unsafe impl Shell for StackAllocator {
     }
 
     #[inline]
-    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
-        self.shrink_block(ptr, old.size(), new.size(), new.align())
+    unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, _old: Layout, new: Layout) -> Option<NonNull<u8>> {
+        // The block stays where it is, and so does the top: a marker taken above the block
+        // stays valid (moving the top down through `&self` would put it above the top).
+        ((ptr.as_ptr() as usize) % new.align() == 0).then_some(ptr)
     }
 }
 
