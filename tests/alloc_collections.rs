@@ -420,3 +420,38 @@ fn a_shrink_in_a_stack_keeps_markers_valid() {
     ends.free_to_marker(marker);
     assert_eq!(ends.allocated_bytes(mmobject::alloc::End::Lower), 64);
 }
+
+/// A zero-size value aligned above 4096 takes no block: `Box` and `Vec` make up a dangling
+/// pointer at its alignment, and still give it to `deallocate`. That free panicked as a
+/// foreign pointer in every allocator (only addresses up to 4096 were known as dangling);
+/// a zero-size free that no allocator knows is now ignored when it is exactly such a
+/// pointer.
+#[test]
+fn zero_size_values_aligned_above_4096_drop_quietly() {
+    #[repr(align(8192))]
+    struct Big;
+    fn drop_big<A: Allocator + Copy>(alloc: A) {
+        drop(Box::new_in(Big, alloc));
+        let mut v = Vec::new_in(alloc);
+        v.push(Big);
+        v.push(Big);
+        let boxed: Box<[Big], A> = v.into_boxed_slice();
+        assert_eq!(boxed.len(), 2);
+    }
+    drop_big(&StackAllocator::with_capacity(64));
+    drop_big(&DoubleEndedStack::with_capacity(64));
+    drop_big(&FrameAllocator::with_capacity(64));
+    drop_big(&DoubleBufferedAllocator::with_capacity(64));
+    drop_big(&SizeClassPool::new(&[(16, 1)]));
+    drop_big(&SmallObjectAllocator::new(SmallObjectConfig { slots: [1; 7] }));
+    drop_big(&Pool::<u64>::with_capacity(1));
+    drop_big(&AlignedAlloc::new(SystemRaw));
+    let segments = SegmentAlloc::new();
+    drop_big(&segments);
+    // A real zero-size block (`SegmentAlloc` serves any alignment) is still freed.
+    let layout = Layout::from_size_align(0, 8192).unwrap();
+    let block = (&segments).allocate(layout).unwrap();
+    // SAFETY: a live block of `layout`, freed once.
+    unsafe { (&segments).deallocate(block.cast(), layout) };
+    assert_eq!(segments.stats().live, 0);
+}

@@ -315,8 +315,8 @@ unsafe impl Shell for DoubleBufferedAllocator {
 
     #[inline]
     unsafe fn shrink_in_place(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<u8>> {
-        // SAFETY: forwarded contract: a block of the previous frame's buffer is never the
-        // current buffer's last block, so it is kept where it is and no memory is touched.
+        // SAFETY: forwarded contract: the stack keeps any block where it is and touches no
+        // memory, so the block may be of either buffer.
         unsafe { Shell::shrink_in_place(self.current(), ptr, old, new) }
     }
 }

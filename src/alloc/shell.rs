@@ -123,6 +123,20 @@ pub(crate) fn zero_size_block(layout: Layout) -> Option<NonNull<[u8]>> {
     Some(NonNull::slice_from_raw_parts(dangling, 0))
 }
 
+/// A `deallocate` the allocator refused: ignored if it is a zero-size value's dangling
+/// pointer aligned above [`MAX_ALIGN`](super::region::MAX_ALIGN) (`allocator_api2`'s `Box`
+/// and `Vec` make one up at the alignment's address without asking, and give it back all
+/// the same), and otherwise a panic with the error's message.
+#[cold]
+#[inline(never)]
+#[track_caller]
+pub(crate) fn free_refused(ptr: NonNull<u8>, layout: Layout, error: Error) {
+    if layout.size() == 0 && ptr.as_ptr() as usize == layout.align() {
+        return;
+    }
+    fail(error)
+}
+
 /// The one failure path: panics with the error's message.
 #[cold]
 #[inline(never)]
@@ -134,7 +148,8 @@ pub(crate) fn fail(error: Error) -> ! {
 /// Implements `allocator_api2::alloc::Allocator` for `&X`, where `X:` [`Shell`].
 ///
 /// `deallocate` panics with the error's message on a bad free (a foreign pointer, not a
-/// block start, a double free); `grow` grows in place when [`Shell::grow_in_place`] can,
+/// block start, a double free), except for a zero-size value's dangling pointer (see
+/// [`free_refused`]); `grow` grows in place when [`Shell::grow_in_place`] can,
 /// and otherwise allocates, copies and frees. `shrink` shrinks in place when
 /// [`Shell::shrink_in_place`] prefers to, and otherwise moves the contents to a smaller
 /// block; when there is no room for one it keeps the block where it is (if its address
@@ -181,13 +196,15 @@ macro_rules! impl_allocator {
 
             /// Panics with the error's message on a bad free.
             #[inline]
-            unsafe fn deallocate(&self, ptr: ::std::ptr::NonNull<u8>, _layout: ::std::alloc::Layout) {
+            unsafe fn deallocate(&self, ptr: ::std::ptr::NonNull<u8>, layout: ::std::alloc::Layout) {
                 if $crate::alloc::region::is_dangling(ptr) {
                     return; // a zero-size block: nothing was allocated
                 }
                 // SAFETY: the `Allocator` contract: `ptr` is a live block of this allocator,
                 // not used again.
-                unsafe { $crate::alloc::shell::Shell::free(*self, ptr) }
+                if let Err(error) = unsafe { $crate::alloc::shell::Shell::try_free(*self, ptr) } {
+                    $crate::alloc::shell::free_refused(ptr, layout, error);
+                }
             }
 
             #[inline]
