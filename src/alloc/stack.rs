@@ -76,6 +76,8 @@ impl Marker {
 ///
 /// **Growth.** Through the `Allocator` impl, the last block grows in place: a collection
 /// filled while nothing else is allocated above it uses no more than its final capacity.
+/// A shrink keeps the block where it is (its spare bytes come back with the next
+/// `free_to_marker` or `reset`), so it never fails and never moves the top.
 ///
 /// **Threads.** `Send` but not `Sync`: the top is a `Cell`.
 ///
