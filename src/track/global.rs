@@ -16,6 +16,29 @@ use super::stack_trace::NO_STACK;
 use super::tag::TagId;
 use super::tracker::Tracker;
 
+/// Runs `f`, tracker code that may call user code (a budget callback, the logger of a
+/// watched tag or of a diagnostic) from inside the allocator, and aborts the process if it
+/// unwinds: a `GlobalAlloc` must not unwind (undefined behaviour), and a panic in such code
+/// would otherwise come out of `alloc`, `realloc` or `dealloc`. Only on cold paths: the
+/// counting path calls no user code.
+#[inline(always)]
+fn no_unwind<R>(f: impl FnOnce() -> R) -> R {
+    /// Aborts when dropped, which only happens while `f` unwinds (it is forgotten after).
+    struct AbortOnUnwind;
+    impl Drop for AbortOnUnwind {
+        #[cold]
+        fn drop(&mut self) {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "mmobject: a panic inside the global allocator; aborting");
+            std::process::abort();
+        }
+    }
+    let armed = AbortOnUnwind;
+    let r = f();
+    std::mem::forget(armed);
+    r
+}
+
 /// A [`GlobalAlloc`] that wraps another allocator and reports every allocation to a
 /// [`Tracker`] (by default [`Tracker::global()`]), under the tag in scope on the
 /// allocating thread.
@@ -150,9 +173,10 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 unsafe { self.inner.alloc(outer) }
             }
         };
+        // The budget's callback and the watch log may run: no unwinding out of here.
         // SAFETY: `allocate` calls the inner allocator with the layout it is given, which
         // returns a fresh block of it or null (`GlobalAlloc`'s contract).
-        match unsafe { self.tracker.place(layout, how, allocate) } {
+        match no_unwind(|| unsafe { self.tracker.place(layout, how, allocate) }) {
             Ok(placed) => placed.user,
             Err(_) => ptr::null_mut(),
         }
@@ -281,6 +305,18 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// As for [`GlobalAlloc::dealloc`].
     #[inline(never)]
     unsafe fn dealloc_checked(&self, ptr: *mut u8, layout: Layout) {
+        // The watch log and the diagnostics' logs may run: no unwinding out of here.
+        // SAFETY: the caller's contract, passed on.
+        no_unwind(|| unsafe { self.dealloc_checked_unguarded(ptr, layout) })
+    }
+
+    /// [`dealloc_checked`](Self::dealloc_checked)'s work, which may call the logger.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`].
+    #[inline(always)]
+    unsafe fn dealloc_checked_unguarded(&self, ptr: *mut u8, layout: Layout) {
         let t = self.tracker;
         if !t.config().diagnostics() {
             // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
@@ -496,7 +532,8 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         // The block changes size: the difference is counted, not a new block beside the
         // old one. A growth is checked against the budget (and claimed) first; the count
         // and the peaks wait for the inner `realloc`, so a refused one shows nowhere.
-        let Ok(claimed) = t.claim_resize(tag, old_size, new_size) else {
+        // A growth of a slow tag may call its budget callback: no unwinding out of here.
+        let Ok(claimed) = no_unwind(|| t.claim_resize(tag, old_size, new_size)) else {
             return ptr::null_mut(); // refused by the budget; the old block stays
         };
         let undo = || t.resize_refused(tag, old_size, new_size, claimed);
@@ -520,7 +557,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         let user = unsafe { block::init(base, new_block, new_size, Header::new(tag.0, H_COUNTED)) };
         t.placed_without_record(user as usize);
         if watched {
-            t.watch_event("realloc", tag, new_size, Some(user as usize), None);
+            no_unwind(|| t.watch_event("realloc", tag, new_size, Some(user as usize), None));
         }
         user
     }
