@@ -9,7 +9,7 @@
 
 use std::alloc::System;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::Arc;
 
 use mmobject::track::{current_tag, Mode, Sampling, Tag, TagId, Tracker, TrackingAllocator};
@@ -23,6 +23,7 @@ static LATE: Tag = Tag::new("edges-Late");
 static SWITCH: Tag = Tag::new("edges-Switch");
 static GROW: Tag = Tag::new("edges-Grow");
 static BUDGET: Tag = Tag::new("edges-Budget");
+static CROWD: Tag = Tag::new("edges-Crowd");
 static OUTER: Tag = Tag::new("edges-Outer");
 static INNER: Tag = Tag::new("edges-Inner");
 
@@ -46,6 +47,7 @@ const ROUNDS: usize = if cfg!(miri) { 3 } else { 200 };
 #[test]
 fn global_allocator_edges() {
     a_thread_exits_with_a_pending_record_and_deltas_in_its_slot();
+    more_threads_than_slots_count_on_the_shared_counters();
     thread_local_destructors_free_and_allocate_around_the_exit_flush();
     mode_switches_while_other_threads_allocate_and_free();
     realloc_across_modes_and_sizes();
@@ -59,26 +61,53 @@ fn a_thread_exits_with_a_pending_record_and_deltas_in_its_slot() {
     t().set_mode(Mode::Records);
     // Two blocks kept past the thread's exit: the newer one is its pending record; a few
     // freed ones leave deltas in its slot that are never flushed.
-    let kept: [usize; 2] = std::thread::spawn(|| {
+    let kept: [Box<[u8; 100]>; 2] = std::thread::spawn(|| {
         let _g = EXIT.enter();
         for _ in 0..5 {
             drop(vec![0u8; 48]);
         }
-        let a = Box::into_raw(Box::new([1u8; 100])) as usize;
-        let b = Box::into_raw(Box::new([2u8; 100])) as usize;
-        [a, b]
+        [Box::new([1u8; 100]), Box::new([2u8; 100])]
     })
     .join()
     .unwrap();
     assert_eq!(live(&EXIT), (200, 2), "both blocks, counted once each");
     assert_eq!(records_of(&EXIT), 2, "the pending record is reported after the thread's exit");
     t().set_mode(Mode::Counting);
-    for p in kept {
-        // SAFETY: each came from `Box::into_raw` of a `Box<[u8; 100]>` and is freed once.
-        drop(unsafe { Box::from_raw(p as *mut [u8; 100]) });
-    }
+    drop(kept);
     assert_eq!(live(&EXIT), (0, 0));
     assert_eq!(records_of(&EXIT), 0);
+}
+
+/// More threads alive at once than a tracker has slots (64; 4 under Miri): the last ones
+/// count on the shared counters, in records mode too, and the totals stay exact.
+fn more_threads_than_slots_count_on_the_shared_counters() {
+    const THREADS: usize = if cfg!(miri) { 6 } else { 70 };
+    for mode in [Mode::Counting, Mode::Records] {
+        t().set_mode(mode);
+        let barrier = Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    let _g = CROWD.enter();
+                    let kept = vec![0u8; 10 + i];
+                    drop(vec![0u8; 5]);
+                    barrier.wait(); // all alive at once
+                    kept
+                })
+            })
+            .collect();
+        let kept: Vec<Vec<u8>> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        let bytes: usize = kept.iter().map(Vec::capacity).sum();
+        assert_eq!(live(&CROWD), (bytes, THREADS), "{mode:?}");
+        if mode.keeps_records() {
+            assert_eq!(records_of(&CROWD), THREADS, "{mode:?}");
+        }
+        t().set_mode(Mode::Counting);
+        drop(kept);
+        assert_eq!(live(&CROWD), (0, 0), "{mode:?}");
+        assert_eq!(records_of(&CROWD), 0, "{mode:?}");
+    }
 }
 
 struct AllocatesOnDrop;
@@ -88,11 +117,11 @@ impl Drop for AllocatesOnDrop {
         // A block allocated by a destructor at thread exit, after the tracker's own
         // thread-local may be gone: leaked on purpose, freed by the test afterwards.
         let _g = LATE.enter();
-        LATE_BLOCK.store(Box::into_raw(Box::new([3u8; 64])) as usize, Ordering::SeqCst);
+        LATE_BLOCK.store(Box::into_raw(Box::new([3u8; 64])), Ordering::SeqCst);
     }
 }
 
-static LATE_BLOCK: AtomicUsize = AtomicUsize::new(0);
+static LATE_BLOCK: AtomicPtr<[u8; 64]> = AtomicPtr::new(std::ptr::null_mut());
 
 thread_local! {
     static BEFORE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
@@ -114,7 +143,7 @@ fn thread_local_destructors_free_and_allocate_around_the_exit_flush() {
             BEFORE.with(|v| v.borrow_mut().push(vec![1; 40]));
             LATE_ALLOC.with(|l| *l.borrow_mut() = Some(AllocatesOnDrop));
             // Still pending in the slot at exit.
-            KEPT_BLOCK.store(Box::into_raw(pending) as usize, Ordering::SeqCst);
+            KEPT_BLOCK.store(Box::into_raw(pending), Ordering::SeqCst);
         })
         .join()
         .unwrap();
@@ -124,13 +153,13 @@ fn thread_local_destructors_free_and_allocate_around_the_exit_flush() {
             assert_eq!(records_of(&DTOR), 1, "{mode:?}");
             assert_eq!(records_of(&LATE), 1, "{mode:?}");
         }
-        let late = LATE_BLOCK.swap(0, Ordering::SeqCst);
+        let late = LATE_BLOCK.swap(std::ptr::null_mut(), Ordering::SeqCst);
         // SAFETY: from `Box::into_raw` of a `Box<[u8; 64]>`, freed once.
-        drop(unsafe { Box::from_raw(late as *mut [u8; 64]) });
+        drop(unsafe { Box::from_raw(late) });
         assert_eq!(live(&LATE), (0, 0));
-        let kept = KEPT_BLOCK.swap(0, Ordering::SeqCst);
+        let kept = KEPT_BLOCK.swap(std::ptr::null_mut(), Ordering::SeqCst);
         // SAFETY: from `Box::into_raw` of a `Box<[u8; 24]>`, freed once.
-        drop(unsafe { Box::from_raw(kept as *mut [u8; 24]) });
+        drop(unsafe { Box::from_raw(kept) });
         assert_eq!(live(&DTOR), (0, 0), "{mode:?}");
         assert_eq!(records_of(&DTOR), 0, "{mode:?}");
         assert_eq!(records_of(&LATE), 0, "{mode:?}");
@@ -138,7 +167,7 @@ fn thread_local_destructors_free_and_allocate_around_the_exit_flush() {
     t().set_mode(Mode::Counting);
 }
 
-static KEPT_BLOCK: AtomicUsize = AtomicUsize::new(0);
+static KEPT_BLOCK: AtomicPtr<[u8; 24]> = AtomicPtr::new(std::ptr::null_mut());
 
 fn mode_switches_while_other_threads_allocate_and_free() {
     let modes = [
