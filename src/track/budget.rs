@@ -40,7 +40,8 @@ pub enum BudgetPolicy {
     ///
     /// The callback runs inside the allocator when the tracker is the global allocator:
     /// its own allocations are not tracked, and it must not call back into the tracker's
-    /// allocation API.
+    /// allocation API. A panic in it cannot unwind out of the allocator there: the process
+    /// aborts.
     Callback(fn(&BudgetOverrun)),
     /// Refuse the allocation: `try_` calls return [`Error::BudgetExceeded`] and count
     /// nothing; plain calls panic with that message; under

@@ -60,7 +60,9 @@ fn no_unwind<R>(f: impl FnOnce() -> R) -> R {
 ///
 /// Budget policies inside the allocator: `Error` makes the allocation return null
 /// (`Vec::try_reserve` sees an error; other allocations abort via `handle_alloc_error`);
-/// `Panic` logs and aborts, since a global allocator must not unwind.
+/// `Panic` logs and aborts, since a global allocator must not unwind. For the same reason, a
+/// panic in code the tracker calls from inside the allocator (a budget callback, the logger
+/// of a watched tag or of a diagnostic) aborts the process.
 ///
 /// # Examples
 ///
