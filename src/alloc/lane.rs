@@ -143,15 +143,18 @@ struct Shared {
     cursor: u32,
     /// Slots not free in unowned lanes.
     loose: u64,
-    /// How many of `loose` may have come from threads that exited holding them (frees and
-    /// lanes taken over count against these first, so this never understates the rest).
-    /// They are counted in `peaks` already.
+    /// How many of `loose` are counted in `peaks` already: left by threads that exited
+    /// holding them, or in the unowned lanes when a thread last took one over. Frees count
+    /// against these first, so this never overstates how many of them are still live, and
+    /// `loose - inherited` never understates the rest.
     inherited: u64,
-    /// The most slots there have been in unowned lanes, without the inherited ones.
+    /// The most slots there have been in unowned lanes, without the inherited ones, since a
+    /// thread last took one over.
     loose_peak: u64,
     /// Slots handed out under the lock, plus those counted by threads that have exited.
     allocations: u64,
-    /// The peaks of threads that have exited.
+    /// Peaks that no longer grow: those of threads that have exited, and those of the
+    /// unowned lanes up to each take-over.
     peaks: u64,
 }
 
@@ -160,12 +163,22 @@ struct Shared {
 ///
 /// `held`, the number of slots not free in the thread's lanes (invariant 4 of [`Lanes`]), is
 /// `allocations + offset` (wrapping): an allocation only bumps `allocations`, and only frees
-/// and lanes changing hands touch `offset`. The peak is not updated on every allocation:
-/// between two refills `held` grows only by allocations (a lane is taken over only in a
-/// refill), so `mark + allocations`, with `mark` the `offset` of the last refill, bounds
-/// `held` from above until the next one. A refill folds that bound into `peak`, and readers
-/// fold in the current one. With no frees in between the bound is exact; otherwise it
-/// overstates the peak by at most the slots freed since the last refill.
+/// and lanes changing hands touch `offset`.
+///
+/// The peak counts only the thread's *own* slots, `held - carried`: `carried` are the live
+/// slots of the lanes it took over, which the peaks of the class (of the thread that left
+/// them, or of the unowned lanes) counted already, so counting them again would count a slot
+/// twice just because it changed threads. Frees count against `carried` first (which slot
+/// was freed is not known), so it never overstates how many of them are still live.
+///
+/// The peak is not updated on every allocation, and nor is `carried` on every free: between
+/// two refills `held` grows only by allocations (a lane is taken over only in a refill), so
+/// `mark + allocations`, with `mark` the own count at the last refill, bounds the own count
+/// from above until the next one; frees in between lower it, first by lowering `carried`,
+/// which the next refill works out from how far `offset` fell. A refill folds the bound into
+/// `peak`, and readers fold in the current one. With no frees in between the bound is exact;
+/// otherwise it overstates the peak by at most the slots freed since the last refill beyond
+/// `carried`.
 ///
 /// These are statistics, not part of the lane protocol (the bitmap is the state), so they
 /// are `std`'s atomics even under loom, which then need not explore their orderings.
@@ -174,6 +187,8 @@ pub(crate) struct LaneCounts {
     allocations: std::sync::atomic::AtomicU64,
     offset: std::sync::atomic::AtomicU64,
     mark: std::sync::atomic::AtomicU64,
+    /// Written and read by the owner only, at refills (readers need only `mark`).
+    carried: std::sync::atomic::AtomicU64,
     peak: std::sync::atomic::AtomicU64,
 }
 
@@ -203,12 +218,27 @@ impl LaneCounts {
         }
     }
 
-    /// At a refill (owner only): folds the bound since the last refill into the peak and
-    /// starts the next one from the `held` of now.
+    /// At a refill (owner only): folds the bound since the last refill into the peak, counts
+    /// the frees since then against `carried` first, and starts the next bound from the own
+    /// count of now.
     fn refilled(&self) {
         let peak = self.peak.load(Ordering::Relaxed).max(self.bound());
         self.peak.store(peak, Ordering::Relaxed);
-        self.mark.store(self.offset.load(Ordering::Relaxed), Ordering::Relaxed);
+        let (mark, carried) = (self.mark.load(Ordering::Relaxed), self.carried.load(Ordering::Relaxed));
+        let offset = self.offset.load(Ordering::Relaxed);
+        // `offset` fell by the frees since the last refill, from `mark + carried` then.
+        let freed = mark.wrapping_add(carried).wrapping_sub(offset);
+        let carried = carried.saturating_sub(freed);
+        self.carried.store(carried, Ordering::Relaxed);
+        self.mark.store(offset.wrapping_sub(carried), Ordering::Relaxed);
+    }
+
+    /// At a refill that takes over a lane with `held` slots not free, all counted in the
+    /// class's peaks already (owner only): they join `held` but not the own count.
+    fn take_over(&self, held: u64) {
+        self.refilled();
+        self.add_held(held);
+        self.carried.store(self.carried.load(Ordering::Relaxed) + held, Ordering::Relaxed);
     }
 
     /// Allocations, slots held now (exact for the owner) and the most held at once (an upper
@@ -221,7 +251,7 @@ impl LaneCounts {
 
     /// Starts over (owner only, when its lanes go back).
     fn clear(&self) {
-        for counter in [&self.allocations, &self.offset, &self.mark, &self.peak] {
+        for counter in [&self.allocations, &self.offset, &self.mark, &self.carried, &self.peak] {
             counter.store(0, Ordering::Relaxed);
         }
     }
@@ -457,14 +487,18 @@ impl Lanes {
             let held: u64 =
                 self.lane_words(l).map(|w| u64::from((self.bits.load(w) & self.valid(w)).count_ones())).sum();
             shared.loose -= held;
-            shared.inherited = shared.inherited.saturating_sub(held);
+            // The unowned lanes' peak so far counts every slot in them now that is not
+            // inherited: it stops growing, so all of them count as inherited from here on,
+            // and this thread's peak need not count the ones it takes.
+            shared.peaks += shared.loose_peak;
+            shared.loose_peak = 0;
+            shared.inherited = shared.loose;
             shared.cursor = l + 1;
             drop(shared);
-            counts.add_held(held);
             cache.mine |= 1 << l;
             cache.active = w as u32;
             cache.active_lane = 1 << l;
-            counts.refilled();
+            counts.take_over(held);
             return (self.take_active(cache, counts), raced);
         }
         *cache = LaneCache { mine: cache.mine, ..LaneCache::default() };
@@ -590,8 +624,8 @@ impl Lanes {
     }
 
     /// Allocations and the most slots in use at once (an upper bound: the sum of each
-    /// thread's peak, and of the unowned lanes'), given the counts of the threads using the
-    /// class now.
+    /// thread's peak, and of the unowned lanes', each counting a slot only while it has not
+    /// changed threads), given the counts of the threads using the class now.
     pub(crate) fn totals<'a>(&self, threads: impl Iterator<Item = &'a LaneCounts>) -> (u64, usize) {
         let shared = self.lock();
         let (mut allocations, mut peak) = (shared.allocations, shared.peaks + shared.loose_peak);
@@ -663,6 +697,49 @@ mod tests {
         assert_eq!(lanes.free_shared(None, slot, || {}), (Err(()), vec![]));
         lanes.release(&mut mine, &counts);
         assert_eq!(lanes.totals([&counts].into_iter()), (3, 3));
+    }
+
+    /// Slots a thread without a cache put in an unowned lane count in the unowned lanes'
+    /// peak; a thread that takes the lane over does not count them again.
+    #[test]
+    fn unowned_slots_taken_over_count_once() {
+        let lanes = Lanes::new(128); // two lanes of one word
+        for _ in 0..50 {
+            lanes.take_unowned().unwrap();
+        }
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(50), "the lane with the 50 slots");
+        assert_eq!(lanes.totals([&counts].into_iter()), (51, 51));
+        // More slots without a cache, in the other lane: 65 live, never more.
+        for _ in 0..14 {
+            assert!(lanes.take_unowned().unwrap() >= 64);
+        }
+        assert_eq!(lanes.totals([&counts].into_iter()), (65, 65));
+    }
+
+    /// A thread's own peak leaves out the slots it took over, also once it freed some of
+    /// them: frees count against those first.
+    #[test]
+    fn frees_of_taken_over_slots_count_against_them_first() {
+        let lanes = Lanes::new(128); // two lanes of one word
+        let slots: Vec<_> = (0..40).map(|_| lanes.take_unowned().unwrap()).collect();
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(40), "the lane with the 40 slots");
+        for &slot in &slots[..10] {
+            assert_eq!(lanes.free_owned(&mine, &counts, slot, || {}), Some(Ok(())));
+        }
+        for _ in 0..33 {
+            lanes.take_active(&mut mine, &counts).unwrap();
+        }
+        // 30 taken over and 34 of its own fill the word: the next one takes the other lane,
+        // and the refill finds 30 of the 40 still live.
+        assert_eq!(counts.read().2, 34);
+        assert_eq!(lanes.take_active(&mut mine, &counts), None);
+        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(64));
+        assert_eq!(counts.read(), (35, 65, 35));
+        // The 40 the unowned lanes' peak counted, and 35 of the thread's own: 10 were freed
+        // between, so the true peak (65, now) is exceeded by those 10 only.
+        assert_eq!(lanes.totals([&counts].into_iter()), (75, 75));
     }
 
     #[test]

@@ -111,12 +111,15 @@ pub struct SizeHistogram {
     /// back to the system because the class was full.
     pub requests: [u64; 7],
     /// The most slots live at once per class, counting requests the full class pushed to the
-    /// system (so it shows how many slots *would* have been needed). An upper bound: each
-    /// thread's peak is counted without a compare on every allocation, so it can include
-    /// slots the thread freed while it allocated from the same bitmap word (at most 63 per
-    /// thread and class), and slots still live in a lane a thread takes over from one that
-    /// exited count in both threads' peaks. Exact when no slot is freed between two
-    /// allocations that raise it and no live slot changes threads.
+    /// system (so it shows how many slots *would* have been needed). An upper bound, the sum
+    /// of peaks kept apart so that no allocation updates a shared counter: each thread's,
+    /// the unowned lanes' and the fallback blocks', which may have come at different times.
+    /// A slot counts in one of them only: the live slots of a lane a thread takes over (left
+    /// by a thread that exited, or by a thread without a cache) were counted where they were
+    /// allocated, and not again. And a thread's peak is counted without a compare on every
+    /// allocation, so it can include slots the thread freed while it allocated from the same
+    /// bitmap word (at most 63 per thread and class). Exact when no slot is freed between
+    /// two allocations that raise it.
     pub peak_live: [u64; 7],
     /// Requests too large (over 128 bytes) or too aligned for any class.
     pub larger: u64,
@@ -779,8 +782,8 @@ impl SmallObjectAllocator {
     }
 
     /// Per class: slots handed out over the allocator's life and the most in use at once
-    /// (an upper bound: the sum of the peaks of each thread's lanes and of the unowned ones,
-    /// each an upper bound itself, see [`SizeHistogram::peak_live`]).
+    /// (an upper bound: the sum of the peaks of each thread's own slots and of the unowned
+    /// lanes', each an upper bound itself, see [`SizeHistogram::peak_live`]).
     fn class_totals(&self) -> [(u64, usize); 7] {
         let threads = self.shared.threads.lock();
         std::array::from_fn(|i| self.shared.lanes[i].totals(threads.iter().map(|t| &t.0[i])))
@@ -1162,7 +1165,8 @@ mod tests {
         unsafe { blocks.into_iter().for_each(|p| small.free(p)) };
         let st = small.stats();
         assert_eq!((st.live, st.allocations), (0, 246));
-        // Each thread's peak was 128: the sum is an upper bound, capped at the class's slots.
+        // The first thread's peak was 128 and this one's own is 118 (the 10 it took over
+        // count in the first's): the sum is an upper bound, capped at the class's slots.
         assert_eq!(small.histogram().peak_live[0], 128);
     }
 
@@ -1231,6 +1235,57 @@ mod tests {
             unsafe { small.free(NonNull::new(addr as *mut u8).unwrap()) };
         }
         assert_eq!(small.histogram().peak_live[0], 100);
+        assert_eq!(small.stats().live, 0);
+    }
+
+    /// A thread that takes over a lane an exited thread left live slots in does not count
+    /// them in its own peak: the exited thread's peak counted them already.
+    #[test]
+    fn slots_in_a_lane_taken_over_count_once_in_the_peak() {
+        let small = config([128, 0, 0, 0, 0, 0, 0]); // two lanes of one word
+        let l = Layout::new::<u64>();
+        let left: Vec<usize> = std::thread::scope(|s| {
+            s.spawn(|| (0..100).map(|_| small.alloc(l).as_ptr() as usize).collect()).join().unwrap()
+        });
+        // The only lane with a free slot holds 36 of the exited thread's slots.
+        let mine = small.alloc(l);
+        assert_eq!(small.stats().fallbacks, 0);
+        assert_eq!(small.histogram().peak_live[0], 101, "no frees: exact");
+        assert_eq!(small.stats().peak, 101 * 8);
+        // SAFETY: each came from `small` and is freed once.
+        unsafe {
+            small.free(mine);
+            left.into_iter().for_each(|addr| small.free(NonNull::new(addr as *mut u8).unwrap()));
+        }
+        assert_eq!(small.histogram().peak_live[0], 101);
+    }
+
+    /// The same after the exited thread freed some: the peaks of the two threads may add up
+    /// past the true peak (100) only by what the second one allocated itself.
+    #[test]
+    fn slots_taken_over_after_frees_stay_within_the_bound() {
+        let small = config([128, 0, 0, 0, 0, 0, 0]); // two lanes of one word
+        let l = Layout::new::<u64>();
+        let left: Vec<usize> = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut blocks: Vec<_> = (0..100).map(|_| small.alloc(l)).collect();
+                // SAFETY: ours, each freed once.
+                unsafe { blocks.drain(60..).for_each(|p| small.free(p)) };
+                blocks.into_iter().map(|p| p.as_ptr() as usize).collect()
+            })
+            .join()
+            .unwrap()
+        });
+        // The first lane holds the 60 left; the second is empty.
+        let mine: Vec<_> = (0..4).map(|_| small.alloc(l)).collect();
+        assert!(mine.iter().all(|p| p.as_ptr() as usize - small.region.addr() < 64 * 8));
+        let peak = small.histogram().peak_live[0];
+        assert!((100..=104).contains(&peak), "{peak}");
+        // SAFETY: each came from `small` and is freed once.
+        unsafe {
+            mine.into_iter().for_each(|p| small.free(p));
+            left.into_iter().for_each(|addr| small.free(NonNull::new(addr as *mut u8).unwrap()));
+        }
         assert_eq!(small.stats().live, 0);
     }
 
