@@ -198,6 +198,12 @@ impl LaneCounts {
         self.allocations.store(self.allocations.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
+    /// Takes back the count of a slot just taken and put back (owner only): it was never
+    /// handed out, so it is in neither `held` nor the bound.
+    fn untake(&self) {
+        self.allocations.store(self.allocations.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+    }
+
     #[inline(always)]
     fn add_held(&self, n: u64) {
         self.offset.store(self.offset.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
@@ -574,10 +580,31 @@ impl Lanes {
         (freed, Vec::new())
     }
 
-    /// Takes a free slot from an unowned lane under the lock, for a thread without a cache.
+    /// Puts back slot `slot` of this thread's lanes, just taken by
+    /// [`take_active`](Self::take_active) or [`refill`](Self::refill) and never handed out
+    /// (debug builds' use-after-free check refused it), and takes back its count: the
+    /// thread's allocations and peak are as if it had not been taken. `false` if the slot's
+    /// lane is not this thread's.
     #[cold]
     #[inline(never)]
-    pub(crate) fn take_unowned(&self) -> Option<usize> {
+    pub(crate) fn untake(&self, cache: &LaneCache, counts: &LaneCounts, slot: usize) -> bool {
+        if cache.mine & self.lane_bit(slot / 64) == 0 {
+            return false;
+        }
+        // Invariant 2: this thread is the word's one writer; the bit was set just now.
+        let cleared = self.clear(slot, || {});
+        debug_assert!(cleared.is_ok(), "slot {slot} was just taken");
+        counts.untake();
+        true
+    }
+
+    /// Takes a free slot from an unowned lane under the lock, for a thread without a cache:
+    /// `Ok(None)` if there is none, `Err(slot)` if `intact(slot)` (debug builds' use-after-free
+    /// check, run under the lock, before the slot can be taken) refused the lowest free one,
+    /// which stays free and counts nowhere.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn take_unowned(&self, intact: impl FnOnce(usize) -> bool) -> Result<Option<usize>, usize> {
         let mut shared = self.lock();
         let owned = self.owned.load(Ordering::Relaxed);
         for l in (0..self.lanes).filter(|l| owned & 1 << l == 0) {
@@ -585,15 +612,19 @@ impl Lanes {
                 let word = self.bits.load(w);
                 if word != u64::MAX {
                     let bit = (!word).trailing_zeros();
+                    let slot = w * 64 + bit as usize;
+                    if !intact(slot) {
+                        return Err(slot);
+                    }
                     self.bits.store(w, word | 1 << bit);
                     shared.loose += 1;
                     shared.loose_peak = shared.loose_peak.max(shared.loose - shared.inherited);
                     shared.allocations += 1;
-                    return Some(w * 64 + bit as usize);
+                    return Ok(Some(slot));
                 }
             }
         }
-        None
+        Ok(None)
     }
 
     /// Gives back every lane of `cache` (a thread leaving), after applying their queued
@@ -691,7 +722,7 @@ mod tests {
         assert_eq!(lanes.live(), 0);
         assert_eq!(counts.read(), (2, 0, 2));
         // A thread without a cache allocates from an unowned lane and frees there.
-        let slot = lanes.take_unowned().unwrap();
+        let slot = lanes.take_unowned(|_| true).unwrap().unwrap();
         assert_eq!(slot, 64);
         assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
         assert_eq!(lanes.free_shared(None, slot, || {}), (Err(()), vec![]));
@@ -705,14 +736,14 @@ mod tests {
     fn unowned_slots_taken_over_count_once() {
         let lanes = Lanes::new(128); // two lanes of one word
         for _ in 0..50 {
-            lanes.take_unowned().unwrap();
+            lanes.take_unowned(|_| true).unwrap().unwrap();
         }
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(50), "the lane with the 50 slots");
         assert_eq!(lanes.totals([&counts].into_iter()), (51, 51));
         // More slots without a cache, in the other lane: 65 live, never more.
         for _ in 0..14 {
-            assert!(lanes.take_unowned().unwrap() >= 64);
+            assert!(lanes.take_unowned(|_| true).unwrap().unwrap() >= 64);
         }
         assert_eq!(lanes.totals([&counts].into_iter()), (65, 65));
     }
@@ -722,7 +753,7 @@ mod tests {
     #[test]
     fn frees_of_taken_over_slots_count_against_them_first() {
         let lanes = Lanes::new(128); // two lanes of one word
-        let slots: Vec<_> = (0..40).map(|_| lanes.take_unowned().unwrap()).collect();
+        let slots: Vec<_> = (0..40).map(|_| lanes.take_unowned(|_| true).unwrap().unwrap()).collect();
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(40), "the lane with the 40 slots");
         for &slot in &slots[..10] {
@@ -740,6 +771,24 @@ mod tests {
         // The 40 the unowned lanes' peak counted, and 35 of the thread's own: 10 were freed
         // between, so the true peak (65, now) is exceeded by those 10 only.
         assert_eq!(lanes.totals([&counts].into_iter()), (75, 75));
+    }
+
+    /// A slot refused after it was taken (by its owner) or before (without a cache) counts
+    /// nowhere: not in the allocations, not in a peak, and it stays free.
+    #[test]
+    fn refused_slots_count_nowhere() {
+        let lanes = Lanes::new(128); // two lanes of one word
+        assert_eq!(lanes.take_unowned(|slot| slot != 0), Err(0), "checked before it is taken");
+        assert_eq!((lanes.live(), lanes.totals(std::iter::empty())), (0, (0, 0)));
+        assert_eq!(lanes.take_unowned(|_| true), Ok(Some(0)));
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(1), "the lane of slot 0, taken over");
+        let slot = lanes.take_active(&mut mine, &counts).unwrap();
+        assert!(lanes.untake(&mine, &counts, slot));
+        assert_eq!(counts.read(), (1, 2, 1), "one allocation of its own, and slot 0 taken over");
+        assert!(!lanes.untake(&mine, &counts, 64), "not this thread's lane");
+        assert_eq!(lanes.take_active(&mut mine, &counts), Some(slot), "free again");
+        assert_eq!(lanes.totals([&counts].into_iter()), (3, 3));
     }
 
     #[test]

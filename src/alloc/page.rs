@@ -39,6 +39,10 @@ pub(crate) struct Page {
     remote: AtomicU64,
     allocations: AtomicU64,
     taken: AtomicU64,
+    /// `taken` before the last take, so [`untake`](Self::untake) can put it back (debug
+    /// builds only: only their use-after-free check refuses a block just taken).
+    #[cfg(debug_assertions)]
+    taken_before: AtomicU64,
     /// Region offset of block 0.
     start: usize,
     /// Blocks are `1 << shift` bytes.
@@ -70,6 +74,8 @@ impl Page {
             remote: AtomicU64::new(0),
             allocations: AtomicU64::new(0),
             taken: AtomicU64::new(0),
+            #[cfg(debug_assertions)]
+            taken_before: AtomicU64::new(0),
         }
     }
 
@@ -164,7 +170,10 @@ impl Page {
     #[inline(always)]
     fn count_take(&self, mask: u64) {
         self.allocations.store(self.allocations.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        self.taken.store(self.taken.load(Ordering::Relaxed) | mask & mask.wrapping_neg(), Ordering::Relaxed);
+        let taken = self.taken.load(Ordering::Relaxed);
+        #[cfg(debug_assertions)]
+        self.taken_before.store(taken, Ordering::Relaxed);
+        self.taken.store(taken | mask & mask.wrapping_neg(), Ordering::Relaxed);
     }
 
     /// Takes the lowest free block (owner only) and returns its bit index, with the mask of
@@ -192,14 +201,17 @@ impl Page {
         self.remote.fetch_and(!bits, Ordering::Relaxed);
     }
 
-    /// Puts back a block just taken and takes back its count (owner only): for a block
-    /// that failed its use-after-free check and was refilled, which was never handed out.
-    /// (Its bit in `taken` stays: a block freed before was taken before.)
+    /// Puts back the block just taken and takes back its count and its mark in `taken`
+    /// (owner only): for a block that failed its use-after-free check (debug builds only)
+    /// and was refilled, which was never handed out. A block never taken before (its fill
+    /// overwritten by a write past the block below) must not raise the page's peak.
     #[inline]
     pub(crate) fn untake(&self, bit: u32) {
         let mask = self.free.load(Ordering::Relaxed);
         self.free.store(mask | 1 << bit, Ordering::Relaxed);
         self.allocations.store(self.allocations.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        #[cfg(debug_assertions)]
+        self.taken.store(self.taken_before.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Frees block `bit` on the owner's thread. `fill` runs after the double-free check and

@@ -1120,6 +1120,28 @@ mod tests {
         assert_eq!(pool.stats().allocations, 2);
     }
 
+    /// A block never handed out, whose fill a write past the end of the block below it
+    /// overwrote, is refused without raising the peak.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_refused_fresh_block_is_no_peak() {
+        let pool = SizeClassPool::new(&[(8, 64)]);
+        let p = pool.alloc(Layout::new::<u64>());
+        // SAFETY: a write past the end of `p` (the bug under test) into block 1, never handed
+        // out: memory the pool owns, so not UB, only wrong.
+        unsafe { p.add(8).as_ptr().write(1) };
+        let next = p.as_ptr() as usize + 8;
+        assert_eq!(pool.try_alloc(Layout::new::<u64>()), Err(Error::UseAfterFree { addr: next }));
+        let st = pool.stats();
+        assert_eq!((st.allocations, st.failures, st.live, st.in_use, st.peak), (1, 1, 1, 8, 8));
+        assert_eq!(pool.class_stats()[0].peak, 1, "block 1 was never in use");
+        let q = pool.alloc(Layout::new::<u64>());
+        assert_eq!(q.as_ptr() as usize, next, "refilled and handed out");
+        assert_eq!((pool.stats().allocations, pool.stats().peak), (2, 16));
+        // SAFETY: ours, each freed once.
+        unsafe { [p, q].into_iter().for_each(|b| pool.free(b)) };
+    }
+
     #[test]
     fn frees_on_other_threads_and_double_frees_there() {
         let pool = small();

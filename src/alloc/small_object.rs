@@ -108,7 +108,8 @@ impl Default for SmallObjectConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SizeHistogram {
     /// Requests per class (by the class the size rounds up to), including those that fell
-    /// back to the system because the class was full.
+    /// back to the system because the class was full. A request the debug use-after-free
+    /// check refused is not counted (its retry is).
     pub requests: [u64; 7],
     /// The most slots live at once per class, counting requests the full class pushed to the
     /// system (so it shows how many slots *would* have been needed). An upper bound, the sum
@@ -551,15 +552,39 @@ impl SmallObjectAllocator {
                 if !raced.is_empty() {
                     self.shared.report_raced(i, raced);
                 }
-                slot
+                slot.map(|slot| self.hand_out(i, slot))
             }
-            // No cache to use (the thread's locals are gone): a slot of an unowned lane.
-            None => lanes.take_unowned(),
+            // No cache to use (the thread's locals are gone): a slot of an unowned lane,
+            // checked under the class's lock before it is taken.
+            None => match lanes.take_unowned(|slot| self.intact_or_refilled(i, slot)) {
+                Ok(slot) => slot.map(|slot| Ok(self.slot_ptr(i, slot))),
+                Err(slot) => Some(Err(self.refused(self.slot_ptr(i, slot)))),
+            },
         };
-        match slot {
-            Some(slot) => self.hand_out(i, slot),
-            None => self.fallback(layout, Some(i)),
+        slot.unwrap_or_else(|| self.fallback(layout, Some(i)))
+    }
+
+    /// Whether free slot `slot` of class `i` still holds its fill (always, in release
+    /// builds); if not, it is refilled. The caller keeps anyone else from taking the slot.
+    fn intact_or_refilled(&self, i: usize, slot: usize) -> bool {
+        let (ptr, len) = (self.slot_ptr(i, slot), self.classes[i].slot_size);
+        // SAFETY: the slot is free, and the caller (holding its class's lock, the writer of
+        // an unowned lane) keeps it from being taken meanwhile: nobody references its bytes,
+        // initialised by the region's fill or the last free's.
+        unsafe {
+            if region::freed_intact(ptr, len) {
+                return true;
+            }
+            region::fill_freed(ptr, len);
         }
+        false
+    }
+
+    /// Slot `slot` of class `i`, with the region's provenance.
+    #[inline(always)]
+    fn slot_ptr(&self, i: usize, slot: usize) -> NonNull<u8> {
+        let class = &self.classes[i];
+        self.region.at(class.start + slot * class.slot_size)
     }
 
     /// A new thread cache for this allocator, its counts registered.
@@ -569,15 +594,15 @@ impl SmallObjectAllocator {
         SmallCache { id: self.id, shared: Arc::downgrade(&self.shared), counts, classes: Default::default() }
     }
 
-    /// Returns slot `slot` of class `i`, just taken, after the use-after-free check.
+    /// Returns slot `slot` of class `i`, just taken by this thread in its own lanes, after
+    /// the use-after-free check.
     #[inline(always)]
     fn hand_out(&self, i: usize, slot: usize) -> Result<NonNull<u8>> {
-        let class = &self.classes[i];
-        let ptr = self.region.at(class.start + slot * class.slot_size);
+        let ptr = self.slot_ptr(i, slot);
         // SAFETY: the slot was free until just now: `slot_size` bytes nobody references,
         // initialised by the region's fill or the last free's.
-        if !unsafe { region::freed_intact(ptr, class.slot_size) } {
-            return Err(self.corrupted(ptr, class.slot_size));
+        if !unsafe { region::freed_intact(ptr, self.classes[i].slot_size) } {
+            return Err(self.corrupted(i, slot, ptr));
         }
         Ok(ptr)
     }
@@ -826,19 +851,39 @@ impl SmallObjectAllocator {
         self.shared.counters.snapshot_with(self.capacity(), in_use, peak, live, allocations)
     }
 
-    /// Reports a free slot whose fill was overwritten: it is refilled and freed again, so
-    /// the next call hands it out.
+    /// Reports slot `slot` of class `i` (at `ptr`), just taken by this thread in its own
+    /// lanes, whose fill was overwritten: it is refilled and put back as if never taken (no
+    /// allocation, no peak), so the next call hands it out.
     #[cold]
     #[inline(never)]
-    fn corrupted(&self, ptr: NonNull<u8>, len: usize) -> Error {
+    fn corrupted(&self, i: usize, slot: usize, ptr: NonNull<u8>) -> Error {
         // SAFETY: the slot was just taken and is handed to nobody: nobody references it.
-        unsafe { region::fill_freed(ptr, len) };
-        // SAFETY: the slot was just taken by this call and is handed to nobody, so this is
-        // its one free.
-        let back = unsafe { self.try_free(ptr) };
-        debug_assert!(back.is_ok(), "a slot just taken frees cleanly: {back:?}");
-        // A failure, and not an allocation (the lane counted one when it took the slot).
-        self.shared.counters.refused();
+        unsafe { region::fill_freed(ptr, self.classes[i].slot_size) };
+        let lanes = &self.shared.lanes[i];
+        let untaken = thread_cache::with_cache(
+            self.id,
+            || self.new_cache(),
+            |cache| lanes.untake(&cache.classes[i], &cache.counts.0[i], slot),
+        );
+        debug_assert_eq!(untaken, Some(true), "a slot this thread just took goes back to its lane");
+        if untaken != Some(true) {
+            // The cache it was taken through is out of reach (it cannot be: taking needed
+            // it a moment ago). Free the slot rather than lose it; it then counts as an
+            // allocation.
+            // SAFETY: the slot was just taken by this call and is handed to nobody, so this
+            // is its one free.
+            let back = unsafe { self.try_free(ptr) };
+            debug_assert!(back.is_ok(), "a slot just taken frees cleanly: {back:?}");
+        }
+        self.refused(ptr)
+    }
+
+    /// The error for a slot at `ptr` that failed the use-after-free check and stays free:
+    /// a failure, and not an allocation.
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, ptr: NonNull<u8>) -> Error {
+        self.shared.counters.failure();
         region::use_after_free("SmallObjectAllocator", ptr.as_ptr() as usize)
     }
 }
@@ -1198,6 +1243,43 @@ mod tests {
         assert_eq!((refused.allocations, refused.failures, refused.live), (1, 1, 0), "a refusal is no allocation");
         assert_eq!(small.try_alloc(Layout::new::<u64>()), Ok(p));
         assert_eq!(small.stats().allocations, 2);
+    }
+
+    /// A slot refused by the use-after-free check is no allocation and raises no peak,
+    /// whether it was never handed out (its fill overwritten by a write past the slot below)
+    /// or freed before.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_refused_slot_is_no_peak() {
+        let l = Layout::new::<u64>();
+        let small = config([64, 0, 0, 0, 0, 0, 0]);
+        let p = small.alloc(l);
+        // SAFETY: a write past the end of `p` (the bug under test) into slot 1, never handed
+        // out: memory the allocator owns.
+        unsafe { p.add(8).as_ptr().write(0) };
+        let next = p.as_ptr() as usize + 8;
+        assert_eq!(small.try_alloc(l), Err(Error::UseAfterFree { addr: next }));
+        let st = small.stats();
+        assert_eq!((st.allocations, st.failures, st.live, st.peak), (1, 1, 1, 8));
+        assert_eq!(small.histogram().peak_live[0], 1);
+        let q = small.alloc(l);
+        assert_eq!(q.as_ptr() as usize, next, "refilled and handed out");
+        assert_eq!((small.stats().allocations, small.histogram().peak_live[0]), (2, 2), "exact: no frees");
+        // SAFETY: ours, each freed once.
+        unsafe { [p, q].into_iter().for_each(|b| small.free(b)) };
+
+        let small = config([64, 0, 0, 0, 0, 0, 0]);
+        let p = small.alloc(l);
+        // SAFETY: freed, then written through the stale pointer (the bug under test) into
+        // memory the allocator still owns.
+        unsafe {
+            small.free(p);
+            p.as_ptr().write(0);
+        }
+        assert!(matches!(small.try_alloc(l), Err(Error::UseAfterFree { .. })));
+        let st = small.stats();
+        assert_eq!((st.allocations, st.failures, st.live, st.peak), (1, 1, 0, 8));
+        assert_eq!(small.histogram().peak_live[0], 1);
     }
 
     #[test]

@@ -49,11 +49,14 @@ pub struct AllocStats {
     /// their tops and do not count blocks (0).
     pub live: usize,
     /// Successful allocations over the allocator's life (0 for the bump allocators that do
-    /// not count blocks, see `live`).
+    /// not count blocks, see `live`). A refused request counts in `failures` instead, and
+    /// changes no other figure: a block the use-after-free check refused was never handed
+    /// out, so it raises neither `live` nor `peak`.
     pub allocations: u64,
     /// Requests that failed (out of memory, unsupported alignment, use-after-free detected),
-    /// and for [`SizeClassPool`](super::SizeClassPool) double frees that raced on two threads
-    /// (found later by the page's owner).
+    /// and for [`SizeClassPool`](super::SizeClassPool) and
+    /// [`SmallObjectAllocator`](super::SmallObjectAllocator) double frees that raced on two
+    /// threads (found later by the block's owner).
     pub failures: u64,
     /// Requests served somewhere other than the first choice: by a larger class
     /// ([`SizeClassPool`](super::SizeClassPool)) or by the system allocator
@@ -89,9 +92,6 @@ pub(crate) struct SharedCounters {
     peak: AtomicUsize,
     failures: AtomicU64,
     fallbacks: AtomicU64,
-    /// Blocks taken for an allocation and then refused (debug builds' use-after-free check):
-    /// counted by the allocator's fast path as allocations, which they were not.
-    refused: AtomicU64,
 }
 
 impl SharedCounters {
@@ -112,13 +112,6 @@ impl SharedCounters {
     #[cold]
     pub(crate) fn failure(&self) {
         self.failures.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A failure that also takes back the allocation the fast path counted (see `refused`).
-    #[cold]
-    pub(crate) fn refused(&self) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        self.failure();
     }
 
     #[cold]
@@ -146,7 +139,7 @@ impl SharedCounters {
             in_use: self.in_use.load(Ordering::Relaxed),
             peak: self.peak.load(Ordering::Relaxed),
             live,
-            allocations: allocations.saturating_sub(self.refused.load(Ordering::Relaxed)),
+            allocations,
             failures: self.failures.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
         }
