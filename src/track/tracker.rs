@@ -526,7 +526,7 @@ impl Tracker {
 
     /// A copy of `addr`'s record, from the table or a thread's pending record (tests read
     /// where a record is with it).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn find_record(&self, addr: usize) -> Option<Record> {
         self.records.with_shard(addr, |map| {
             map.get_mut(addr).copied().or_else(|| {
