@@ -268,7 +268,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
         } else {
             // SAFETY: `ptr` is live and came from this allocator (caller's contract).
             let header = unsafe { block::read_header(ptr) };
-            // Keep the block's tag; a block allocated untracked stays Untagged from now on.
+            // Keep the block's tag; a block allocated untracked takes the tag in scope now.
             Some(if header.is_valid() && header.flags() & H_COUNTED != 0 { TagId(header.tag()) } else { current_tag() })
         };
         // SAFETY: `new_layout` has a non-zero size.
