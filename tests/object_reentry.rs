@@ -62,6 +62,17 @@ fn hooked() -> ObjectManager {
     ObjectManager::builder().report_leaks(false).segment_base(4).allocator(HookAlloc).build()
 }
 
+/// [`hooked`], with this thread as its owner (so drops can queue checks).
+fn hooked_owned() -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(4).allocator(HookAlloc).owner_thread(true).build()
+}
+
+/// An object that counts its drops.
+#[derive(MMObject)]
+struct Counted {
+    _token: support::DropToken,
+}
+
 /// Runs `f` on its own thread and returns what it returns, or panics as it
 /// panicked; a run past 10 s is a deadlock, and fails the test (the stuck
 /// thread is left behind).
@@ -241,16 +252,7 @@ fn nested_loader_create_while_shutdown_waits_completes() {
 fn a_panicking_allocator_during_a_drain_destroys_nothing_twice() {
     within_10s(|| {
         let drops = Drops::new();
-        let mut mm = ObjectManager::builder()
-            .report_leaks(false)
-            .segment_base(4)
-            .allocator(HookAlloc)
-            .owner_thread(true)
-            .build();
-        #[derive(MMObject)]
-        struct Counted {
-            _token: support::DropToken,
-        }
+        let mut mm = hooked_owned();
         let counted: Vec<_> = (0..3).map(|_| mm.create(Counted { _token: drops.token() })).collect();
         let checked = mm.create(Sand { id: 0 });
         let copy = checked.clone(); // the owner thread now holds counts on it
@@ -354,16 +356,7 @@ fn allocator_creating_while_a_creation_site_is_numbered_works() {
 fn allocator_releasing_and_collecting_during_a_drain_works() {
     within_10s(|| {
         let drops = Drops::new();
-        let mut mm = ObjectManager::builder()
-            .report_leaks(false)
-            .segment_base(4)
-            .allocator(HookAlloc)
-            .owner_thread(true)
-            .build();
-        #[derive(MMObject)]
-        struct Counted {
-            _token: support::DropToken,
-        }
+        let mut mm = hooked_owned();
         let many: Vec<_> = (0..600).map(|_| mm.create(Counted { _token: drops.token() })).collect();
         let other = support::quiet();
         let elsewhere = other.create(Sand { id: 1 });
@@ -528,14 +521,7 @@ fn visit_handles_may_clone_and_drop_handles() {
 #[test]
 fn allocator_counting_while_checks_are_queued_works() {
     within_10s(|| {
-        let mm: &'static ObjectManager = Box::leak(Box::new(
-            ObjectManager::builder()
-                .report_leaks(false)
-                .segment_base(4)
-                .allocator(HookAlloc)
-                .owner_thread(true)
-                .build(),
-        ));
+        let mm: &'static ObjectManager = Box::leak(Box::new(hooked_owned()));
         let kept = mm.create(Sand { id: 1 });
         let checked = mm.create(Sand { id: 0 });
         drop(checked.clone()); // the owner thread now holds counts on it
@@ -559,16 +545,7 @@ fn allocator_counting_while_checks_are_queued_works() {
 fn allocator_releasing_owner_counted_objects_while_checks_are_queued_works() {
     within_10s(|| {
         let drops = Drops::new();
-        let mut mm = ObjectManager::builder()
-            .report_leaks(false)
-            .segment_base(4)
-            .allocator(HookAlloc)
-            .owner_thread(true)
-            .build();
-        #[derive(MMObject)]
-        struct Counted {
-            _token: support::DropToken,
-        }
+        let mut mm = hooked_owned();
         let many: Vec<_> = (0..300).map(|_| mm.create(Counted { _token: drops.token() })).collect();
         many.iter().for_each(|handle| drop(handle.clone())); // the owner holds counts on each
         let checked = mm.create(Counted { _token: drops.token() });
