@@ -284,7 +284,11 @@ impl ObjectManagerBuilder {
     /// Only the owner can read its reservations, so a collection on another
     /// thread leaves the objects whose count is all a reservation (their last
     /// handle went while the owner held counts on them) for a collection on
-    /// the owner thread, or for shutdown, and logs a warning once.
+    /// the owner thread, or for shutdown, and logs a warning once. Moving it
+    /// stays sound: a shutdown (or drop) on another thread, even while the
+    /// owner thread goes on cloning and dropping handles, destroys every
+    /// value once, and keeps the memory of a store in which the owner holds
+    /// counts on an object, as for handles that outlive the manager.
     ///
     /// What else changes: when the last handle of an object is dropped on
     /// another thread while the owner holds counts on it, weak reads may

@@ -56,6 +56,13 @@
 //! collection (and says so once in the log). Objects whose count is all a
 //! reservation are then reclaimed only there, or at shutdown.
 //!
+//! Shutdown on another thread (the manager is `Send`) cannot read them
+//! either, and the owner may go on cloning and dropping meanwhile. It
+//! destroys every value once, and counts a slot as held while its word
+//! holds anything but its raw references, a reservation included, so the
+//! store's memory outlives the owner's handles: a leak, never an early free
+//! (see [`SlotHeader::held_only_by_raw`]).
+//!
 //! Stores whose objects may hold handles count every handle in the word, as
 //! before: their drops mark candidate roots for the cycle collector (with
 //! the bit that is `CHECK` elsewhere).
@@ -351,6 +358,43 @@ impl SlotHeader {
         false
     }
 
+    /// True if the object's only counts are its `raw` raw references (at
+    /// least one), none of them mid-release: shutdown may then free its
+    /// slot, as a raw handle is a plain number that needs the (gone)
+    /// manager to be used. `reads_reservation`: the caller is the owner
+    /// thread, or the store keeps no reservations (no owner, or `cyclable`).
+    pub(crate) fn held_only_by_raw(&self, raw: u32, reads_reservation: bool, cyclable: bool) -> bool {
+        if !reads_reservation {
+            // Another thread than the owner cannot read the reservation: the
+            // owner changes it with plain stores, and a look at the word and
+            // one at the reservation can straddle an owner's clone or drop.
+            // A drop past `RESERVE_MAX` gives 9 counts back to the word, then
+            // lowers the reservation from 16 to 8: the word read after the
+            // first step, less the reservation read before the second, took
+            // eight live handles for none, and shutdown freed the store under
+            // them (loom model). So here the reservation counts as held, and
+            // only a word of exactly `raw` qualifies: a count, nothing
+            // reserved, no `CHECK` of a drop still on its way. One load, and
+            // exact whatever the owner does: every reserved count is in the
+            // word, so such a word means that no handle and no reservation
+            // is left, and none can come back (a count is only added through
+            // a handle, a reservation, or the manager, which shutdown holds).
+            // `Acquire`: the counts went with `Release` decrements, whose
+            // release sequences this load reads, so every use of the slot
+            // (the owner's plain stores to `reserve` among them) happens
+            // before its memory is freed. The price: a slot the owner still
+            // reserves counts on keeps its store's memory, a leak.
+            return self.word.load(Ordering::Acquire) == raw;
+        }
+        // Exact: the count less the owner's reservation is the handles and
+        // raw references. None is mid-drop either: none took the count to
+        // zero, and a drop on another thread than the owner that set `CHECK`
+        // still has its check to record (it names the store's shared part),
+        // so a set `CHECK` keeps the slot held. (The word is loaded after the
+        // count: a drop that the count saw has its flag in this load.)
+        self.ref_count() == raw && (cyclable || self.word.load(Ordering::Acquire) & CHECK == 0)
+    }
+
     /// True if the slot holds an object whose queued check would find it
     /// dead (for `dead_count`: exact on the owner thread).
     ///
@@ -419,6 +463,22 @@ mod tests {
         assert_eq!(h.release_remote(), Released::Kept, "flagged once");
         let h = header(1, 0);
         assert_eq!(h.release_remote(), Released::Last);
+    }
+
+    #[test]
+    fn only_the_owner_subtracts_its_reservation_from_raw_references() {
+        // One raw reference and 8 reserved counts: no handle is left, but
+        // only the owner can tell (elsewhere the reservation counts as held).
+        let h = header(9, 8);
+        assert!(h.held_only_by_raw(1, true, false));
+        assert!(!h.held_only_by_raw(1, false, false));
+        // Nothing reserved: the word alone tells, on any thread.
+        let h = header(1, 0);
+        assert!(h.held_only_by_raw(1, true, false) && h.held_only_by_raw(1, false, false));
+        assert!(!h.held_only_by_raw(2, false, false), "a handle is left");
+        // A drop that set `CHECK` still has its check to record.
+        h.word.store(CHECK | 1, Ordering::Relaxed);
+        assert!(!h.held_only_by_raw(1, true, false) && !h.held_only_by_raw(1, false, false));
     }
 
     #[test]

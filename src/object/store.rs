@@ -41,7 +41,7 @@ use super::owner_slots::{Chain, OwnerSlots, RUN};
 use super::reentry::NamedMutex;
 use super::report::TypeReport;
 use super::shared::{StoreShared, DEAD_LANES};
-use super::slot::{Slot, SlotHeader, SlotState, CHECK, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
 use super::{CollectStats, Destroyed, LeakEntry, MMObject, ObjectKey};
@@ -1062,21 +1062,14 @@ impl<T: MMObject> Store<T> {
                 accounted[local as usize] = true;
             }
         });
-        // A slot held only by raw references is safe to free too: a raw
-        // handle is a plain number that needs the (gone) manager to be used.
-        // A count equal to the raw count means no `Handle` is left. None is
-        // mid-drop either: none took the count to zero, and a drop on
-        // another thread than the owner that set `CHECK` still has its check
-        // to record (it names the store's shared part), so a set `CHECK`
-        // keeps the slot held. (The word is loaded after the count: a drop
-        // that the count saw has its flag in this load.)
+        // A slot held only by raw references is safe to free too (see
+        // `SlotHeader::held_only_by_raw`, which reads the owner's
+        // reservations only on the owner thread).
         let cyclable = self.shared().cyclable;
+        let reads_reservation = cyclable || self.config.owner == 0 || self.reads_reservations_here();
         for (&local, &raw) in self.shared().raw_refs.lock().iter() {
-            if let Some(slot) = self.slot(local) {
-                if slot.header.ref_count() == raw && (cyclable || slot.header.word.load(Ordering::Acquire) & CHECK == 0)
-                {
-                    accounted[local as usize] = true;
-                }
+            if self.slot(local).is_some_and(|slot| slot.header.held_only_by_raw(raw, reads_reservation, cyclable)) {
+                accounted[local as usize] = true;
             }
         }
         accounted.iter().filter(|&&a| !a).count()
