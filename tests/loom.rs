@@ -4,7 +4,8 @@
 //!   that carries it (onto one dead lane or several), `upgrade` racing the last drop, the owner thread's
 //!   reservations (its drops and a worker's racing to the last, a worker's
 //!   drop racing the owner's collection, a worker's `upgrade` racing the
-//!   owner's last drop), concurrent `create`
+//!   owner's last drop, a shutdown on another thread racing the owner's
+//!   batch and give-back), concurrent `create`
 //!   popping the free list, the owner's run of fresh slots and its kept
 //!   freed slots racing another creator, a refused segment racing a served one, loaders creating while
 //!   the owner collects or shuts down, and a candidate root's drop racing the
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use loom::thread;
-use mmobject::{MMObject, ObjectManager};
+use mmobject::{Handle, MMObject, ObjectManager};
 
 struct DropToken(Arc<AtomicUsize>);
 
@@ -207,6 +208,75 @@ fn a_worker_upgrade_races_the_owners_last_drop() {
         assert_eq!(mm.collect_garbage().objects, 1);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     });
+}
+
+/// The manager moves to another thread and shuts down there while its owner
+/// counts on an object that also has a raw reference: shutdown must keep the
+/// slot, whose handles outlive the manager, whatever it reads of the owner's
+/// reservation. `setup` leaves the owner's handles, `race` changes them
+/// while the manager shuts down; handles are left either way.
+fn shutdown_races_the_owner(
+    setup: fn(&ObjectManager, Handle<Texture>) -> Vec<Handle<Texture>>,
+    race: fn(&mut Vec<Handle<Texture>>),
+) {
+    model(move || {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = owned();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let mut handles = setup(&mm, h);
+        let shutdown = thread::spawn(move || mm.shutdown().outliving_handles());
+        race(&mut handles);
+        let outliving = shutdown.join().unwrap();
+        if outliving != 1 {
+            // The store was freed under these handles: touching them is a use after free.
+            std::mem::forget(handles);
+            panic!("shutdown freed a store the owner still holds handles into");
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "shutdown destroyed the value once");
+        drop(handles);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "and never again");
+    });
+}
+
+/// The owner's drop past `RESERVE_MAX` gives 9 counts back to the word,
+/// then lowers its reservation from 16 to 8: the word read after the first
+/// step, less the reservation read before the second, took the eight handles
+/// left for none, and shutdown freed the store under them.
+#[test]
+fn shutdown_on_another_thread_races_the_owners_give_back() {
+    shutdown_races_the_owner(
+        |mm, h| {
+            // An `upgrade` with no reservation counts in the word: 2 counts, one raw.
+            let _raw = mm.upgrade(h.downgrade()).expect("alive").into_raw();
+            // Three batches of 8 counts: 24 handles, one count still reserved.
+            let mut handles: Vec<_> = (0..23).map(|_| h.clone()).collect();
+            handles.push(h);
+            // Fifteen drops fill the reservation (16); nine handles are left.
+            handles.drain(..15);
+            handles
+        },
+        |handles| drop(handles.pop()),
+    );
+}
+
+/// The owner's clone with an empty reservation adds a batch of 8 to the
+/// word, then reserves 7: the word read before the first step, less the
+/// reservation read after the second, took the seven handles for none.
+#[test]
+fn shutdown_on_another_thread_races_the_owners_batch() {
+    shutdown_races_the_owner(
+        |mm, h| {
+            // `upgrade`s with no reservation count in the word: 8 counts, one of them raw.
+            let mut handles: Vec<_> = (0..7).map(|_| mm.upgrade(h.downgrade()).expect("alive")).collect();
+            let _raw = handles.pop().expect("seven").into_raw();
+            handles.push(h);
+            handles
+        },
+        |handles| {
+            let copy = handles[0].clone();
+            handles.push(copy);
+        },
+    );
 }
 
 /// Two threads create at once, popping the same free list: distinct slots.

@@ -412,3 +412,62 @@ fn shutdown_on_another_thread_while_the_owner_counts() {
     drop(handles);
     assert_eq!(drops.count(), n, "no value is dropped again");
 }
+
+/// As above, for objects that also have a raw reference: shutdown on another
+/// thread frees the slot of an object held only by raw references, so it must
+/// not take the owner's handles for raw ones. Its look at the word and its
+/// look at the reservation could straddle the owner's drop that gives a full
+/// reservation back (nine counts leave the word, then the reservation falls
+/// from 16 to 8), or its clone that takes a batch (eight counts join the
+/// word, then seven are reserved): the difference was the raw count alone,
+/// and the store was freed under the owner's handles. Each object races one
+/// of the two (under Miri, whose weak memory also serves the stale look; the
+/// loom models `shutdown_on_another_thread_races_the_owners_*` try every
+/// interleaving).
+#[test]
+fn shutdown_on_another_thread_keeps_raw_referenced_objects_the_owner_counts_on() {
+    let (rounds, objects) = if cfg!(miri) { (4, 8) } else { (100, 16) };
+    for round in 0..rounds {
+        let drops = Drops::new();
+        let mm = owned();
+        let mut held: Vec<Vec<Handle<Entity>>> = (0..objects)
+            .map(|id| {
+                let h = mm.create(Entity { id, token: drops.token() });
+                if id % 2 == 0 {
+                    // An `upgrade` with no reservation counts in the word: two counts, one raw.
+                    let _raw = mm.upgrade(h.downgrade()).expect("alive").into_raw();
+                    // Three batches of 8: 24 handles, one count reserved;
+                    // fifteen drops fill the reservation (16), nine handles are left.
+                    let mut handles: Vec<_> = (0..23).map(|_| h.clone()).collect();
+                    handles.push(h);
+                    handles.drain(..15);
+                    handles
+                } else {
+                    // Eight counts in the word, one of them raw, nothing reserved.
+                    let mut handles: Vec<_> = (0..7).map(|_| mm.upgrade(h.downgrade()).expect("alive")).collect();
+                    let _raw = handles.pop().expect("seven").into_raw();
+                    handles.push(h);
+                    handles
+                }
+            })
+            .collect();
+        let shutdown = std::thread::spawn(move || mm.shutdown());
+        for (id, handles) in held.iter_mut().enumerate() {
+            if id % 2 == 0 {
+                drop(handles.pop()); // gives nine counts back
+            } else {
+                handles.push(handles[0].clone()); // takes a batch
+            }
+            std::thread::yield_now();
+        }
+        let report = shutdown.join().unwrap();
+        if report.outliving_handles() != objects {
+            // A store was freed under these handles: dropping them would be a use after free.
+            std::mem::forget(held);
+            panic!("round {round}: shutdown freed a store the owner still holds handles into");
+        }
+        assert_eq!(drops.count(), objects, "shutdown destroyed every value once");
+        drop(held);
+        assert_eq!(drops.count(), objects, "and never again");
+    }
+}
