@@ -4,9 +4,8 @@
 //!   that carries it (onto one dead lane or several), `upgrade` racing the last drop, the owner thread's
 //!   reservations (its drops and a worker's racing to the last, a worker's
 //!   drop racing the owner's collection, a worker's `upgrade` racing the
-//!   owner's last drop, the owner's last drop racing a worker's flagged
-//!   one, a shutdown on another thread racing the owner's batch and
-//!   give-back), concurrent `create`
+//!   owner's last drop, a shutdown on another thread racing the owner's
+//!   batch and give-back), concurrent `create`
 //!   popping the free list, the owner's run of fresh slots and its kept
 //!   freed slots racing another creator, a refused segment racing a served one, loaders creating while
 //!   the owner collects or shuts down, and a candidate root's drop racing the
@@ -278,31 +277,6 @@ fn shutdown_on_another_thread_races_the_owners_batch() {
             handles.push(copy);
         },
     );
-}
-
-/// A worker's drop sets `CHECK` (what is left could be a reservation) while
-/// the owner drops the last handle with no reservation: whichever goes
-/// last, the object dies once (a last drop that finds `CHECK` set leaves it
-/// to the flagged check, which the owner's collection decides), and not
-/// before both drops are done.
-#[test]
-fn the_last_drop_leaves_a_flagged_object_to_its_check() {
-    model(|| {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let mut mm = owned();
-        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
-        // An `upgrade` with no reservation counts in the word: two handles, nothing reserved.
-        let sent = mm.upgrade(h.downgrade()).expect("alive");
-        let worker = thread::spawn(move || drop(sent));
-        drop(h);
-        worker.join().unwrap();
-        assert_eq!(drops.load(Ordering::SeqCst), 0, "no drop runs outside collection");
-        assert_eq!((mm.dead_count(), mm.len()), (1, 0));
-        assert_eq!(mm.collect_garbage().objects, 1);
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
-        assert_eq!(mm.collect_garbage().objects, 0, "collected once");
-        assert!(mm.shutdown().is_empty());
-    });
 }
 
 /// Two threads create at once, popping the same free list: distinct slots.
