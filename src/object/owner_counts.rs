@@ -24,9 +24,7 @@
 //!   compare-exchange. To zero, it is the last drop, as with `Arc` (the
 //!   owner holds no reservation then). If what is left could be the owner's
 //!   reservation alone (at most `RESERVE_MAX`), the same exchange sets
-//!   [`CHECK`], unless already set, and the thread queues a check. A last
-//!   drop (on any thread) that finds `CHECK` set leaves the object to that
-//!   check instead, which may still be on its way.
+//!   [`CHECK`], unless already set, and the thread queues a check.
 //! - **Collection on the owner thread** decides each queued check: the
 //!   object is dead if its count equals the reservation. It clears `CHECK`
 //!   and `PENDING`, and a dead object goes on the dead list and is destroyed
@@ -213,9 +211,7 @@ impl SlotHeader {
     pub(crate) fn owner_release(&self) -> Released {
         let reserve = self.reserve.load(Ordering::Relaxed);
         if reserve & RESERVE_COUNT == 0 {
-            // The whole word: a last count with `CHECK` set goes to the
-            // flagged check on its way (see `release_remote`).
-            return match self.word.fetch_sub(1, Ordering::Release) {
+            return match self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK {
                 1 => Released::Last,
                 _ => Released::Kept,
             };
@@ -288,14 +284,6 @@ impl SlotHeader {
     /// gone), so nothing may touch it after. Shutdown counts a slot whose
     /// `CHECK` is still set as held from outside (its check may still be on
     /// its way to the store), so the store's shared part outlives it.
-    ///
-    /// So the last drop of an object whose `CHECK` is set (here, or on the
-    /// owner with no reservation) is not `Last`: it leaves the flag on a
-    /// count of zero, and the flagged check finds the object dead. Were it
-    /// `Last`, the object would go on the dead list, its link would wipe the
-    /// flag, and a shutdown could free the store while the drop that set
-    /// the flag still had to read the slot and queue its check (tested in
-    /// `tests/soundness_owner_shutdown.rs`).
     #[inline]
     pub(crate) fn release_remote(&self) -> Released {
         let mut word = self.word.load(Ordering::Relaxed);
@@ -305,7 +293,7 @@ impl SlotHeader {
             let check = word & CHECK == 0 && count > 1 && count <= RESERVE_MAX + 1;
             let next = (word - 1) | if check { CHECK } else { 0 };
             match self.word.compare_exchange_weak(word, next, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) if word == 1 => return Released::Last,
+                Ok(_) if count == 1 => return Released::Last,
                 Ok(_) if check => return Released::Check,
                 Ok(_) => return Released::Kept,
                 Err(actual) => word = actual,
@@ -342,20 +330,6 @@ impl SlotHeader {
             return false;
         }
         let mut word = self.word.load(Ordering::Acquire);
-        if word == CHECK {
-            // No count left, and `CHECK` still set: the last drop went while
-            // the drop that set the flag was still on its way to queue this
-            // check, and left the object to it (see `release_remote`). Only
-            // that check decides it; no count means nothing else writes the
-            // word. (`Acquire` read the last decrement, in the release
-            // sequence of every drop before it.)
-            if !check.flagged() {
-                return false;
-            }
-            self.word.store(0, Ordering::Relaxed);
-            self.reserve.store(0, Ordering::Relaxed);
-            return true;
-        }
         if !check.flagged() && is_count(word) && word & CHECK != 0 {
             return false;
         }
@@ -422,8 +396,7 @@ impl SlotHeader {
     }
 
     /// True if the slot holds an object whose queued check would find it
-    /// dead (for `dead_count`: exact on the owner thread), or whose last
-    /// drop left it to its flagged check (dead on every thread).
+    /// dead (for `dead_count`: exact on the owner thread).
     ///
     /// With `reads_reservation` false, only an object the owner marked
     /// [`PENDING`]: what the other threads' weak reads and iterators take
@@ -433,9 +406,8 @@ impl SlotHeader {
         let word = self.word.load(Ordering::Acquire);
         let reserve = self.reserve.load(Ordering::Relaxed);
         self.generation.load(Ordering::Relaxed) & 1 == 1
-            && (word == CHECK
-                || is_count(word)
-                    && (reserve & PENDING != 0 || reads_reservation && word & COUNT_MASK == reserve & RESERVE_COUNT))
+            && is_count(word)
+            && (reserve & PENDING != 0 || reads_reservation && word & COUNT_MASK == reserve & RESERVE_COUNT)
     }
 }
 
@@ -507,24 +479,6 @@ mod tests {
         // A drop that set `CHECK` still has its check to record.
         h.word.store(CHECK | 1, Ordering::Relaxed);
         assert!(!h.held_only_by_raw(1, true, false) && !h.held_only_by_raw(1, false, false));
-    }
-
-    #[test]
-    fn a_last_drop_leaves_a_flagged_object_to_its_check() {
-        for owner_drops_last in [true, false] {
-            let h = header(2, 0);
-            assert_eq!(h.release_remote(), Released::Check);
-            // The last count goes while the flagged check is on its way.
-            let last = if owner_drops_last { h.owner_release() } else { h.release_remote() };
-            assert_eq!(last, Released::Kept, "not `Last`: the check decides");
-            assert_eq!(h.word.load(Ordering::Relaxed), CHECK);
-            assert_eq!(h.ref_count(), 0);
-            assert!(h.try_add_ref(3).is_err(), "dead for everyone");
-            assert!(h.awaits_check(false));
-            assert!(!h.decide_check(Check { local: 0, generation: 3 }, false), "only the flagged check");
-            assert!(h.decide_check(Check { local: FLAGGED, generation: 3 }, false));
-            assert_eq!(h.word.load(Ordering::Relaxed), 0, "the caller links it");
-        }
     }
 
     #[test]
