@@ -16,6 +16,16 @@ pub(crate) const FREED_PATTERN: u8 = 0xDD;
 /// Kept small under Miri, where byte loops are slow.
 pub(crate) const CHECK_LIMIT: usize = if cfg!(miri) { 64 } else { 4096 };
 
+/// The pointer `System` returned for a block, kept by an allocator's ledger so that the
+/// block is reused and freed through it: the caller's pointer may carry less provenance (one
+/// narrowed to part of the block, or rebuilt from the address).
+#[derive(Debug)]
+pub(crate) struct SystemBlock(pub(crate) NonNull<u8>);
+
+// SAFETY: no type parameter, so no bound: the pointer is to untyped bytes (no value, so no
+// `Rc`, lives behind it), like a `Box<[u8]>`; ledgers hold it behind their locks.
+unsafe impl Send for SystemBlock {}
+
 /// One owned, preallocated, `MAX_ALIGN`-aligned block of memory.
 ///
 /// Invariants:

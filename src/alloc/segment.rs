@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 
 use parking_lot::Mutex;
 
-use super::region;
+use super::region::{self, SystemBlock};
 use super::shell::{self, Shell};
 use super::AllocStats;
 use crate::{Error, Result};
@@ -79,9 +79,9 @@ pub struct SegmentAlloc {
 
 #[derive(Debug)]
 struct SegmentLedger {
-    live: BTreeMap<usize, (OwnedBlock, Layout)>,
+    live: BTreeMap<usize, (SystemBlock, Layout)>,
     freed: VecDeque<usize>,
-    cached: Vec<(OwnedBlock, Layout)>,
+    cached: Vec<(SystemBlock, Layout)>,
     cached_bytes: usize,
     in_use: usize,
     peak: usize,
@@ -167,7 +167,7 @@ impl SegmentAlloc {
             }
         };
         let addr = block.as_ptr() as usize;
-        ledger.live.insert(addr, (OwnedBlock(block), layout));
+        ledger.live.insert(addr, (SystemBlock(block), layout));
         ledger.freed.retain(|&freed| freed != addr);
         ledger.in_use += layout.size();
         ledger.peak = ledger.peak.max(ledger.in_use);
@@ -280,16 +280,6 @@ impl SegmentLedger {
         shell::bad_free(addr, self.freed.contains(&addr), below)
     }
 }
-
-/// The pointer `System` returned for a block: live (handed out) or kept for reuse.
-#[derive(Debug)]
-struct OwnedBlock(NonNull<u8>);
-
-// SAFETY: the ledger (behind its lock) holds only the pointer of untyped bytes, like a
-// `Box<[u8]>` would: a kept block is used by nobody until it is handed out again, and a
-// live block's contents belong to the caller, who may send them anyway. No value (so no
-// `Rc`) is reached through it, and there is no type parameter, so no bound is needed.
-unsafe impl Send for OwnedBlock {}
 
 impl Drop for SegmentAlloc {
     fn drop(&mut self) {

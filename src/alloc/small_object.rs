@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
 
 use super::lane::{LaneCache, LaneCounts, Lanes};
-use super::region::{self, Region, MAX_ALIGN};
+use super::region::{self, Region, SystemBlock, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::stats::SharedCounters;
 use super::thread_cache::{self, CacheEntry, Caches, Fast, LocalKey, SMALL_CACHES, SMALL_FAST};
@@ -286,16 +286,6 @@ struct Fallbacks {
     live_by_class: [u64; 7],
     peak_by_class: [u64; 7],
 }
-
-/// The pointer `System` returned for a fallback block, with its provenance over the whole
-/// block: the caller's pointer may carry less (one narrowed to part of the block, or rebuilt
-/// from the address), so the block is given back through this one.
-struct SystemBlock(NonNull<u8>);
-
-// SAFETY: the table (behind its lock) holds only the pointer of untyped bytes, like a
-// `Box<[u8]>` would, and never reads or writes through it: it is used once, to free the
-// block. No value (so no `Rc`) is reached through it, and there is no type parameter.
-unsafe impl Send for SystemBlock {}
 
 /// `(inverse, shift)` per class, to turn an offset into a class into a slot index and check it
 /// in one step. A slot size is `odd << shift` with `odd` 1 or 3, and `inverse` is `odd`'s
