@@ -149,6 +149,7 @@ mod segment;
 mod shell;
 mod size_class_pool;
 mod small_object;
+mod small_object_config;
 mod stack;
 mod stats;
 mod thread_cache;
@@ -172,7 +173,8 @@ pub use pool::{Pool, PoolBox};
 pub use region::MAX_ALIGN;
 pub use segment::SegmentAlloc;
 pub use size_class_pool::{SizeClassPool, SizeClassStats, DEFAULT_CLASSES};
-pub use small_object::{ClassFootprint, SizeHistogram, SmallObjectAllocator, SmallObjectConfig, SMALL_OBJECT_CLASSES};
+pub use small_object::SmallObjectAllocator;
+pub use small_object_config::{ClassFootprint, SizeHistogram, SmallObjectConfig, SMALL_OBJECT_CLASSES};
 #[doc(hidden)]
 pub use stack::__advance_allocator_ids;
 pub use stack::{Marker, StackAllocator};
