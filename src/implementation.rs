@@ -156,7 +156,12 @@
 //!   destroyed in the same call. Only the check whose drop set `CHECK`
 //!   clears it, and while it is set no other check finds the object dead:
 //!   that check may still be on its way, and shutdown keeps the store's
-//!   memory for it. The
+//!   memory for it. For the same reason a last drop (on any thread) that
+//!   finds `CHECK` set is not a last drop: it leaves the word exactly
+//!   `CHECK`, a count of zero that every reader takes for dead, and the
+//!   flagged check, when decided, finds the object dead. Were it listed,
+//!   the dead list's link would wipe the flag, and a shutdown could free the
+//!   store under the drop still on its way. The
 //!   test is exact under `&mut ObjectManager`: no `upgrade` runs, the owner
 //!   reads its own reservation, and any handle another thread holds came
 //!   from a count already in the word that the owner can see (every drop it

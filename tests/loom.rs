@@ -1,15 +1,17 @@
 //! Loom models of the lock-free parts:
 //!
 //! - objects: the dead-list push on the last drop and the per-thread ring
-//!   that carries it (onto one dead lane or several), `upgrade` racing the last drop, the owner thread's
-//!   reservations (its drops and a worker's racing to the last, a worker's
-//!   drop racing the owner's collection, a worker's `upgrade` racing the
-//!   owner's last drop, a shutdown on another thread racing the owner's
-//!   batch and give-back), concurrent `create`
-//!   popping the free list, the owner's run of fresh slots and its kept
-//!   freed slots racing another creator, a refused segment racing a served one, loaders creating while
-//!   the owner collects or shuts down, and a candidate root's drop racing the
-//!   cycle collector;
+//!   that carries it (onto one dead lane or several), `upgrade` racing the
+//!   last drop, the owner thread's reservations (its drops and a worker's
+//!   racing to the last, a worker's drop racing the owner's collection, a
+//!   worker's `upgrade` racing the owner's last drop, the owner's last drop
+//!   racing a worker's flagged one, a flagged check decided while the last
+//!   handle goes, a shutdown on another thread racing the owner's batch and
+//!   give-back), concurrent `create` popping the free list, the owner's run
+//!   of fresh slots and its kept freed slots racing another creator, a
+//!   refused segment racing a served one, loaders creating while the owner
+//!   collects or shuts down, and a candidate root's drop racing the cycle
+//!   collector;
 //! - allocators: remote frees and double frees of the size-class pool and the
 //!   small-object allocator, and a thread exit handing its page or lane back;
 //! - the tracker's pending records: a free on another thread racing the
@@ -277,6 +279,59 @@ fn shutdown_on_another_thread_races_the_owners_batch() {
             handles.push(copy);
         },
     );
+}
+
+/// A worker's drop sets `CHECK` (what is left could be a reservation) while
+/// the owner drops the last handle with no reservation: whichever goes
+/// last, the object dies once (a last drop that finds `CHECK` set leaves it
+/// to the flagged check, which the owner's collection decides), and not
+/// before both drops are done.
+#[test]
+fn the_last_drop_leaves_a_flagged_object_to_its_check() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = owned();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        // An `upgrade` with no reservation counts in the word: two handles, nothing reserved.
+        let sent = mm.upgrade(h.downgrade()).expect("alive");
+        let worker = thread::spawn(move || drop(sent));
+        drop(h);
+        worker.join().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "no drop runs outside collection");
+        assert_eq!((mm.dead_count(), mm.len()), (1, 0));
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(mm.collect_garbage().objects, 0, "collected once");
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// The owner's collection decides a worker's flagged check while another
+/// worker drops the last handle: the exchange that clears `CHECK` may find
+/// the flag alone on a count of zero, and then the check decides the object
+/// dead (it once took that word for a list link, and the object was never
+/// destroyed).
+#[test]
+fn a_flagged_check_decided_while_the_last_handle_goes() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = owned();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        // Upgrades with no reservation count in the word: three handles, nothing reserved.
+        let flagging = mm.upgrade(h.downgrade()).expect("alive");
+        let last = mm.upgrade(h.downgrade()).expect("alive");
+        drop(h);
+        // Leaves one count, which could be a reservation: sets `CHECK`, queues a check.
+        thread::spawn(move || drop(flagging)).join().unwrap();
+        let worker = thread::spawn(move || drop(last));
+        let first = mm.collect_garbage().objects;
+        worker.join().unwrap();
+        let second = mm.collect_garbage().objects;
+        assert_eq!(first + second, 1, "destroyed once");
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!((mm.dead_count(), mm.len()), (0, 0));
+        assert!(mm.shutdown().is_empty());
+    });
 }
 
 /// Two threads create at once, popping the same free list: distinct slots.

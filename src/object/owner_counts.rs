@@ -24,7 +24,9 @@
 //!   compare-exchange. To zero, it is the last drop, as with `Arc` (the
 //!   owner holds no reservation then). If what is left could be the owner's
 //!   reservation alone (at most `RESERVE_MAX`), the same exchange sets
-//!   [`CHECK`], unless already set, and the thread queues a check.
+//!   [`CHECK`], unless already set, and the thread queues a check. A last
+//!   drop (on any thread) that finds `CHECK` set leaves the object to that
+//!   check instead, which may still be on its way.
 //! - **Collection on the owner thread** decides each queued check: the
 //!   object is dead if its count equals the reservation. It clears `CHECK`
 //!   and `PENDING`, and a dead object goes on the dead list and is destroyed
@@ -211,7 +213,9 @@ impl SlotHeader {
     pub(crate) fn owner_release(&self) -> Released {
         let reserve = self.reserve.load(Ordering::Relaxed);
         if reserve & RESERVE_COUNT == 0 {
-            return match self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK {
+            // The whole word: a last count with `CHECK` set goes to the
+            // flagged check on its way (see `release_remote`).
+            return match self.word.fetch_sub(1, Ordering::Release) {
                 1 => Released::Last,
                 _ => Released::Kept,
             };
@@ -284,6 +288,14 @@ impl SlotHeader {
     /// gone), so nothing may touch it after. Shutdown counts a slot whose
     /// `CHECK` is still set as held from outside (its check may still be on
     /// its way to the store), so the store's shared part outlives it.
+    ///
+    /// So the last drop of an object whose `CHECK` is set (here, or on the
+    /// owner with no reservation) is not `Last`: it leaves the flag on a
+    /// count of zero, and the flagged check finds the object dead. Were it
+    /// `Last`, the object would go on the dead list, its link would wipe the
+    /// flag, and a shutdown could free the store while the drop that set
+    /// the flag still had to read the slot and queue its check (tested in
+    /// `tests/soundness_owner_shutdown.rs`).
     #[inline]
     pub(crate) fn release_remote(&self) -> Released {
         let mut word = self.word.load(Ordering::Relaxed);
@@ -293,7 +305,7 @@ impl SlotHeader {
             let check = word & CHECK == 0 && count > 1 && count <= RESERVE_MAX + 1;
             let next = (word - 1) | if check { CHECK } else { 0 };
             match self.word.compare_exchange_weak(word, next, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) if count == 1 => return Released::Last,
+                Ok(_) if word == 1 => return Released::Last,
                 Ok(_) if check => return Released::Check,
                 Ok(_) => return Released::Kept,
                 Err(actual) => word = actual,
@@ -329,18 +341,36 @@ impl SlotHeader {
         if object != check.generation {
             return false;
         }
+        // `CHECK` is set on a count, or on no count at all (the word is
+        // exactly `CHECK`): the last drop went while the drop that set the
+        // flag was still on its way to queue its check, and left the object
+        // to it (see `release_remote`). Either way only that check decides.
+        let flagged = |word: u32| word & CHECK != 0 && (is_count(word) || word == CHECK);
         let mut word = self.word.load(Ordering::Acquire);
-        if !check.flagged() && is_count(word) && word & CHECK != 0 {
+        if !check.flagged() && flagged(word) {
             return false;
         }
         // A compare-exchange, never a `fetch_and`: the word may turn into a
         // dead-list link meanwhile (a last drop elsewhere), whose bits must
-        // not change.
-        while is_count(word) && word & CHECK != 0 {
+        // not change; and the last count may go meanwhile, leaving `CHECK`
+        // alone (a drop elsewhere).
+        let mut took_last = false;
+        while flagged(word) {
             match self.word.compare_exchange_weak(word, word & !CHECK, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => word &= !CHECK,
+                Ok(_) => {
+                    took_last = word == CHECK;
+                    word &= !CHECK;
+                }
                 Err(actual) => word = actual,
             }
+        }
+        if took_last {
+            // No handle and no reservation is left (a reservation's counts
+            // are in the word), and no count can come back to a word of 0:
+            // dead. Only this check writes the word now. (`Acquire` read the
+            // last decrement, in the release sequence of every drop before it.)
+            self.reserve.store(0, Ordering::Relaxed);
+            return true;
         }
         // Vacant, or dead and listed already (a check queued twice).
         if !is_count(word) {
@@ -396,7 +426,8 @@ impl SlotHeader {
     }
 
     /// True if the slot holds an object whose queued check would find it
-    /// dead (for `dead_count`: exact on the owner thread).
+    /// dead (for `dead_count`: exact on the owner thread), or whose last
+    /// drop left it to its flagged check (dead on every thread).
     ///
     /// With `reads_reservation` false, only an object the owner marked
     /// [`PENDING`]: what the other threads' weak reads and iterators take
@@ -406,8 +437,9 @@ impl SlotHeader {
         let word = self.word.load(Ordering::Acquire);
         let reserve = self.reserve.load(Ordering::Relaxed);
         self.generation.load(Ordering::Relaxed) & 1 == 1
-            && is_count(word)
-            && (reserve & PENDING != 0 || reads_reservation && word & COUNT_MASK == reserve & RESERVE_COUNT)
+            && (word == CHECK
+                || is_count(word)
+                    && (reserve & PENDING != 0 || reads_reservation && word & COUNT_MASK == reserve & RESERVE_COUNT))
     }
 }
 
@@ -479,6 +511,24 @@ mod tests {
         // A drop that set `CHECK` still has its check to record.
         h.word.store(CHECK | 1, Ordering::Relaxed);
         assert!(!h.held_only_by_raw(1, true, false) && !h.held_only_by_raw(1, false, false));
+    }
+
+    #[test]
+    fn a_last_drop_leaves_a_flagged_object_to_its_check() {
+        for owner_drops_last in [true, false] {
+            let h = header(2, 0);
+            assert_eq!(h.release_remote(), Released::Check);
+            // The last count goes while the flagged check is on its way.
+            let last = if owner_drops_last { h.owner_release() } else { h.release_remote() };
+            assert_eq!(last, Released::Kept, "not `Last`: the check decides");
+            assert_eq!(h.word.load(Ordering::Relaxed), CHECK);
+            assert_eq!(h.ref_count(), 0);
+            assert!(h.try_add_ref(3).is_err(), "dead for everyone");
+            assert!(h.awaits_check(false));
+            assert!(!h.decide_check(Check { local: 0, generation: 3 }, false), "only the flagged check");
+            assert!(h.decide_check(Check { local: FLAGGED, generation: 3 }, false));
+            assert_eq!(h.word.load(Ordering::Relaxed), 0, "the caller links it");
+        }
     }
 
     #[test]

@@ -59,7 +59,10 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   (see `owner_counts.rs`): so handles number `count - reservation`. Its
 ///   count bits are 0 only between the last release and the
 ///   slot's push onto its store's dead list (while it waits in a ring of last
-///   drops, see `last_drops.rs`); then only the ring's drainer writes it. Once the slot is on the dead list, or vacant on
+///   drops, see `last_drops.rs`); then only the ring's drainer writes it. Or
+///   the word is exactly [`CHECK`]: the last release left the object to the
+///   check a drop flagged, and only the owner's decision of that check
+///   writes it (see `owner_counts.rs`). Once the slot is on the dead list, or vacant on
 ///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
 ///   the next slot in that list (or [`NIL`]).
 /// - `reserve` is written only by the manager's owner thread (loads and
