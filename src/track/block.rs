@@ -245,20 +245,11 @@ pub(crate) struct Placement {
     pub(crate) record_flags: u32,
     /// Who charges: `Charger::Allocator` counts in the thread's slot where it can.
     pub(crate) charger: Charger,
+    /// The block is refused if its record finds no room in the table (the explicit API
+    /// frees through the record); else it is kept without one.
+    pub(crate) record_required: bool,
     /// Where the allocation was asked for.
     pub(crate) site: &'static Location<'static>,
-}
-
-/// A block [`Tracker::place`] put in memory.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Placed {
-    /// The user pointer.
-    pub(crate) user: *mut u8,
-    /// Whether its record was stored (it was asked for and the table had room).
-    pub(crate) recorded: bool,
-    /// The outer block, as the inner allocator returned it.
-    pub(crate) base: *mut u8,
-    pub(crate) block: BlockLayout,
 }
 
 /// Why [`Tracker::place`] placed nothing (nothing is counted then).
@@ -270,6 +261,9 @@ pub(crate) enum PlaceError {
     Budget(Error),
     /// The inner allocator returned null for this outer layout.
     OutOfMemory(Layout),
+    /// The record table had no room for a record the placement requires. The block at
+    /// `base` (of layout `outer`) is the caller's to free; it was never counted.
+    NoRecord { base: *mut u8, outer: Layout },
 }
 
 impl Tracker {
@@ -280,7 +274,10 @@ impl Tracker {
     /// same steps without a record, inlined).
     ///
     /// A record the table has no room for is dropped, and the header says so (else the
-    /// block's free would look like a double free); `Placed::recorded` tells the caller.
+    /// block's free would look like a double free).
+    /// If the placement requires it, the block is refused instead
+    /// ([`PlaceError::NoRecord`]). The record goes in before the block is counted, so a
+    /// refused block shows in no peak and no total.
     ///
     /// # Safety
     ///
@@ -291,7 +288,7 @@ impl Tracker {
         layout: Layout,
         how: Placement,
         allocate: impl FnOnce(Layout) -> *mut u8,
-    ) -> Result<Placed, PlaceError> {
+    ) -> Result<*mut u8, PlaceError> {
         let size = layout.size();
         let block = block_layout(layout, how.guarded).ok_or(PlaceError::Layout)?;
         let in_allocator = how.charger == Charger::Allocator;
@@ -317,17 +314,6 @@ impl Tracker {
             }
             return Err(PlaceError::OutOfMemory(block.outer));
         }
-        let watched = match (how.tag, claimed) {
-            (Some(tag), Some(_)) => {
-                self.commit_claim(tag, true);
-                self.counters[tag.index()].watch.load(Ordering::Relaxed)
-            }
-            (Some(tag), None) => {
-                self.count_unbudgeted(tag, size);
-                false
-            }
-            (None, _) => false,
-        };
         let tag = how.tag.unwrap_or(TagId::UNTAGGED);
         let mut hflags = if how.tag.is_some() { H_COUNTED } else { 0 };
         if how.record.is_some() {
@@ -346,6 +332,23 @@ impl Tracker {
             }
             None => false,
         };
+        if !recorded && how.record_required {
+            if let Some(tag) = claimed {
+                self.counters[tag.index()].sub_bytes(size);
+            }
+            return Err(PlaceError::NoRecord { base, outer: block.outer });
+        }
+        let watched = match (how.tag, claimed) {
+            (Some(tag), Some(_)) => {
+                self.commit_claim(tag, true);
+                self.counters[tag.index()].watch.load(Ordering::Relaxed)
+            }
+            (Some(tag), None) => {
+                self.count_unbudgeted(tag, size);
+                false
+            }
+            (None, _) => false,
+        };
         if !recorded {
             if how.record.is_some() {
                 // SAFETY: `user` is the block `init` just set up.
@@ -356,7 +359,7 @@ impl Tracker {
         if watched {
             self.watch_event("alloc", tag, size, Some(user as usize), Some(how.site));
         }
-        Ok(Placed { user, recorded, base, block })
+        Ok(user)
     }
 }
 

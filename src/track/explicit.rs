@@ -186,26 +186,26 @@ impl Tracker {
             record: Some(config.mode().stack_depth()),
             record_flags: FLAG_TRACKER_ALLOC | (layout.align().trailing_zeros() << ALIGN_SHIFT),
             charger: Charger::Policy,
+            record_required: true,
             site: Location::caller(),
         };
         // SAFETY: `System.alloc` is called with the outer layout, which has a non-zero size
         // (it includes the header), and returns a fresh block of it or null.
         let placed = unsafe { self.place(layout, how, |outer| System.alloc(outer)) };
         match placed {
-            Ok(placed) if placed.recorded => {
+            Ok(user) => {
                 // `try_dealloc` reaches the block through this provenance, not the caller's
                 // pointer (the record's `as usize` exposed it too; this says so).
-                let _ = placed.user.expose_provenance();
+                let _ = user.expose_provenance();
                 // SAFETY: `user` is inside a non-null block.
-                Ok(unsafe { NonNull::new_unchecked(placed.user) })
+                Ok(unsafe { NonNull::new_unchecked(user) })
             }
-            Ok(placed) => {
+            Err(PlaceError::NoRecord { base, outer }) => {
                 // No room for its record: `try_dealloc` could not free it, so give it back.
-                self.counters[tag.index()].sub(layout.size());
-                // SAFETY: `base` came from `System.alloc(block.outer)` in `place`, and the
-                // block was never handed out.
-                unsafe { System.dealloc(placed.base, placed.block.outer) };
-                Err(Error::OutOfMemory { requested: placed.block.outer.size(), available: 0 })
+                // SAFETY: `base` came from `System.alloc(outer)` in `place`, and the block
+                // was never handed out.
+                unsafe { System.dealloc(base, outer) };
+                Err(Error::OutOfMemory { requested: outer.size(), available: 0 })
             }
             // The header (and guards) would take the size past `isize::MAX`.
             Err(PlaceError::Layout) => Err(Error::OutOfMemory { requested: layout.size(), available: 0 }),
@@ -305,5 +305,41 @@ mod tests {
         assert_eq!(t.try_dealloc(bogus), Err(Error::UntrackedFree { addr: 0x1234_5670 }));
         assert_eq!(t.error_counts(), ErrorCounts { untracked_frees: 1, double_frees: 1, buffer_overruns: 0 });
         assert_eq!(t.tag_stats(tag).bytes, 0);
+    }
+
+    /// A block whose record finds no room in the table is refused, and leaves the tag as
+    /// it was: no bytes, no count, no total, no peak (the count and peaks once rose first).
+    #[test]
+    fn a_block_refused_for_want_of_a_record_is_not_counted() {
+        use crate::track::table::test_hooks::REFUSE_GROWTH;
+        let t = Tracker::new();
+        let tag = t.tag_named("tracker-unit-no-record");
+        let layout = Layout::from_size_align(100, 8).unwrap();
+        let kept = t.alloc(layout, tag);
+        let before = t.tag_stats(tag);
+        REFUSE_GROWTH.with(|refuse| refuse.set(true));
+        // The table grows every so often: allocate until an insert needs it.
+        let mut placed = Vec::new();
+        let refused = loop {
+            match t.try_alloc(layout, tag) {
+                Ok(p) => placed.push(p),
+                Err(e) => break e,
+            }
+            assert!(placed.len() < 1 << 16, "the table never needed to grow");
+        };
+        REFUSE_GROWTH.with(|refuse| refuse.set(false));
+        assert!(matches!(refused, Error::OutOfMemory { .. }), "{refused:?}");
+        let n = placed.len();
+        let after = t.tag_stats(tag);
+        assert_eq!(after.bytes, before.bytes + n * 100);
+        assert_eq!(after.count, before.count + n);
+        assert_eq!(after.peak_bytes, after.bytes, "the refused block raised no peak");
+        assert_eq!(after.peak_count, after.count);
+        assert_eq!(after.total_count, before.total_count + n as u64);
+        for p in placed.into_iter().chain([kept]) {
+            t.try_dealloc(p).unwrap();
+        }
+        assert_eq!((t.tag_stats(tag).bytes, t.tag_stats(tag).count), (0, 0));
+        assert_eq!(t.error_counts(), ErrorCounts::default());
     }
 }

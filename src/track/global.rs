@@ -164,6 +164,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             record,
             record_flags: FLAG_GLOBAL_ALLOC,
             charger: Charger::Allocator,
+            record_required: false,
             site: Location::caller(),
         };
         let allocate = |outer: Layout| {
@@ -179,7 +180,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         // SAFETY: `allocate` calls the inner allocator with the layout it is given, which
         // returns a fresh block of it or null (`GlobalAlloc`'s contract).
         match no_unwind(|| unsafe { self.tracker.place(layout, how, allocate) }) {
-            Ok(placed) => placed.user,
+            Ok(user) => user,
             Err(_) => ptr::null_mut(),
         }
     }

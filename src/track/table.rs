@@ -370,6 +370,10 @@ impl<V: Copy> SysMap<V> {
     /// Grows (or cleans tombstones) so that one more insert keeps the load under 3/4.
     #[cold]
     fn rehash(&mut self) -> bool {
+        #[cfg(test)]
+        if test_hooks::REFUSE_GROWTH.with(std::cell::Cell::get) {
+            return false;
+        }
         let new_cap = if self.cap == 0 {
             64
         } else if (self.len + 1) * 2 > self.cap {
@@ -417,6 +421,17 @@ impl<V: Copy> Drop for SysMap<V> {
 impl<V: Copy> fmt::Debug for SysMap<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SysMap").field("len", &self.len).field("cap", &self.cap).finish()
+    }
+}
+
+/// Fault injection for the unit tests: a table that cannot grow, as when `System` is out
+/// of memory.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    std::thread_local! {
+        /// While set, every table this thread grows or cleans refuses to (the insert
+        /// that needed it fails).
+        pub(crate) static REFUSE_GROWTH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 }
 
