@@ -88,6 +88,12 @@ pub fn scope_id<R>(id: TagId, f: impl FnOnce() -> R) -> R {
 /// behaviour. A forgotten guard's tag stays current until an enclosing guard drops, which
 /// restores the tag that was current before that enclosing guard; the re-entrancy flag
 /// sharing the word is never touched by a guard.
+///
+/// The current tag belongs to the thread, not to a task. In `async` code, a guard held
+/// across an `.await` also tags whatever other tasks the executor runs on that thread
+/// meanwhile (being `!Send`, the guard keeps the future on one thread, so a
+/// single-threaded executor is where this happens). Enter the tag inside each poll instead,
+/// with [`scope`] around synchronous work, and drop the guard before awaiting.
 #[derive(Debug)]
 #[must_use = "the tag is only current while the guard is alive"]
 pub struct TagGuard {
