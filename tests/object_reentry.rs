@@ -585,3 +585,31 @@ fn allocator_making_a_raw_handle_while_the_raw_table_grows_panics_clearly() {
     });
     assert!(text.contains("already updating the raw references of `") && text.contains("Rock"), "{text}");
 }
+
+/// A store allocator that panics while a tracked `create` grows the store:
+/// the object's charge goes back to its tag as the panic goes past (it once
+/// stayed charged, and a budget then refused work that fit).
+#[test]
+fn a_panicking_allocator_in_a_tracked_create_leaves_no_charge() {
+    static TRACKER: mmobject::track::Tracker = mmobject::track::Tracker::new();
+    within_10s(|| {
+        let tag = TRACKER.tag_named("Pebble");
+        let mm =
+            ObjectManager::builder().report_leaks(false).segment_base(4).allocator(HookAlloc).tracker(&TRACKER).build();
+        mm.reserve::<Pebble>(0); // registered, no segment yet
+        let before = TRACKER.tag_stats(tag);
+        arm(|_| panic!("store allocator refuses to work"));
+        let outcome = catch_unwind(AssertUnwindSafe(|| drop(mm.create(Pebble { id: 0 }))));
+        disarm();
+        assert!(message(outcome.expect_err("the allocator panics")).contains("refuses"));
+        let after = TRACKER.tag_stats(tag);
+        assert_eq!((after.bytes, after.count), (before.bytes, before.count), "no charge left behind");
+        // The manager is still usable, and its count exact.
+        let pebble = mm.create(Pebble { id: 1 });
+        assert_eq!(mm[&pebble].id, 1);
+        assert_eq!(TRACKER.tag_stats(tag).bytes, before.bytes + std::mem::size_of::<Pebble>());
+        drop(pebble);
+        drop(mm);
+        assert_eq!(TRACKER.tag_stats(tag).bytes, before.bytes);
+    });
+}

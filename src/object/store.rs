@@ -337,14 +337,13 @@ impl<T: MMObject> Store<T> {
         strict: bool,
         source: SlotSource,
     ) -> Result<NonNull<Slot<T>>, (T, Error)> {
+        // Credited back if `create` does not get as far as the slot: an
+        // error, or a panic in the store allocator while the store grows.
         let charged = match &self.tracking {
-            Some(tracking) => {
-                let bytes = match tracking.charge(value.size(), std::mem::size_of::<T>(), strict) {
-                    Ok(charged) => charged,
-                    Err(error) => return Err((value, error)),
-                };
-                Some((tracking, bytes))
-            }
+            Some(tracking) => match tracking.charge(value.size(), std::mem::size_of::<T>(), strict) {
+                Ok(charged) => Some(charged),
+                Err(error) => return Err((value, error)),
+            },
             None => None,
         };
         let reused = match source {
@@ -359,16 +358,11 @@ impl<T: MMObject> Store<T> {
             Some(local) => local,
             None => match self.take_fresh(source) {
                 Ok(local) => local,
-                Err(error) => {
-                    if let Some((tracking, bytes)) = charged {
-                        tracking.credit(bytes);
-                    }
-                    return Err((value, error));
-                }
+                Err(error) => return Err((value, error)),
             },
         };
-        if let Some((tracking, bytes)) = charged {
-            tracking.placed(local, bytes);
+        if let Some(charged) = charged {
+            charged.place(local);
         }
         Ok(self.place(local, value, site))
     }

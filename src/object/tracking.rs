@@ -110,30 +110,26 @@ impl Tracking {
         self.tag
     }
 
-    /// Charges a new object of `bytes` (its `size()`); returns what was charged, to hand
-    /// to [`Tracking::placed`] (or back to [`Tracking::credit`] if placing fails).
+    /// Charges a new object of `bytes` (its `size()`); returns the charge, to give to the
+    /// object's slot with [`Charged::place`] (dropped instead, it is credited back: when
+    /// `create` fails, or the store allocator panics, before a slot is had).
     ///
     /// `strict` (the `try_create` path) refuses anything over the tag's budget, whatever
     /// its policy; otherwise the tag's policy decides (log, callback, error or panic). The
     /// check and the charge are one step ([`Tracker`]'s budget check). When a
     /// `TrackingAllocator` feeds the tracker, only the object's `inline` bytes are charged
     /// (its heap is the allocator's; see the module docs).
-    pub(crate) fn charge(&self, bytes: usize, inline: usize, strict: bool) -> Result<usize, Error> {
+    pub(crate) fn charge(&self, bytes: usize, inline: usize, strict: bool) -> Result<Charged<'_>, Error> {
         // Capped as the charge table records it, so the credit matches (a
         // `size()` may claim anything, even `usize::MAX`).
         let bytes = if self.tracker.counts_allocations() { inline } else { bytes }.min(MAX_CHARGE);
         self.tracker.charge_object(self.tag, bytes, strict)?;
-        Ok(bytes)
-    }
-
-    /// Gives back a charge that was never placed (the slot could not be had).
-    pub(crate) fn credit(&self, charged: usize) {
-        self.tracker.credit(self.tag, charged);
+        Ok(Charged { tracking: self, bytes })
     }
 
     /// Records that the object in slot `local` was charged `charged` bytes, and its
     /// creation stack if the tracker keeps stacks.
-    pub(crate) fn placed(&self, local: u32, charged: usize) {
+    fn placed(&self, local: u32, charged: usize) {
         match self.charged.lock().get_mut(local as usize) {
             Some(entry) => *entry = charged.min(MAX_CHARGE),
             None => unreachable!("the charge table covers every published slot"),
@@ -327,5 +323,27 @@ impl ObjectManager {
             self.reserve::<T>(0); // registers the store
         }
         self.store::<T>().and_then(Store::tracking).map(Tracking::tag)
+    }
+}
+
+/// A new object's charge, made before `create` takes a slot: credited back when dropped,
+/// unless [`place`](Self::place) gave it to the object's slot.
+#[must_use = "dropped, the charge is credited back"]
+pub(crate) struct Charged<'a> {
+    tracking: &'a Tracking,
+    bytes: usize,
+}
+
+impl Charged<'_> {
+    /// Records the charge as the object's in slot `local` (and its creation stack).
+    pub(crate) fn place(self, local: u32) {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.tracking.placed(local, this.bytes);
+    }
+}
+
+impl Drop for Charged<'_> {
+    fn drop(&mut self) {
+        self.tracking.tracker.credit(self.tracking.tag, self.bytes);
     }
 }
