@@ -344,14 +344,13 @@ impl SizeClassPool {
         // `k = log2` of `max(size, align, 8)` rounded up to a power of two; `align >= 1`, so
         // the subtraction cannot wrap, and `k <= 64`.
         let k = (usize::BITS - ((layout.size().max(align) - 1) | 7).leading_zeros()) as usize;
-        let first = self.by_log2[k];
         // SAFETY: the closure only reads and writes page masks and counts: it calls nothing
         // that could reach the thread cache again.
         let fast = unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut PoolCache| {
-                // Indexed by a `u8`, so no bounds check; `active[NO_CLASS]` is always
-                // `NO_PAGE`, which is past the page table's end.
-                let p = cache.active[usize::from(first)];
+                // Indexed by `k` itself (no class lookup on the way) as a `u8`, so no bounds
+                // check; a `k` no class serves is always `NO_PAGE`, past the page table's end.
+                let p = cache.active[usize::from(k as u8)];
                 let page = self.pages.get(p as usize)?;
                 let bit = page.take_clean()?;
                 Some((p, bit, page.block_offset(bit), page.shift()))
@@ -360,14 +359,15 @@ impl SizeClassPool {
         if let Some((p, bit, offset, shift)) = fast {
             return self.hand_out(p, bit, offset, 1 << shift);
         }
-        self.alloc_slow(layout, first, k)
+        self.alloc_slow(layout, k)
     }
 
     /// The rest of [`try_alloc`](Self::try_alloc): a refill of this thread's page, larger
     /// classes, the uncached path, claiming a remote free, and the error.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self, layout: Layout, first: u8, k: usize) -> Result<NonNull<u8>> {
+    fn alloc_slow(&self, layout: Layout, k: usize) -> Result<NonNull<u8>> {
+        let first = self.by_log2[k];
         if first == NO_CLASS {
             return Err(self.out_of_memory(layout.size(), k));
         }
@@ -418,7 +418,8 @@ impl SizeClassPool {
     #[inline(always)]
     fn alloc_cached(&self, i: usize, cache: &mut PoolCache) -> Result<Option<NonNull<u8>>> {
         let class = &self.classes[i];
-        let active = cache.active[i];
+        // A class's own `k` is its shift.
+        let active = cache.active[class.shift as usize];
         if active != NO_PAGE {
             if let Some(taken) = self.pages[active as usize].take() {
                 return self.hand_out_taken(class, active, taken).map(Some);
@@ -473,7 +474,10 @@ impl SizeClassPool {
             found = self.acquire(class, thread_cache::token());
             owned.extend(found);
         }
-        cache.active[class_index] = found.unwrap_or(NO_PAGE);
+        // Every `k` the class serves first: those above the previous class's shift, up to
+        // its own.
+        let lowest = class_index.checked_sub(1).map_or(0, |below| self.classes[below].shift as usize + 1);
+        cache.active[lowest..=class.shift as usize].fill(found.unwrap_or(NO_PAGE));
         found
     }
 

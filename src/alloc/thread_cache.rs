@@ -65,10 +65,13 @@ pub(crate) struct PoolCache {
     pool: u64,
     /// The pool's page table, to give the pages back when the thread exits.
     pages: Weak<[Page]>,
-    /// Per class (index as in the pool, at most 64 classes): the page allocations come from
-    /// first (one of `owned`), or [`NO_PAGE`]. Inline, so the fast path reads it with no
-    /// pointer to follow, and one entry per `u8`, so a class index needs no bounds check
-    /// (the entries past the pool's classes stay `NO_PAGE`).
+    /// Per `k` (the log2 of a request's rounded-up size, as the pool's `by_log2` index, at
+    /// most 64): the page of class `by_log2[k]` that allocations come from first (one of
+    /// `owned`), or [`NO_PAGE`]; all the `k` of one class hold the same entry, and a class's
+    /// entry sits at least at `k` = its shift. Keyed by `k`, so the fast path goes from a
+    /// request's size to its page without the class lookup; inline, so it reads it with no
+    /// pointer to follow; one entry per `u8`, so `k` needs no bounds check (the entries no
+    /// class serves stay `NO_PAGE`).
     pub(crate) active: [u32; 256],
     /// Per class: every page of the class this thread owns (indices into the page table).
     pub(crate) owned: Box<[Vec<u32>]>,
