@@ -471,3 +471,71 @@ fn shutdown_on_another_thread_keeps_raw_referenced_objects_the_owner_counts_on()
         assert_eq!(drops.count(), objects, "and never again");
     }
 }
+
+/// An object the owner holds no reservation on, whose last two handles go on
+/// other threads: the first drop sets `CHECK` (what is left could be a
+/// reservation), the last finds it set and leaves the word bare `CHECK`. No
+/// count and so no reservation is left: a collection or a shutdown on any
+/// thread can tell the object is dead. Before the fix, since `da1fa1a` (a last
+/// drop that finds `CHECK` no longer lists the object), only the owner's
+/// collection decided it: a manager moved to another thread never reclaimed
+/// it, and its shutdown there reported a handle outliving it and leaked the
+/// store's memory.
+#[test]
+fn an_object_without_reservation_dropped_elsewhere_is_collected_on_any_thread() {
+    for owner_drops_last in [false, true] {
+        let drops = Drops::new();
+        let mm = owned();
+        let e = mm.create(Entity { id: 1, token: drops.token() });
+        // Cloned on another thread: the owner holds no reservation on it.
+        let (e, other) = std::thread::spawn(move || {
+            let other = e.clone();
+            (e, other)
+        })
+        .join()
+        .unwrap();
+        std::thread::spawn(move || drop(other)).join().unwrap(); // sets `CHECK`
+        if owner_drops_last {
+            drop(e); // no reservation: takes the last count, leaves bare `CHECK`
+        } else {
+            std::thread::spawn(move || drop(e)).join().unwrap();
+        }
+        assert_eq!(mm.len(), 0);
+        let (mm, report) = std::thread::spawn(move || {
+            let mut mm = mm;
+            assert_eq!(mm.dead_count(), 1);
+            assert_eq!(mm.collect_garbage().objects, 1, "no count is left: dead on any thread");
+            assert_eq!(mm.dead_count(), 0);
+            let e2 = mm.create(Entity { id: 2, token: drops.token() });
+            drop(e2.clone());
+            drop(e2);
+            let report = mm.shutdown();
+            (drops.count(), report)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(mm, 2);
+        assert_eq!(report.outliving_handles(), 0, "nothing outlives the manager");
+    }
+}
+
+/// The same object left to shutdown on another thread than the owner: its
+/// flagged check finds no count, so its memory is freed, not leaked.
+#[test]
+fn shutdown_elsewhere_frees_an_object_left_bare_check() {
+    let drops = Drops::new();
+    let mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let (e, other) = std::thread::spawn(move || {
+        let other = e.clone();
+        (e, other)
+    })
+    .join()
+    .unwrap();
+    std::thread::spawn(move || drop(other)).join().unwrap();
+    drop(e);
+    let report = std::thread::spawn(move || mm.shutdown()).join().unwrap();
+    assert_eq!(drops.count(), 1);
+    assert_eq!(report.outliving_handles(), 0);
+    assert_eq!(report.leaked_bytes(), 0);
+}
