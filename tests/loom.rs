@@ -6,7 +6,8 @@
 //!   racing to the last, a worker's drop racing the owner's collection, a
 //!   worker's `upgrade` racing the owner's last drop, the owner's last drop
 //!   racing a worker's flagged one, a flagged check decided while the last
-//!   handle goes, a shutdown on another thread racing the owner's batch and
+//!   handle goes (on the owner, or by a collection elsewhere), a shutdown
+//!   elsewhere racing the last drop of a flagged object, a shutdown on another thread racing the owner's batch and
 //!   give-back), concurrent `create` popping the free list, the owner's run
 //!   of fresh slots and its kept freed slots racing another creator, a
 //!   refused segment racing a served one, loaders creating while the owner
@@ -331,6 +332,66 @@ fn a_flagged_check_decided_while_the_last_handle_goes() {
         assert_eq!(drops.load(Ordering::SeqCst), 1);
         assert_eq!((mm.dead_count(), mm.len()), (0, 0));
         assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// As above, with the manager moved off its owner thread: the drop that
+/// flags the check, the last drop and a collection there all race. The
+/// collection decides the flagged check of an object left bare `CHECK` (no
+/// count, so no reservation), and a shutdown there frees the store. The
+/// object dies once, and nothing is reported outliving.
+#[test]
+fn a_flagged_check_decided_elsewhere_while_the_last_handle_goes() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = owned();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let flagging = mm.upgrade(h.downgrade()).expect("alive");
+        let last = mm.upgrade(h.downgrade()).expect("alive");
+        drop(h);
+        let flagger = thread::spawn(move || drop(flagging));
+        let worker = thread::spawn(move || drop(last));
+        let collector = thread::spawn(move || {
+            let mut mm = mm;
+            let first = mm.collect_garbage().objects;
+            (mm, first)
+        });
+        flagger.join().unwrap();
+        worker.join().unwrap();
+        let (mm, first) = collector.join().unwrap();
+        let (second, report) = thread::spawn(move || {
+            let mut mm = mm;
+            let second = mm.collect_garbage().objects;
+            (second, mm.shutdown())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(first + second, 1, "destroyed once, by collections off the owner");
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert!(report.is_empty());
+        assert_eq!(report.outliving_handles(), 0);
+    });
+}
+
+/// A worker drops the last handle of an object left to a flagged check
+/// while the manager shuts down on a third thread: destroyed once; the
+/// store's memory is freed only if the last drop came first.
+#[test]
+fn shutdown_elsewhere_races_the_last_drop_of_a_flagged_object() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = owned();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let flagging = mm.upgrade(h.downgrade()).expect("alive");
+        drop(h);
+        let last = mm.upgrade(flagging.downgrade()).expect("alive");
+        thread::spawn(move || drop(flagging)).join().unwrap();
+        let shutdown = thread::spawn(move || mm.shutdown().outliving_handles());
+        let worker = thread::spawn(move || drop(last));
+        worker.join().unwrap();
+        let outliving = shutdown.join().unwrap();
+        assert!(outliving <= 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "destroyed once");
     });
 }
 
