@@ -173,7 +173,8 @@
 //!   the owner's next collection (an `upgrade` then keeps it alive).
 //!   `upgrade` on the owner reads its reservation and fails at once.
 //! - A collection on another thread leaves the checks queued (and logs a
-//!   warning once); so does shutdown there, which then keeps the memory of
+//!   warning once), but for those of objects left bare `CHECK`, which hold
+//!   no count and so no reservation: it finds them dead. So does shutdown there, which then keeps the memory of
 //!   such objects' stores, as for outliving handles. That is why the owner is
 //!   opt-in: a manager that moves to another thread to be collected must not
 //!   have one.

@@ -56,7 +56,10 @@
 //! A collection on another thread than the owner cannot read the
 //! reservations, so it leaves the queued checks for the owner's next
 //! collection (and says so once in the log). Objects whose count is all a
-//! reservation are then reclaimed only there, or at shutdown.
+//! reservation are then reclaimed only there, or at shutdown. It decides
+//! only the checks of objects whose last count went while their flagged
+//! check was on its way (a word of bare `CHECK`: no count, so no
+//! reservation), see [`SlotHeader::decide_unreserved`].
 //!
 //! Shutdown on another thread (the manager is `Send`) cannot read them
 //! either, and the owner may go on cloning and dropping meanwhile. It
@@ -386,6 +389,43 @@ impl SlotHeader {
             self.reserve.store(reserve & !PENDING, Ordering::Relaxed);
         }
         false
+    }
+
+    /// [`decide_check`](Self::decide_check) on another thread than the
+    /// owner, which cannot read the reservation: decides only a [`FLAGGED`]
+    /// check of an object whose word is exactly [`CHECK`] (its last count
+    /// went while the check was on its way, see `release_remote`). No count
+    /// is left, so no reservation either (a reservation's counts are in the
+    /// word, and with none `reserve` holds neither count nor `PENDING`), and
+    /// none can come back: the object is dead whatever the owner does. Left
+    /// to the owner's collection, it would never be reclaimed in a manager
+    /// moved off its owner thread, and a shutdown there would keep the
+    /// store's memory for it and report a handle outliving it.
+    ///
+    /// True if so: the word is then 0 (the caller links it into a dead
+    /// list). Else nothing changes and the check stays queued for the owner;
+    /// a set `CHECK` on a count stays too (only the owner may clear it).
+    ///
+    /// The caller holds `&mut ObjectManager`. A check in the queue was
+    /// recorded by a drop that is done with the slot and the store's shared
+    /// part; the last drop was done with them at its decrement, which the
+    /// `Acquire` exchange reads (in the release sequence of every drop
+    /// before it): every use of the object happens before it is destroyed,
+    /// and before its memory is freed at shutdown. `destroyed_in_place` as
+    /// for `decide_check`.
+    pub(crate) fn decide_unreserved(&self, check: Check, destroyed_in_place: bool) -> bool {
+        if !check.flagged() {
+            return false;
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let object = if destroyed_in_place { generation.wrapping_sub(1) | 1 } else { generation };
+        if object != check.generation
+            || self.word.compare_exchange(CHECK, 0, Ordering::Acquire, Ordering::Relaxed).is_err()
+        {
+            return false;
+        }
+        debug_assert_eq!(self.reserve.load(Ordering::Relaxed), 0, "no count, so no reservation");
+        true
     }
 
     /// True if the object's only counts are its `raw` raw references (at

@@ -269,6 +269,30 @@ impl<T: MMObject> Store<T> {
             return;
         }
         if !self.reads_reservations_here() {
+            // Only the objects whose last count went while their flagged
+            // check was on its way are decided here (see
+            // `SlotHeader::decide_unreserved`): they hold no count, so no
+            // reservation. The rest wait for the owner.
+            let mut dead = SlotChain::default();
+            let mut kept = checks;
+            kept.retain(|&check| {
+                let local = check.slot();
+                let slot = self.slot(local).expect("checked slots live in published segments");
+                if slot.header.decide_unreserved(check, destroyed_in_place) {
+                    dead.push(local, slot);
+                    false
+                } else {
+                    true
+                }
+            });
+            if dead.chain.len != 0 {
+                let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
+                shared.push_dead_chain(0, dead.chain.head, &tail.header.word);
+            }
+            if kept.is_empty() {
+                return;
+            }
+            let checks = kept;
             if !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 log::warn!(
                     target: "mmobject",
