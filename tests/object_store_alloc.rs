@@ -344,3 +344,39 @@ fn a_segment_above_what_handles_address_is_refused() {
     drop(mm);
     assert_eq!(alloc.live_bytes.load(Ordering::Relaxed), 0);
 }
+
+// ---- checks when the allocator refuses ----------------------------------------
+
+/// A worker's drop sets `CHECK` on an object the owner holds no reservation
+/// on, and the store's check queue has no room for its check: the check is
+/// lost (and logged). The owner then drops the last handle. Before
+/// `da1fa1a` that drop was a plain last drop, and the object was collected;
+/// since, a last drop that finds `CHECK` leaves the object to the flagged
+/// check, which was gone: the object was never collected, `len` still
+/// counted it, and shutdown destroyed it in place but kept the store's
+/// memory and reported a handle outliving the manager. Now the drain that
+/// loses a flagged check gives up its flag (`last_drops::give_up_flag`).
+#[test]
+fn a_lost_flagged_check_leaves_no_object_behind() {
+    let counting = Counting::default();
+    let mut mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(counting.clone()).build();
+    let e = mm.create(entity(1.0));
+    // Cloned on another thread: the owner holds no reservation.
+    let (e, other) = std::thread::spawn(move || {
+        let other = e.clone();
+        (e, other)
+    })
+    .join()
+    .unwrap();
+    counting.0.refuse_over.store(1, Ordering::Relaxed);
+    std::thread::spawn(move || drop(other)).join().unwrap(); // sets `CHECK`
+                                                             // Drains every ring: the check finds no room in the queue, and is lost.
+    let _ = mm.dead_count();
+    counting.0.refuse_over.store(0, Ordering::Relaxed);
+    drop(e); // the last count, on the owner, with no reservation
+    assert_eq!(mm.len(), 0, "no handle is left");
+    assert_eq!(mm.collect_garbage().objects, 1, "the object dies");
+    let report = mm.shutdown();
+    assert_eq!(report.outliving_handles(), 0);
+    assert_eq!(report.leaked_bytes(), 0);
+}
