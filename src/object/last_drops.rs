@@ -33,7 +33,7 @@ use crate::sync::{fence, AtomicU32, AtomicUsize, Ordering, UnsafeCell};
 use super::owner_counts::{Check, Released};
 use super::reentry::NamedMutex;
 use super::shared::{StoreShared, DEAD_LANES};
-use super::slot::{LINK_FLAG, NIL};
+use super::slot::{is_count, CHECK, LINK_FLAG, NIL};
 
 /// Slots a ring holds before its thread drains it (small under loom, so the
 /// models reach a full ring).
@@ -158,7 +158,7 @@ impl LastDrops {
                         *other = Some(open);
                     }
                 },
-                Found::Check(check) => checks.add(entry.shared, check),
+                Found::Check(check) => checks.add(entry.shared, check, entry.word),
             }
             progress.next = i + 1;
         }
@@ -171,8 +171,10 @@ impl LastDrops {
 
 /// A drain's progress: on drop (also when queueing a check panicked) it
 /// pushes the lanes still open and stores `drained` past the entries read.
-/// Checks of entries read but not yet queued are then lost: their objects
-/// wait for shutdown, which is a leak, never a double destroy.
+/// Checks of entries read but not yet queued are then lost: the batch gives
+/// up their flags as it drops (see [`give_up_flag`]), and an object whose
+/// count is all the owner's reservation waits for shutdown, which is a
+/// leak, never a double destroy.
 struct Progress<'a> {
     ring: &'a LastDrops,
     /// The first entry not read yet.
@@ -242,34 +244,108 @@ impl Lanes {
 }
 
 /// Checks drained from a ring, queued on their stores a batch at a time
-/// (one lock per batch of one store; no allocation in a drain).
+/// (one lock per batch of one store; no allocation in a drain), with their
+/// slots' words: a batch the store's queue drops (no room, or queueing it
+/// unwound) gives up its flags (see [`give_up_flag`]).
 struct Checks {
     shared: Option<NonNull<StoreShared>>,
     checks: [Check; 64],
+    words: [NonNull<AtomicU32>; 64],
     len: usize,
 }
 
 impl Default for Checks {
     fn default() -> Self {
-        Checks { shared: None, checks: [Check { local: 0, generation: 0 }; 64], len: 0 }
+        Checks {
+            shared: None,
+            checks: [Check { local: 0, generation: 0 }; 64],
+            words: [NonNull::dangling(); 64],
+            len: 0,
+        }
     }
 }
 
 impl Checks {
-    fn add(&mut self, shared: NonNull<StoreShared>, check: Check) {
+    fn add(&mut self, shared: NonNull<StoreShared>, check: Check, word: NonNull<AtomicU32>) {
         if self.shared != Some(shared) || self.len == self.checks.len() {
             self.flush();
             self.shared = Some(shared);
         }
         self.checks[self.len] = check;
+        self.words[self.len] = word;
         self.len += 1;
     }
 
     fn flush(&mut self) {
-        if let Some(shared) = self.shared.take() {
+        if let Some(shared) = self.shared {
             // SAFETY: the store's shared part outlives its entries (`LastDrops` invariants).
-            unsafe { shared.as_ref() }.queue_checks(&self.checks[..self.len]);
+            if !unsafe { shared.as_ref() }.queue_checks(&self.checks[..self.len]) {
+                self.give_up();
+            }
+            self.shared = None;
             self.len = 0;
+        }
+    }
+
+    /// Gives up the flags of the batch's flagged checks, which the store's
+    /// queue dropped.
+    fn give_up(&mut self) {
+        let Some(shared) = self.shared else { return };
+        for (check, word) in self.checks[..self.len].iter().zip(&self.words) {
+            if check.flagged() {
+                // SAFETY: the entry's drop is done with the slot, and the
+                // store's shared part and the slot outlive the entry, which
+                // this drain has not marked drained yet (`LastDrops` invariants).
+                unsafe { give_up_flag(shared.as_ref(), check.slot(), word.as_ref()) };
+            }
+        }
+        self.len = 0;
+    }
+}
+
+impl Drop for Checks {
+    /// Queueing a batch unwound (the store allocator or a logger panicked):
+    /// its checks are lost, so their flags go.
+    fn drop(&mut self) {
+        self.give_up();
+    }
+}
+
+/// Gives up the [`CHECK`] that a drop set on slot `local` (header word
+/// `word`) when its check is lost (the store's queue had no room for it, or
+/// queueing it unwound): else the flag would stay for good, and the object
+/// with it, as only that check may clear it and find the object dead.
+///
+/// The drop that set the flag is done with the slot, so the flag has done
+/// its work (see `release_remote`). On a count it is cleared (an object
+/// whose count is all the owner's reservation then waits for shutdown, as
+/// before flags); on no count (bare `CHECK`, the last count went meanwhile)
+/// the object is dead, and goes on the dead list as at a last drop. While
+/// the flag is set nothing else writes the word but drops and the owner's
+/// decisions of checks (this one is lost), so the slot still holds the
+/// object the check was about (or, at shutdown, that object destroyed in
+/// place: its store's memory is then kept, or its dead-list entry is only
+/// counted, never destroyed again).
+///
+/// # Safety
+///
+/// The caller's check of slot `local` was [`FLAGGED`](super::owner_counts::FLAGGED)
+/// and is lost, and the slot and `shared` stay allocated for the call (the
+/// flag kept them: shutdown counts a flagged slot as held). Nothing may
+/// touch them after it.
+pub(crate) unsafe fn give_up_flag(shared: &StoreShared, local: u32, word: &AtomicU32) {
+    let mut now = word.load(Ordering::Relaxed);
+    loop {
+        let next = match now {
+            CHECK => 0,
+            w if is_count(w) && w & CHECK != 0 => w & !CHECK,
+            _ => return,
+        };
+        // `Acquire` on taking the last: as the fence of a last drop (`record`).
+        match word.compare_exchange_weak(now, next, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) if next == 0 => return shared.push_dead(local, word),
+            Ok(_) => return,
+            Err(actual) => now = actual,
         }
     }
 }
@@ -302,8 +378,9 @@ pub(crate) fn record_released(shared: &StoreShared, local: u32, generation: u32,
 fn record_check(shared: &StoreShared, word: &AtomicU32, check: Check) {
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Check(check) };
     // SAFETY: the store's shared part outlives a check's entry (see `release_remote`).
-    if !unsafe { record_mine(entry) } {
-        shared.queue_checks(&[check]);
+    if !unsafe { record_mine(entry) } && !shared.queue_checks(&[check]) && check.flagged() {
+        // SAFETY: this drop set the flag and touches nothing after.
+        unsafe { give_up_flag(shared, check.slot(), word) };
     }
 }
 

@@ -103,7 +103,11 @@ impl ObjectManager {
                 if released == Released::Last {
                     shared.release_last(local, &header.word);
                 } else if let Some(check) = released.check(local, raw.generation()) {
-                    shared.queue_checks(&[check]);
+                    if !shared.queue_checks(&[check]) && check.flagged() {
+                        // SAFETY: this release set the flag and is done with
+                        // the slot but for giving it up; `&self` keeps the store.
+                        unsafe { super::last_drops::give_up_flag(shared, local, &header.word) };
+                    }
                 }
                 Ok(())
             }

@@ -178,7 +178,11 @@ impl StoreShared {
     ///
     /// If the store's allocator refuses room, the checks are dropped and an
     /// error is logged: those objects are then reclaimed only at shutdown.
-    pub(crate) fn queue_checks(&self, new: &[Check]) {
+    /// Returns false if the checks were dropped: the caller then gives up
+    /// the flags of the [`FLAGGED`](super::owner_counts::FLAGGED) ones (see
+    /// `last_drops::give_up_flag`), or their objects would wait for them forever.
+    #[must_use]
+    pub(crate) fn queue_checks(&self, new: &[Check]) -> bool {
         // Called from user code that runs while this thread queues checks
         // (the store allocator, a logger): waiting would deadlock, so the
         // checks are dropped, as when there is no room.
@@ -199,6 +203,7 @@ impl StoreShared {
                 self.type_name
             );
         }
+        queued
     }
 
     /// Takes every queued check.
@@ -210,14 +215,20 @@ impl StoreShared {
 
     /// Puts back checks a collection could not decide (it ran on another
     /// thread than the owner), ahead of any queued since.
-    pub(crate) fn requeue_checks(&self, mut kept: allocator_api2::vec::Vec<Check, StoreAlloc>) {
+    /// Returns the checks it could not put back (none, or all of `kept`),
+    /// whose flags the caller gives up.
+    pub(crate) fn requeue_checks(
+        &self,
+        mut kept: allocator_api2::vec::Vec<Check, StoreAlloc>,
+    ) -> Option<allocator_api2::vec::Vec<Check, StoreAlloc>> {
         let mut checks = self.checks.lock();
         if kept.try_reserve(checks.len()).is_ok() {
             kept.extend_from_slice(&checks);
             *checks = kept;
+            None
         } else {
             drop(checks);
-            self.queue_checks(&kept);
+            (!self.queue_checks(&kept)).then_some(kept)
         }
     }
 

@@ -303,7 +303,15 @@ impl<T: MMObject> Store<T> {
                     T::TYPE_NAME
                 );
             }
-            shared.requeue_checks(checks);
+            if let Some(lost) = shared.requeue_checks(checks) {
+                for check in lost.iter().filter(|check| check.flagged()) {
+                    let local = check.slot();
+                    let slot = self.slot(local).expect("checked slots live in published segments");
+                    // SAFETY: the check was queued, so its drop is done with
+                    // the slot; the caller's `&mut ObjectManager` keeps the store.
+                    unsafe { super::super::last_drops::give_up_flag(shared, local, &slot.header.word) };
+                }
+            }
             return;
         }
         // The dead go onto the lanes in turn, for collection to walk side by side.
