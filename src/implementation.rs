@@ -161,7 +161,11 @@
 //!   `CHECK`, a count of zero that every reader takes for dead, and the
 //!   flagged check, when decided, finds the object dead. Were it listed,
 //!   the dead list's link would wipe the flag, and a shutdown could free the
-//!   store under the drop still on its way. The
+//!   store under the drop still on its way. A flagged check that is lost
+//!   (the store's queue had no room, or queueing it unwound) gives the flag
+//!   up where it is lost (`last_drops::give_up_flag`): its drop is done with
+//!   the slot, so a bare `CHECK` goes to 0 and onto the dead list, and a
+//!   flag on a count is cleared. The
 //!   test is exact under `&mut ObjectManager`: no `upgrade` runs, the owner
 //!   reads its own reservation, and any handle another thread holds came
 //!   from a count already in the word that the owner can see (every drop it
