@@ -472,6 +472,22 @@ fn shutdown_on_another_thread_keeps_raw_referenced_objects_the_owner_counts_on()
     }
 }
 
+/// The last handle of an object the owner holds no reservation on, after a
+/// drop on another thread set `CHECK` (what was left could have been a
+/// reservation) and queued its check.
+fn flagged_without_reservation(mm: &ObjectManager, drops: &Drops) -> Handle<Entity> {
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    // Cloned on another thread: the owner holds no reservation on it.
+    let (e, other) = std::thread::spawn(move || {
+        let other = e.clone();
+        (e, other)
+    })
+    .join()
+    .unwrap();
+    std::thread::spawn(move || drop(other)).join().unwrap();
+    e
+}
+
 /// An object the owner holds no reservation on, whose last two handles go on
 /// other threads: the first drop sets `CHECK` (what is left could be a
 /// reservation), the last finds it set and leaves the word bare `CHECK`. No
@@ -486,22 +502,14 @@ fn an_object_without_reservation_dropped_elsewhere_is_collected_on_any_thread() 
     for owner_drops_last in [false, true] {
         let drops = Drops::new();
         let mm = owned();
-        let e = mm.create(Entity { id: 1, token: drops.token() });
-        // Cloned on another thread: the owner holds no reservation on it.
-        let (e, other) = std::thread::spawn(move || {
-            let other = e.clone();
-            (e, other)
-        })
-        .join()
-        .unwrap();
-        std::thread::spawn(move || drop(other)).join().unwrap(); // sets `CHECK`
+        let e = flagged_without_reservation(&mm, &drops);
         if owner_drops_last {
             drop(e); // no reservation: takes the last count, leaves bare `CHECK`
         } else {
             std::thread::spawn(move || drop(e)).join().unwrap();
         }
         assert_eq!(mm.len(), 0);
-        let (mm, report) = std::thread::spawn(move || {
+        let (destroyed, report) = std::thread::spawn(move || {
             let mut mm = mm;
             assert_eq!(mm.dead_count(), 1);
             assert_eq!(mm.collect_garbage().objects, 1, "no count is left: dead on any thread");
@@ -514,7 +522,7 @@ fn an_object_without_reservation_dropped_elsewhere_is_collected_on_any_thread() 
         })
         .join()
         .unwrap();
-        assert_eq!(mm, 2);
+        assert_eq!(destroyed, 2);
         assert_eq!(report.outliving_handles(), 0, "nothing outlives the manager");
     }
 }
@@ -525,14 +533,7 @@ fn an_object_without_reservation_dropped_elsewhere_is_collected_on_any_thread() 
 fn shutdown_elsewhere_frees_an_object_left_bare_check() {
     let drops = Drops::new();
     let mm = owned();
-    let e = mm.create(Entity { id: 1, token: drops.token() });
-    let (e, other) = std::thread::spawn(move || {
-        let other = e.clone();
-        (e, other)
-    })
-    .join()
-    .unwrap();
-    std::thread::spawn(move || drop(other)).join().unwrap();
+    let e = flagged_without_reservation(&mm, &drops);
     drop(e);
     let report = std::thread::spawn(move || mm.shutdown()).join().unwrap();
     assert_eq!(drops.count(), 1);
