@@ -35,9 +35,12 @@ unsafe impl Allocator for Panicking {
     }
 }
 
-/// As above, with the store allocator panicking while a drain queues the
-/// check: the drain unwinds, the check is lost, and its flag goes with it,
-/// so the object dies at its last drop.
+/// A worker's drop sets `CHECK` on an object the owner holds no reservation
+/// on, and the store allocator panics while a drain queues its check: the
+/// drain unwinds, the check is lost, and its flag goes with it, so the
+/// owner's last drop leaves the object dead and the next collection
+/// destroys it (since `da1fa1a` and before `give_up_flag`, only the lost
+/// check could end it: it was never collected).
 #[test]
 fn a_flagged_check_lost_to_a_panicking_drain_leaves_no_object_behind() {
     let panicking = Panicking::default();

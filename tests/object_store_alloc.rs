@@ -369,8 +369,9 @@ fn a_lost_flagged_check_leaves_no_object_behind() {
     .join()
     .unwrap();
     counting.0.refuse_over.store(1, Ordering::Relaxed);
-    std::thread::spawn(move || drop(other)).join().unwrap(); // sets `CHECK`
-                                                             // Drains every ring: the check finds no room in the queue, and is lost.
+    // Sets `CHECK` and records the check in the worker's ring.
+    std::thread::spawn(move || drop(other)).join().unwrap();
+    // Drains every ring: the check finds no room in the queue, and is lost.
     let _ = mm.dead_count();
     counting.0.refuse_over.store(0, Ordering::Relaxed);
     drop(e); // the last count, on the owner, with no reservation
