@@ -177,11 +177,12 @@
 //!   the owner's next collection (an `upgrade` then keeps it alive).
 //!   `upgrade` on the owner reads its reservation and fails at once.
 //! - A collection on another thread leaves the checks queued (and logs a
-//!   warning once), but for those of objects left bare `CHECK`, which hold
-//!   no count and so no reservation: it finds them dead. So does shutdown there, which then keeps the memory of
-//!   such objects' stores, as for outliving handles. That is why the owner is
-//!   opt-in: a manager that moves to another thread to be collected must not
-//!   have one.
+//!   warning once), and so does shutdown there, which then keeps the memory
+//!   of such objects' stores, as for outliving handles. That is why the
+//!   owner is opt-in: a manager that moves to another thread to be
+//!   collected must not have one. The exception is an object left bare
+//!   `CHECK`: it holds no count and so no reservation, and both find it
+//!   dead from its flagged check.
 //! - Stores whose objects may hold handles count every handle in the word
 //!   (their drops mark candidate roots with the bit that is `CHECK` elsewhere).
 //!
