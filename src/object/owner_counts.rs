@@ -338,10 +338,7 @@ impl SlotHeader {
     /// (while a loader places an object, its count shows before its
     /// generation, which is why only shutdown may look past the generation).
     pub(crate) fn decide_check(&self, check: Check, destroyed_in_place: bool) -> bool {
-        let generation = self.generation.load(Ordering::Acquire);
-        // `(g - 1) | 1`: the object's generation, also once destroyed in place.
-        let object = if destroyed_in_place { generation.wrapping_sub(1) | 1 } else { generation };
-        if object != check.generation {
+        if !self.holds_checked(check, destroyed_in_place) {
             return false;
         }
         // `CHECK` is set on a count, or on no count at all (the word is
@@ -391,6 +388,15 @@ impl SlotHeader {
         false
     }
 
+    /// True if the slot still holds the object `check` is about (with
+    /// `destroyed_in_place`, also once shutdown destroyed it in place: its
+    /// generation is then one on, even, and `(g - 1) | 1` is the object's).
+    fn holds_checked(&self, check: Check, destroyed_in_place: bool) -> bool {
+        let generation = self.generation.load(Ordering::Acquire);
+        let object = if destroyed_in_place { generation.wrapping_sub(1) | 1 } else { generation };
+        object == check.generation
+    }
+
     /// [`decide_check`](Self::decide_check) on another thread than the
     /// owner, which cannot read the reservation: decides only a [`FLAGGED`]
     /// check of an object whose word is exactly [`CHECK`] (its last count
@@ -417,9 +423,7 @@ impl SlotHeader {
         if !check.flagged() {
             return false;
         }
-        let generation = self.generation.load(Ordering::Acquire);
-        let object = if destroyed_in_place { generation.wrapping_sub(1) | 1 } else { generation };
-        if object != check.generation
+        if !self.holds_checked(check, destroyed_in_place)
             || self.word.compare_exchange(CHECK, 0, Ordering::Acquire, Ordering::Relaxed).is_err()
         {
             return false;

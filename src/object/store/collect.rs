@@ -256,7 +256,9 @@ impl<T: MMObject> Store<T> {
 
     /// Decides the queued checks (see `owner_counts.rs`): the dead go onto
     /// the dead lanes, one chain per lane. On another thread than the owner the
-    /// reservations cannot be read, so the checks stay queued.
+    /// reservations cannot be read, so only the checks of objects left bare
+    /// `CHECK` are decided there (they hold no count, so no reservation, see
+    /// `SlotHeader::decide_unreserved`); the rest stay queued for the owner.
     ///
     /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
     /// `destroyed_in_place` is for shutdown's settling, after `destroy_all`:
@@ -264,71 +266,55 @@ impl<T: MMObject> Store<T> {
     /// `SlotHeader::decide_check`).
     pub(super) fn decide_checks(&self, destroyed_in_place: bool) {
         let shared = self.shared();
-        let checks = shared.take_checks();
+        let mut checks = shared.take_checks();
         if checks.is_empty() {
             return;
         }
-        if !self.reads_reservations_here() {
-            // Only the objects whose last count went while their flagged
-            // check was on its way are decided here (see
-            // `SlotHeader::decide_unreserved`): they hold no count, so no
-            // reservation. The rest wait for the owner.
-            let mut dead = SlotChain::default();
-            let mut kept = checks;
-            kept.retain(|&check| {
-                let local = check.slot();
-                let slot = self.slot(local).expect("checked slots live in published segments");
-                if slot.header.decide_unreserved(check, destroyed_in_place) {
-                    dead.push(local, slot);
-                    false
-                } else {
-                    true
-                }
-            });
-            if dead.chain.len != 0 {
-                let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
-                shared.push_dead_chain(0, dead.chain.head, &tail.header.word);
-            }
-            if kept.is_empty() {
-                return;
-            }
-            let checks = kept;
-            if !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                log::warn!(
-                    target: "mmobject",
-                    "collect_garbage ran on a thread that does not own object manager #{}: released {} objects \
-                     wait for a collection on the thread that built it, or for shutdown \
-                     (see ObjectManagerBuilder::owner_thread)",
-                    self.config.manager_id,
-                    T::TYPE_NAME
-                );
-            }
-            if let Some(lost) = shared.requeue_checks(checks) {
-                for check in lost.iter().filter(|check| check.flagged()) {
-                    let local = check.slot();
-                    let slot = self.slot(local).expect("checked slots live in published segments");
-                    // SAFETY: the check was queued, so its drop is done with
-                    // the slot; the caller's `&mut ObjectManager` keeps the store.
-                    unsafe { super::super::last_drops::give_up_flag(shared, local, &slot.header.word) };
-                }
-            }
-            return;
-        }
+        let owner_here = self.reads_reservations_here();
         // The dead go onto the lanes in turn, for collection to walk side by side.
         let mut dead: [SlotChain; DEAD_LANES] = std::array::from_fn(|_| SlotChain::default());
         let mut found = 0;
-        for &check in checks.iter() {
+        // Keeps the checks left undecided (only off the owner thread).
+        checks.retain(|&check| {
             let local = check.slot();
             let slot = self.slot(local).expect("checked slots live in published segments");
-            if slot.header.decide_check(check, destroyed_in_place) {
+            let is_dead = if owner_here {
+                slot.header.decide_check(check, destroyed_in_place)
+            } else {
+                slot.header.decide_unreserved(check, destroyed_in_place)
+            };
+            if is_dead {
                 dead[found % DEAD_LANES].push(local, slot);
                 found += 1;
             }
-        }
+            !is_dead && !owner_here
+        });
         for (lane, dead) in dead.iter().enumerate() {
             if dead.chain.len != 0 {
                 let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
                 shared.push_dead_chain(lane, dead.chain.head, &tail.header.word);
+            }
+        }
+        if checks.is_empty() {
+            return;
+        }
+        if !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            log::warn!(
+                target: "mmobject",
+                "collect_garbage ran on a thread that does not own object manager #{}: released {} objects \
+                 wait for a collection on the thread that built it, or for shutdown \
+                 (see ObjectManagerBuilder::owner_thread)",
+                self.config.manager_id,
+                T::TYPE_NAME
+            );
+        }
+        if let Some(lost) = shared.requeue_checks(checks) {
+            for check in lost.iter().filter(|check| check.flagged()) {
+                let local = check.slot();
+                let slot = self.slot(local).expect("checked slots live in published segments");
+                // SAFETY: the check was queued, so its drop is done with
+                // the slot; the caller's `&mut ObjectManager` keeps the store.
+                unsafe { super::super::last_drops::give_up_flag(shared, local, &slot.header.word) };
             }
         }
     }
