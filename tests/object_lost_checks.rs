@@ -3,6 +3,8 @@
 //! drains every ring), so this lives in a binary of its own: a drain in
 //! another test could queue the check before the allocator is armed.
 
+mod support;
+
 use std::alloc::{Layout, System};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -46,12 +48,7 @@ fn a_flagged_check_lost_to_a_panicking_drain_leaves_no_object_behind() {
     let panicking = Panicking::default();
     let mut mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(panicking.clone()).build();
     let e = mm.create(Entity { x: 1.0 });
-    let (e, other) = std::thread::spawn(move || {
-        let other = e.clone();
-        (e, other)
-    })
-    .join()
-    .unwrap();
+    let (e, other) = support::cloned_elsewhere(e);
     // The drop on another thread sets `CHECK` and records its check in the
     // ring of a thread that stays alive until the owner drained it.
     let (tx, rx) = std::sync::mpsc::channel::<()>();

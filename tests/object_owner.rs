@@ -478,12 +478,7 @@ fn shutdown_on_another_thread_keeps_raw_referenced_objects_the_owner_counts_on()
 fn flagged_without_reservation(mm: &ObjectManager, drops: &Drops) -> Handle<Entity> {
     let e = mm.create(Entity { id: 1, token: drops.token() });
     // Cloned on another thread: the owner holds no reservation on it.
-    let (e, other) = std::thread::spawn(move || {
-        let other = e.clone();
-        (e, other)
-    })
-    .join()
-    .unwrap();
+    let (e, other) = support::cloned_elsewhere(e);
     std::thread::spawn(move || drop(other)).join().unwrap();
     e
 }

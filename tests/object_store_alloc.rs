@@ -4,6 +4,8 @@
 //! test switches counting on, which shows that store memory never goes
 //! through the global allocator.
 
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -362,12 +364,7 @@ fn a_lost_flagged_check_leaves_no_object_behind() {
     let mut mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(counting.clone()).build();
     let e = mm.create(entity(1.0));
     // Cloned on another thread: the owner holds no reservation.
-    let (e, other) = std::thread::spawn(move || {
-        let other = e.clone();
-        (e, other)
-    })
-    .join()
-    .unwrap();
+    let (e, other) = support::cloned_elsewhere(e);
     counting.0.refuse_over.store(1, Ordering::Relaxed);
     // Sets `CHECK` and records the check in the worker's ring.
     std::thread::spawn(move || drop(other)).join().unwrap();

@@ -1,5 +1,5 @@
-//! Helpers the object test binaries share: a drop counter and a manager that
-//! logs nothing at shutdown. Each binary includes this with `mod support;`
+//! Helpers the object test binaries share: a drop counter, a manager that
+//! logs nothing at shutdown, and a clone made on another thread. Each binary includes this with `mod support;`
 //! and uses only some of it.
 
 #![allow(dead_code)]
@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use mmobject::ObjectManager;
+use mmobject::{Handle, ObjectManager};
 
 /// Counts how many values holding one of its tokens were dropped. Each test
 /// owns its counter, so tests can run in parallel.
@@ -47,4 +47,16 @@ pub fn quiet() -> ObjectManager {
 /// slots (rounded up to a power of two).
 pub fn quiet_with(segment_base: u32) -> ObjectManager {
     ObjectManager::builder().report_leaks(false).segment_base(segment_base).build()
+}
+
+/// Returns `handle` and a clone of it made on another thread, so that a
+/// manager's owner thread holds no reservation on the object for it (the
+/// clone counts in the slot's word, as any thread's but the owner's does).
+pub fn cloned_elsewhere<T: 'static>(handle: Handle<T>) -> (Handle<T>, Handle<T>) {
+    std::thread::spawn(move || {
+        let clone = handle.clone();
+        (handle, clone)
+    })
+    .join()
+    .unwrap()
 }
