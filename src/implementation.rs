@@ -23,7 +23,7 @@
 //!
 //! | field | bytes | meaning |
 //! |---|---|---|
-//! | `word` | 4 | live: the strong count, plus `PURPLE` while a candidate root (or, in other stores, `CHECK` while a check is queued); dead or free: `LINK_FLAG \| next` |
+//! | `word` | 4 | live: the strong count (the owner's reservation included), plus `PURPLE` while a candidate root; dead or free: `LINK_FLAG \| next` |
 //! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention) |
 //! | `reserve` | 4 | the owner thread's reservation of counts, plus `PENDING` (see "Owner-thread counts") |
 //! | `site` | 4 | the number of the creation site in the store's site table |
@@ -141,50 +141,44 @@
 //!   holds a reservation on puts the count back (returning all but 8 past 16).
 //!   A drop on the owner of an object it holds no reservation on decrements
 //!   the word, as elsewhere. So `count - reservation` handles exist.
+//! - A reservation is a *lease* that ends at the owner's next collection.
+//!   The clone that takes one (the batch) queues a *check* of the object in
+//!   the owner's ring of last drops; if neither the ring nor the store's
+//!   queue has room, it gives the batch back at once. Rings carry checks to
+//!   a per-store queue; a check names its slot and its object's generation
+//!   (a check that outlives its object decides nothing).
+//! - Collection on the owner decides each check by giving the whole
+//!   reservation back to the word with one `AcqRel` subtract. That subtract
+//!   is a drop like any other: if it takes the count to zero, no handle is
+//!   left anywhere, and the object is linked onto the dead list and
+//!   destroyed in the same call. The next clone on the owner takes a new
+//!   lease.
 //! - When an owner drop leaves the word holding only the reservation, no
 //!   handle is left: the owner sets `PENDING` (dead for `upgrade`, weak reads
-//!   and iteration) and queues a *check* in its ring of last drops.
-//! - A drop on another thread is one compare-exchange on the word. To zero
-//!   it is the last drop, as above. If it leaves at most 16, which may be
-//!   the reservation alone, it also sets `CHECK` (unless set) and queues a
-//!   check. The flag goes in the same exchange, since after it the handle
-//!   no longer keeps the store alive.
-//! - Rings carry checks to a per-store queue; a check names its slot and
-//!   its object's generation (a check that outlives its object decides
-//!   nothing). Collection on the owner decides each: dead if the word's
-//!   count equals the reservation, and then linked onto the dead list and
-//!   destroyed in the same call. Only the check whose drop set `CHECK`
-//!   clears it, and while it is set no other check finds the object dead:
-//!   that check may still be on its way, and shutdown keeps the store's
-//!   memory for it. For the same reason a last drop (on any thread) that
-//!   finds `CHECK` set is not a last drop: it leaves the word exactly
-//!   `CHECK`, a count of zero that every reader takes for dead, and the
-//!   flagged check, when decided, finds the object dead. Were it listed,
-//!   the dead list's link would wipe the flag, and a shutdown could free the
-//!   store under the drop still on its way. A flagged check that is lost
-//!   (the store's queue had no room, or queueing it unwound) gives the flag
-//!   up where it is lost (`last_drops::give_up_flag`): its drop is done with
-//!   the slot, so a bare `CHECK` goes to 0 and onto the dead list, and a
-//!   flag on a count is cleared. The
-//!   test is exact under `&mut ObjectManager`: no `upgrade` runs, the owner
-//!   reads its own reservation, and any handle another thread holds came
-//!   from a count already in the word that the owner can see (every drop it
-//!   sees follows the clone or creation it undoes).
+//!   and iteration); its lease's check is queued already.
+//! - A drop on another thread is one `fetch_sub` on the word, as `Arc`'s
+//!   drop: to zero, it is the last drop (the owner holds no reservation
+//!   then, as a reservation's counts are in the word). It needs to know
+//!   nothing of the reservation, so it touches nothing after its decrement
+//!   but for a last drop's record, whose unlisted zero count keeps the slot
+//!   held at shutdown.
 //! - Other threads cannot read a reservation exactly, so for them an object
 //!   is live while its word holds a count and it is not `PENDING`: when the
 //!   last handle of an object the owner holds counts on goes on another
 //!   thread, weak reads and other threads' `upgrade` may still succeed until
 //!   the owner's next collection (an `upgrade` then keeps it alive).
 //!   `upgrade` on the owner reads its reservation and fails at once.
-//! - A collection on another thread leaves the checks queued (and logs a
-//!   warning once), and so does shutdown there, which then keeps the memory
-//!   of such objects' stores, as for outliving handles. That is why the
-//!   owner is opt-in: a manager that moves to another thread to be
-//!   collected must not have one. The exception is an object left bare
-//!   `CHECK`: it holds no count and so no reservation, and both find it
-//!   dead from its flagged check.
+//! - A collection on another thread cannot give reservations back (the owner
+//!   may be using them): it leaves the checks queued (and logs a warning
+//!   once). Shutdown there keeps the memory of stores whose objects the
+//!   owner still reserves counts on, as for outliving handles. That is why
+//!   the owner is opt-in: a manager that moves to another thread to be
+//!   collected must not have one. Shutdown on the owner thread gives back
+//!   every reservation (one pass over the slots, as it destroys them), so a
+//!   lost check (no room in the store's queue when a ring drained, or
+//!   queueing it unwound) delays an object to shutdown, never further.
 //! - Stores whose objects may hold handles count every handle in the word
-//!   (their drops mark candidate roots with the bit that is `CHECK` elsewhere).
+//!   (their drops mark candidate roots with `PURPLE`).
 //!
 //! Nothing that takes `&ObjectManager` can turn an occupied slot vacant: only
 //! collection and shutdown do, and they take `&mut`. So a generation check
@@ -424,12 +418,11 @@
 //! still referenced from outside the manager, or its last handle is being
 //! dropped on another thread at this very moment (its count is zero but it
 //! is not listed yet: every ring was drained just before, so only a drop
-//! racing shutdown is in this state). The same goes for a slot whose `CHECK`
-//! is still set (a check on its way from a drop racing shutdown), and, on
-//! another thread than a manager's owner, for an object whose count may be
-//! all the owner's reservation (on the owner, shutdown decides its checks
-//! first, as collection does, including those of objects it destroyed in
-//! place, whose last handles other objects' `Drop`s let go of). In each case a handle may still touch the slot's
+//! racing shutdown is in this state). The same goes, on another thread than
+//! a manager's owner, for an object whose count may be all the owner's
+//! reservation (on the owner, shutdown first gives back every reservation,
+//! including those of objects it destroyed in place, whose last handles
+//! other objects' `Drop`s let go of). In each case a handle may still touch the slot's
 //! header and the store's shared part, so that store's memory is leaked on
 //! purpose, and the report says how many bytes. Otherwise everything is freed.
 //!
@@ -554,12 +547,10 @@
 //! *before* that update, since once the raw count equals the slot's count a
 //! concurrent shutdown may free the shared part.
 //!
-//! A count equal to the raw count is not enough on its own, though: a drop
-//! on another thread than the owner takes the count down and sets `CHECK` in
-//! one compare-exchange, and only then records its check, which names the
-//! shared part. So a slot whose `CHECK` is set counts as held, raw references
-//! or not (in stores whose objects may hold handles the bit is `PURPLE`, and
-//! their drops queue before they count down, so it does not apply there).
+//! Off the owner thread, a count equal to the raw count is read from the
+//! word alone (one `Acquire` load; the owner's reservation counts as held),
+//! since a look at the word and one at the reservation can straddle an
+//! owner's clone or drop (see `SlotHeader::held_only_by_raw`).
 //!
 //! # Leak forensics
 //!

@@ -5,9 +5,10 @@
 //!   last drop, the owner thread's reservations (its drops and a worker's
 //!   racing to the last, a worker's drop racing the owner's collection, a
 //!   worker's `upgrade` racing the owner's last drop, the owner's last drop
-//!   racing a worker's flagged one, a flagged check decided while the last
-//!   handle goes (on the owner, or by a collection elsewhere), a shutdown
-//!   elsewhere racing the last drop of a flagged object, a shutdown on another thread racing the owner's batch and
+//!   without a reservation racing a worker's, the owner's give-back racing
+//!   two last drops, a collection and a shutdown off the owner thread
+//!   leaving its lease alone, a shutdown elsewhere racing a worker's last
+//!   drop, a shutdown on another thread racing the owner's batch and
 //!   give-back), concurrent `create` popping the free list, the owner's run
 //!   of fresh slots and its kept freed slots racing another creator, a
 //!   refused segment racing a served one, loaders creating while the owner
@@ -282,13 +283,12 @@ fn shutdown_on_another_thread_races_the_owners_batch() {
     );
 }
 
-/// A worker's drop sets `CHECK` (what is left could be a reservation) while
-/// the owner drops the last handle with no reservation: whichever goes
-/// last, the object dies once (a last drop that finds `CHECK` set leaves it
-/// to the flagged check, which the owner's collection decides), and not
-/// before both drops are done.
+/// A worker drops a handle while the owner drops the last handle of an
+/// object it holds no reservation on: whichever goes last takes the count to
+/// zero and lists the object, which dies once, and not before both drops are
+/// done.
 #[test]
-fn the_last_drop_leaves_a_flagged_object_to_its_check() {
+fn the_last_drop_without_a_reservation_races_a_workers_drop() {
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut mm = owned();
@@ -307,85 +307,69 @@ fn the_last_drop_leaves_a_flagged_object_to_its_check() {
     });
 }
 
-/// The owner's collection decides a worker's flagged check while another
-/// worker drops the last handle: the exchange that clears `CHECK` may find
-/// the flag alone on a count of zero, and then the check decides the object
-/// dead (it once took that word for a list link, and the object was never
-/// destroyed).
+/// The owner's collection gives its reservation back while two workers drop
+/// the last two handles: whichever of the three decrements takes the count
+/// to zero lists the object (the give-back, or a worker's drop), exactly once.
 #[test]
-fn a_flagged_check_decided_while_the_last_handle_goes() {
+fn the_owners_give_back_races_the_last_drops() {
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut mm = owned();
         let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
-        // Upgrades with no reservation count in the word: three handles, nothing reserved.
-        let flagging = mm.upgrade(h.downgrade()).expect("alive");
-        let last = mm.upgrade(h.downgrade()).expect("alive");
-        drop(h);
-        // Leaves one count, which could be a reservation: sets `CHECK`, queues a check.
-        thread::spawn(move || drop(flagging)).join().unwrap();
-        let worker = thread::spawn(move || drop(last));
-        let first = mm.collect_garbage().objects;
-        worker.join().unwrap();
-        let second = mm.collect_garbage().objects;
-        assert_eq!(first + second, 1, "destroyed once");
+        let first = h.clone(); // a lease: 7 counts reserved
+        let second = h.clone();
+        drop(h); // into the reservation
+        let a = thread::spawn(move || drop(first));
+        let b = thread::spawn(move || drop(second));
+        let during = mm.collect_garbage().objects;
+        a.join().unwrap();
+        b.join().unwrap();
+        let after = mm.collect_garbage().objects;
+        assert_eq!(during + after, 1, "destroyed once");
         assert_eq!(drops.load(Ordering::SeqCst), 1);
         assert_eq!((mm.dead_count(), mm.len()), (0, 0));
         assert!(mm.shutdown().is_empty());
     });
 }
 
-/// As above, with the manager moved off its owner thread: the drop that
-/// flags the check, the last drop and a collection there all race. The
-/// collection decides the flagged check of an object left bare `CHECK` (no
-/// count, so no reservation), and a shutdown there frees the store. The
-/// object dies once, and nothing is reported outliving.
+/// The manager moves off its owner thread, where a worker drops the last
+/// handle and a collection runs: the collection cannot give the owner's
+/// reservation back, so the object waits, and a shutdown there keeps the
+/// store's memory (the reservation counts as held). The object is destroyed
+/// once, never early.
 #[test]
-fn a_flagged_check_decided_elsewhere_while_the_last_handle_goes() {
+fn a_collection_elsewhere_leaves_the_lease_to_the_owner() {
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let mm = owned();
         let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
-        let flagging = mm.upgrade(h.downgrade()).expect("alive");
-        let last = mm.upgrade(h.downgrade()).expect("alive");
+        let sent = h.clone(); // a lease
         drop(h);
-        let flagger = thread::spawn(move || drop(flagging));
-        let worker = thread::spawn(move || drop(last));
-        let collector = thread::spawn(move || {
+        let worker = thread::spawn(move || drop(sent));
+        let report = thread::spawn(move || {
             let mut mm = mm;
-            let first = mm.collect_garbage().objects;
-            (mm, first)
-        });
-        flagger.join().unwrap();
-        worker.join().unwrap();
-        let (mm, first) = collector.join().unwrap();
-        let (second, report) = thread::spawn(move || {
-            let mut mm = mm;
-            let second = mm.collect_garbage().objects;
-            (second, mm.shutdown())
+            assert_eq!(mm.collect_garbage().objects, 0, "only the owner gives its reservation back");
+            mm.shutdown()
         })
         .join()
         .unwrap();
-        assert_eq!(first + second, 1, "destroyed once, by collections off the owner");
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
-        assert!(report.is_empty());
-        assert_eq!(report.outliving_handles(), 0);
+        worker.join().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "shutdown destroyed the value once");
+        assert_eq!(report.outliving_handles(), 1, "the reservation keeps the store");
     });
 }
 
-/// A worker drops the last handle of an object left to a flagged check
-/// while the manager shuts down on a third thread: destroyed once; the
-/// store's memory is freed only if the last drop came first.
+/// A worker drops the last handle while the manager shuts down on a third
+/// thread: destroyed once; the store's memory is freed only if the last drop
+/// was listed first.
 #[test]
-fn shutdown_elsewhere_races_the_last_drop_of_a_flagged_object() {
+fn shutdown_elsewhere_races_a_workers_last_drop() {
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let mm = owned();
         let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
-        let flagging = mm.upgrade(h.downgrade()).expect("alive");
+        let last = mm.upgrade(h.downgrade()).expect("alive");
         drop(h);
-        let last = mm.upgrade(flagging.downgrade()).expect("alive");
-        thread::spawn(move || drop(flagging)).join().unwrap();
         let shutdown = thread::spawn(move || mm.shutdown().outliving_handles());
         let worker = thread::spawn(move || drop(last));
         worker.join().unwrap();

@@ -1,7 +1,8 @@
-//! A flagged check lost because the store allocator panicked while a drain
-//! queued it. Rings of last drops are process-wide (any thread's drain
-//! drains every ring), so this lives in a binary of its own: a drain in
-//! another test could queue the check before the allocator is armed.
+//! The check of an owner's lease lost because the store allocator panicked
+//! while a drain queued it. Rings of last drops are process-wide (any
+//! thread's drain drains every ring), so this lives in a binary of its own:
+//! a drain in another test could queue the check before the allocator is
+//! armed.
 
 mod support;
 
@@ -16,6 +17,16 @@ use mmobject::{MMObject, ObjectManager};
 #[derive(MMObject)]
 struct Entity {
     x: f32,
+    token: Token,
+}
+
+/// Counts its drops.
+struct Token(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Token {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// Serves blocks from `System`, but panics at the next request once told to.
@@ -37,36 +48,33 @@ unsafe impl Allocator for Panicking {
     }
 }
 
-/// A worker's drop sets `CHECK` on an object the owner holds no reservation
-/// on, and the store allocator panics while a drain queues its check: the
-/// drain unwinds, the check is lost, and its flag goes with it, so the
-/// owner's last drop leaves the object dead and the next collection
-/// destroys it (since `da1fa1a` and before `give_up_flag`, only the lost
-/// check could end it: it was never collected).
+/// The owner clones an object (a lease: its check goes in the owner's ring),
+/// and the store allocator panics while a drain queues that check: the
+/// drain unwinds and the check is lost, so the reservation stays and the
+/// object, once its handles are gone, waits: `upgrade` fails (the owner
+/// saw its last handle go), but no collection destroys it, and the counts
+/// that are kept from the queued checks (`len`, `dead_count`) take it for
+/// alive. Shutdown on the owner thread gives back every
+/// reservation, lost checks or not: the object is destroyed once and nothing
+/// is reported outliving.
 #[test]
-fn a_flagged_check_lost_to_a_panicking_drain_leaves_no_object_behind() {
+fn a_lease_whose_check_is_lost_ends_at_shutdown() {
     let panicking = Panicking::default();
+    let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(panicking.clone()).build();
-    let e = mm.create(Entity { x: 1.0 });
-    let (e, other) = support::cloned_elsewhere(e);
-    // The drop on another thread sets `CHECK` and records its check in the
-    // ring of a thread that stays alive until the owner drained it.
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let worker = std::thread::spawn(move || {
-        drop(other);
-        done_tx.send(()).unwrap();
-        rx.recv().unwrap();
-    });
-    done_rx.recv().unwrap();
+    let e = mm.create(Entity { x: 1.0, token: Token(Arc::clone(&drops)) });
+    let clone = e.clone(); // the owner's first clone: a lease, its check in the ring
     panicking.0.store(true, Ordering::SeqCst);
     let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.dead_count()));
     assert!(drained.is_err(), "queueing the check panicked");
-    tx.send(()).unwrap();
-    worker.join().unwrap();
-    drop(e); // the last count, on the owner, with no reservation
-    assert_eq!(mm.len(), 0, "no handle is left");
-    assert_eq!(mm.collect_garbage().objects, 1, "the object dies");
+    let weak = e.downgrade();
+    drop((e, clone)); // into the reservation: no handle is left
+    assert!(mm.upgrade(weak).is_none(), "no handle is left");
+    assert_eq!((mm.len(), mm.dead_count()), (1, 0), "no check names it");
+    assert_eq!(mm.collect_garbage().objects, 0, "its check is lost: it waits");
+    assert_eq!(drops.load(Ordering::SeqCst), 0);
     let report = mm.shutdown();
-    assert_eq!(report.outliving_handles(), 0);
+    assert!(report.is_empty(), "not reported as a leak: it has no handle");
+    assert_eq!(report.outliving_handles(), 0, "the give-back at shutdown lists it");
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "destroyed once");
 }

@@ -473,9 +473,9 @@ fn shutdown_on_another_thread_keeps_raw_referenced_objects_the_owner_counts_on()
 }
 
 /// The last handle of an object the owner holds no reservation on, after a
-/// drop on another thread set `CHECK` (what was left could have been a
-/// reservation) and queued its check.
-fn flagged_without_reservation(mm: &ObjectManager, drops: &Drops) -> Handle<Entity> {
+/// drop on another thread left one count (which, for all that thread knew,
+/// could have been a reservation).
+fn dropped_elsewhere_without_reservation(mm: &ObjectManager, drops: &Drops) -> Handle<Entity> {
     let e = mm.create(Entity { id: 1, token: drops.token() });
     // Cloned on another thread: the owner holds no reservation on it.
     let (e, other) = support::cloned_elsewhere(e);
@@ -484,22 +484,20 @@ fn flagged_without_reservation(mm: &ObjectManager, drops: &Drops) -> Handle<Enti
 }
 
 /// An object the owner holds no reservation on, whose last two handles go on
-/// other threads: the first drop sets `CHECK` (what is left could be a
-/// reservation), the last finds it set and leaves the word bare `CHECK`. No
-/// count and so no reservation is left: a collection or a shutdown on any
-/// thread can tell the object is dead. Before the fix, since `da1fa1a` (a last
-/// drop that finds `CHECK` no longer lists the object), only the owner's
-/// collection decided it: a manager moved to another thread never reclaimed
-/// it, and its shutdown there reported a handle outliving it and leaked the
-/// store's memory.
+/// other threads (or the last on the owner): the last drop takes the count to
+/// zero, so a collection or a shutdown on any thread reclaims the object.
+/// (Under the remote drops' compare-exchange of earlier versions, the first
+/// drop flagged a check and the last left the object to it: a manager moved
+/// off its owner thread then never reclaimed it, and its shutdown there
+/// reported a handle outliving it and leaked the store's memory.)
 #[test]
 fn an_object_without_reservation_dropped_elsewhere_is_collected_on_any_thread() {
     for owner_drops_last in [false, true] {
         let drops = Drops::new();
         let mm = owned();
-        let e = flagged_without_reservation(&mm, &drops);
+        let e = dropped_elsewhere_without_reservation(&mm, &drops);
         if owner_drops_last {
-            drop(e); // no reservation: takes the last count, leaves bare `CHECK`
+            drop(e); // no reservation: takes the last count
         } else {
             std::thread::spawn(move || drop(e)).join().unwrap();
         }
@@ -522,13 +520,13 @@ fn an_object_without_reservation_dropped_elsewhere_is_collected_on_any_thread() 
     }
 }
 
-/// The same object left to shutdown on another thread than the owner: its
-/// flagged check finds no count, so its memory is freed, not leaked.
+/// The same object left to shutdown on another thread than the owner: no
+/// count is left, so its memory is freed, not leaked.
 #[test]
-fn shutdown_elsewhere_frees_an_object_left_bare_check() {
+fn shutdown_elsewhere_frees_an_object_dropped_elsewhere() {
     let drops = Drops::new();
     let mm = owned();
-    let e = flagged_without_reservation(&mm, &drops);
+    let e = dropped_elsewhere_without_reservation(&mm, &drops);
     drop(e);
     let report = std::thread::spawn(move || mm.shutdown()).join().unwrap();
     assert_eq!(drops.count(), 1);

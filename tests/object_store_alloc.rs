@@ -349,32 +349,29 @@ fn a_segment_above_what_handles_address_is_refused() {
 
 // ---- checks when the allocator refuses ----------------------------------------
 
-/// A worker's drop sets `CHECK` on an object the owner holds no reservation
-/// on, and the store's check queue has no room for its check: the check is
-/// lost (and logged). The owner then drops the last handle. Before
-/// `da1fa1a` that drop was a plain last drop, and the object was collected;
-/// since, a last drop that finds `CHECK` leaves the object to the flagged
-/// check, which was gone: the object was never collected, `len` still
-/// counted it, and shutdown destroyed it in place but kept the store's
-/// memory and reported a handle outliving the manager. Now the drain that
-/// loses a flagged check gives up its flag (`last_drops::give_up_flag`).
+/// The owner clones an object (a lease, whose check goes in its ring), and
+/// the store's check queue has no room for that check when a drain queues
+/// it: the check is lost (and logged), and the reservation stays. Once the
+/// handles are gone the object waits (no collection can give the
+/// reservation back without its check); shutdown on the owner thread gives
+/// back every reservation, so it is destroyed once, nothing is reported
+/// outliving, and the store's memory is freed.
 #[test]
-fn a_lost_flagged_check_leaves_no_object_behind() {
+fn a_lease_whose_check_finds_no_room_ends_at_shutdown() {
     let counting = Counting::default();
     let mut mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(counting.clone()).build();
     let e = mm.create(entity(1.0));
-    // Cloned on another thread: the owner holds no reservation.
-    let (e, other) = support::cloned_elsewhere(e);
+    let clone = e.clone(); // the owner's first clone: a lease
     counting.0.refuse_over.store(1, Ordering::Relaxed);
-    // Sets `CHECK` and records the check in the worker's ring.
-    std::thread::spawn(move || drop(other)).join().unwrap();
     // Drains every ring: the check finds no room in the queue, and is lost.
     let _ = mm.dead_count();
     counting.0.refuse_over.store(0, Ordering::Relaxed);
-    drop(e); // the last count, on the owner, with no reservation
-    assert_eq!(mm.len(), 0, "no handle is left");
-    assert_eq!(mm.collect_garbage().objects, 1, "the object dies");
+    let weak = e.downgrade();
+    drop((e, clone));
+    assert!(mm.upgrade(weak).is_none(), "no handle is left");
+    assert_eq!(mm.collect_garbage().objects, 0, "its check is lost: it waits");
     let report = mm.shutdown();
+    assert!(report.is_empty());
     assert_eq!(report.outliving_handles(), 0);
     assert_eq!(report.leaked_bytes(), 0);
 }

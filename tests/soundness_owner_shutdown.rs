@@ -1,5 +1,5 @@
-//! A drop on a worker thread paused between its count and its check, while
-//! the owner drops the last handle and the manager shuts down: the store's
+//! A last drop on a worker thread paused between its count and its record
+//! in its ring of last drops, while the manager shuts down: the store's
 //! memory must outlive the paused drop. The pause is a global allocator hook
 //! (the worker's first last drop allocates its ring of last drops), which is
 //! process-wide, so this lives in a binary of its own. The store is kept on
@@ -58,22 +58,24 @@ unsafe impl GlobalAlloc for PausingAlloc {
 #[global_allocator]
 static GLOBAL: PausingAlloc = PausingAlloc;
 
-/// A worker's drop leaves a count that could be the owner's reservation, so
-/// it sets `CHECK` and then queues a check (reading the slot's chunk header,
-/// writing the check into its ring). It is paused in between, at its ring's
-/// allocation. The owner then drops the last handle, and the manager shuts
-/// down on another thread. That last drop used to be a plain last drop: the
-/// object went on the dead list (its link wiping `CHECK`), shutdown found
-/// every slot listed and freed the store, and the worker's check then named
-/// freed memory (a use after free when its ring drained). Now the last drop
-/// leaves the object to the flagged check, so shutdown keeps the store.
+/// A worker's drop takes the count of an object of an owned manager to
+/// zero, and then records the slot in its ring of last drops (reading the
+/// slot's chunk header, writing the entry). It is paused in between, at its
+/// ring's allocation, and the manager shuts down on another thread. The slot
+/// is neither free nor listed, so shutdown must count it as held and keep
+/// the store: else the worker's entry names freed memory (a use after free
+/// when its ring drains). This once happened when a last drop found a flag
+/// another drop had set (the remote drops' compare-exchange of earlier
+/// versions); a remote drop is now one `fetch_sub`, and this guards its
+/// last-drop path.
 #[test]
-fn shutdown_keeps_the_store_while_a_flagged_drop_is_on_its_way() {
+fn shutdown_keeps_the_store_while_a_last_drop_is_on_its_way() {
     let drops = Drops::new();
     let mm = ObjectManager::builder().report_leaks(false).owner_thread(true).build();
     let h = mm.create(Entity { id: 1, token: drops.token() });
     // An `upgrade` with no reservation counts in the word: two handles, nothing reserved.
     let sent = mm.upgrade(h.downgrade()).expect("alive");
+    drop(h); // on the owner, with no reservation: one count is left, the worker's
     let worker = std::thread::spawn(move || {
         ARMED.with(|armed| armed.set(true));
         // A fresh thread: this is its first last drop, and its ring is allocated in it.
@@ -82,13 +84,11 @@ fn shutdown_keeps_the_store_while_a_flagged_drop_is_on_its_way() {
     while !PAUSED.load(Ordering::SeqCst) {
         std::thread::yield_now();
     }
-    assert_eq!(h.ref_count(), 1, "the worker's count is gone: it is paused after it");
-    drop(h);
     let report = std::thread::spawn(move || mm.shutdown()).join().unwrap();
     RESUME.store(true, Ordering::SeqCst);
-    // The worker records its check and exits, draining its ring into the store.
+    // The worker records its last drop and exits, draining its ring into the store.
     worker.join().unwrap();
-    assert_eq!(report.outliving_handles(), 1, "the store outlives the worker's check");
+    assert_eq!(report.outliving_handles(), 1, "the store outlives the worker's last drop");
     assert_eq!(drops.count(), 1, "shutdown destroyed the value once");
     let other = ObjectManager::builder().report_leaks(false).build();
     assert_eq!(other.dead_count(), 0, "every ring drained");

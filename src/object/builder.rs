@@ -270,9 +270,9 @@ impl ObjectManagerBuilder {
     ///
     /// Handle clones and drops on the owner thread then cost plain loads and
     /// stores instead of an atomic read-modify-write: the owner keeps a small
-    /// reservation of counts per object, and collection checks the objects
-    /// whose last handle may be gone (see `BENCHMARKS.md`, O2, for the
-    /// numbers). Turn it on when the manager stays on the thread that builds
+    /// reservation of counts per object it clones, which its next collection
+    /// gives back (see `BENCHMARKS.md`, O2, for the numbers). Drops on other
+    /// threads stay one `fetch_sub`, as `Arc`'s. Turn it on when the manager stays on the thread that builds
     /// it and calls [`collect_garbage`](super::ObjectManager::collect_garbage)
     /// each frame, as a game's main thread does, and that thread clones and
     /// drops handles often. It does not speed up churn: the release of an

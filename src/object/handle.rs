@@ -201,7 +201,7 @@ impl<T> Handle<T> {
             } else if super::owner_counts::owns(self.manager_id()) {
                 Counting::Owner
             } else {
-                Counting::Remote
+                Counting::Atomic
             }
         }
         #[cfg(not(target_pointer_width = "64"))]
@@ -211,7 +211,7 @@ impl<T> Handle<T> {
                 _ if chunk.cyclable => Counting::Cyclable,
                 0 => Counting::Atomic,
                 owner if owner == crate::sync::thread_token() => Counting::Owner,
-                _ => Counting::Remote,
+                _ => Counting::Atomic,
             }
         }
     }
@@ -372,7 +372,9 @@ impl<T> Clone for Handle<T> {
     #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
         if self.counting() == Counting::Owner {
-            self.slot().header.owner_clone();
+            if self.slot().header.owner_clone() {
+                super::last_drops::record_lease(self.shared(), self.local(), self.generation(), &self.slot().header);
+            }
         } else {
             let old = self.slot().header.word.fetch_add(1, AtomicOrdering::Relaxed);
             if old & COUNT_MASK >= MAX_REFS {
@@ -406,19 +408,11 @@ impl<T> Drop for Handle<T> {
                     super::last_drops::record(self.shared(), self.local(), &header.word);
                 }
             }
-            Counting::Owner => match header.owner_release() {
-                Released::Kept => {}
-                // The common end of an owner's drop: straight to the ring.
-                Released::Last => super::last_drops::record(self.shared(), self.local(), &header.word),
-                released => super::last_drops::record_released(
-                    self.shared(),
-                    self.local(),
-                    self.generation(),
-                    &header.word,
-                    released,
-                ),
-            },
-            Counting::Remote => self.drop_remote(),
+            Counting::Owner => {
+                if header.owner_release() == Released::Last {
+                    super::last_drops::record(self.shared(), self.local(), &header.word);
+                }
+            }
             Counting::Cyclable => self.drop_cyclable(),
         }
     }
@@ -428,35 +422,16 @@ impl<T> Drop for Handle<T> {
 /// manager with an owner, the calling thread).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Counting {
-    /// One atomic add or subtract on the word (a manager without an owner).
+    /// One atomic add or subtract on the word, as `Arc` counts (a manager
+    /// without an owner, or another thread than the owner).
     Atomic,
     /// On the owner thread: through its reservation (see `owner_counts.rs`).
     Owner,
-    /// On another thread than the owner: a compare-exchange that may queue a check.
-    Remote,
     /// A store whose objects may hold handles: drops mark candidate roots.
     Cyclable,
 }
 
 impl<T> Handle<T> {
-    /// `drop` on another thread than the owner of a manager that has one:
-    /// a check is queued when the owner's reservation may be all that is
-    /// left (see `owner_counts.rs`).
-    #[inline(never)]
-    fn drop_remote(&mut self) {
-        let header = &self.slot().header;
-        let released = header.release_remote();
-        if released != Released::Kept {
-            // What this release left keeps the slot's memory and its object
-            // until the entry is queued: shutdown counts a zero count not
-            // yet listed (`Last`) and a set `CHECK` (`Check`) as held, and
-            // only the check this drop flagged may find the object dead, so
-            // the chunk header and the generation read here are still the
-            // object's. After a `Kept` release nothing may be touched.
-            super::last_drops::record_released(self.shared(), self.local(), self.generation(), &header.word, released);
-        }
-    }
-
     /// `drop` for a type whose objects may hold handles: a drop that leaves
     /// references behind makes the object a candidate root for the
     /// [`CycleCollector`](crate::CycleCollector) (see `candidates.rs`).

@@ -30,10 +30,10 @@ use std::ptr::NonNull;
 
 use crate::sync::{fence, AtomicU32, AtomicUsize, Ordering, UnsafeCell};
 
-use super::owner_counts::{Check, Released};
+use super::owner_counts::Check;
 use super::reentry::NamedMutex;
 use super::shared::{StoreShared, DEAD_LANES};
-use super::slot::{is_count, CHECK, LINK_FLAG, NIL};
+use super::slot::{SlotHeader, LINK_FLAG, NIL};
 
 /// Slots a ring holds before its thread drains it (small under loom, so the
 /// models reach a full ring).
@@ -43,8 +43,9 @@ pub(crate) const CAPACITY: usize = 256;
 pub(crate) const CAPACITY: usize = 2;
 
 /// One recorded slot: its store's shared part, its header word, and what
-/// the drop found: a count of 0 (its local index), or a check for the
-/// owner's collection to decide (see `owner_counts.rs`).
+/// was recorded: a drop that found a count of 0 (its local index), or the
+/// check of a lease the owner thread took, for its collection to decide
+/// (see `owner_counts.rs`).
 #[derive(Clone, Copy)]
 struct Entry {
     shared: NonNull<StoreShared>,
@@ -52,7 +53,7 @@ struct Entry {
     found: Found,
 }
 
-/// What a recorded drop found.
+/// What was recorded.
 #[derive(Clone, Copy)]
 enum Found {
     Dead(u32),
@@ -158,7 +159,7 @@ impl LastDrops {
                         *other = Some(open);
                     }
                 },
-                Found::Check(check) => checks.add(entry.shared, check, entry.word),
+                Found::Check(check) => checks.add(entry.shared, check),
             }
             progress.next = i + 1;
         }
@@ -171,10 +172,9 @@ impl LastDrops {
 
 /// A drain's progress: on drop (also when queueing a check panicked) it
 /// pushes the lanes still open and stores `drained` past the entries read.
-/// Checks of entries read but not yet queued are then lost: the batch gives
-/// up their flags as it drops (see [`give_up_flag`]), and an object whose
-/// count is all the owner's reservation waits for shutdown, which is a
-/// leak, never a double destroy.
+/// Checks of entries read but not yet queued are then lost: their
+/// reservations stay, and an object whose count is all the owner's
+/// reservation waits for shutdown, which is a leak, never a double destroy.
 struct Progress<'a> {
     ring: &'a LastDrops,
     /// The first entry not read yet.
@@ -244,143 +244,57 @@ impl Lanes {
 }
 
 /// Checks drained from a ring, queued on their stores a batch at a time
-/// (one lock per batch of one store; no allocation in a drain), with their
-/// slots' words: a batch the store's queue drops (no room, or queueing it
-/// unwound) gives up its flags (see [`give_up_flag`]).
+/// (one lock per batch of one store; no allocation in a drain). A batch the
+/// store's queue drops (no room, or queueing it unwound) is lost, and its
+/// objects wait for shutdown (the queue logs it).
 struct Checks {
     shared: Option<NonNull<StoreShared>>,
     checks: [Check; 64],
-    words: [NonNull<AtomicU32>; 64],
     len: usize,
 }
 
 impl Default for Checks {
     fn default() -> Self {
-        Checks {
-            shared: None,
-            checks: [Check { local: 0, generation: 0 }; 64],
-            words: [NonNull::dangling(); 64],
-            len: 0,
-        }
+        Checks { shared: None, checks: [Check { local: 0, generation: 0 }; 64], len: 0 }
     }
 }
 
 impl Checks {
-    fn add(&mut self, shared: NonNull<StoreShared>, check: Check, word: NonNull<AtomicU32>) {
+    fn add(&mut self, shared: NonNull<StoreShared>, check: Check) {
         if self.shared != Some(shared) || self.len == self.checks.len() {
             self.flush();
             self.shared = Some(shared);
         }
         self.checks[self.len] = check;
-        self.words[self.len] = word;
         self.len += 1;
     }
 
     fn flush(&mut self) {
-        if let Some(shared) = self.shared {
+        if let Some(shared) = self.shared.take() {
             // SAFETY: the store's shared part outlives its entries (`LastDrops` invariants).
-            if !unsafe { shared.as_ref() }.queue_checks(&self.checks[..self.len]) {
-                self.give_up();
-            }
-            self.shared = None;
+            // A batch with no room is lost (logged by the queue, see the type's docs).
+            let _queued = unsafe { shared.as_ref() }.queue_checks(&self.checks[..self.len]);
             self.len = 0;
         }
     }
-
-    /// Gives up the flags of the batch's flagged checks, which the store's
-    /// queue dropped.
-    fn give_up(&mut self) {
-        let Some(shared) = self.shared else { return };
-        for (check, word) in self.checks[..self.len].iter().zip(&self.words) {
-            if check.flagged() {
-                // SAFETY: the entry's drop is done with the slot, and the
-                // store's shared part and the slot outlive the entry, which
-                // this drain has not marked drained yet (`LastDrops` invariants).
-                unsafe { give_up_flag(shared.as_ref(), check.slot(), word.as_ref()) };
-            }
-        }
-        self.len = 0;
-    }
 }
 
-impl Drop for Checks {
-    /// Queueing a batch unwound (the store allocator or a logger panicked):
-    /// its checks are lost, so their flags go.
-    fn drop(&mut self) {
-        self.give_up();
-    }
-}
-
-/// Gives up the [`CHECK`] that a drop set on slot `local` (header word
-/// `word`) when its check is lost (the store's queue had no room for it, or
-/// queueing it unwound): else the flag would stay for good, and the object
-/// with it, as only that check may clear it and find the object dead.
+/// Queues the check of a lease the owner thread just took on the object
+/// with `generation` in slot `local` (see `owner_counts.rs`): through the
+/// thread's ring, or straight onto the store's queue if it has none. With
+/// no room there either, the lease is given back at once.
 ///
-/// The drop that set the flag is done with the slot, so the flag has done
-/// its work (see `release_remote`). On a count it is cleared (an object
-/// whose count is all the owner's reservation then waits for shutdown, as
-/// before flags); on no count (bare `CHECK`, the last count went meanwhile)
-/// the object is dead, and goes on the dead list as at a last drop. While
-/// the flag is set nothing else writes the word but drops and the owner's
-/// decisions of checks (this one is lost), so the slot still holds the
-/// object the check was about (or, at shutdown, that object destroyed in
-/// place: its store's memory is then kept, or its dead-list entry is only
-/// counted, never destroyed again).
-///
-/// # Safety
-///
-/// The caller's check of slot `local` was [`FLAGGED`](super::owner_counts::FLAGGED)
-/// and is lost, and the slot and `shared` stay allocated for the call (the
-/// flag kept them: shutdown counts a flagged slot as held). Nothing may
-/// touch them after it.
-pub(crate) unsafe fn give_up_flag(shared: &StoreShared, local: u32, word: &AtomicU32) {
-    let mut now = word.load(Ordering::Relaxed);
-    loop {
-        let next = match now {
-            CHECK => 0,
-            w if is_count(w) && w & CHECK != 0 => w & !CHECK,
-            _ => return,
-        };
-        // `Acquire` on taking the last: as the fence of a last drop (`record`).
-        match word.compare_exchange_weak(now, next, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) if next == 0 => return shared.push_dead(local, word),
-            Ok(_) => return,
-            Err(actual) => now = actual,
-        }
-    }
-}
-
-/// Queues what a release of the object with `generation` in slot `local`
-/// (header word `word`) found: nothing, a last drop ([`record`]) or a check
-/// ([`record_check`]).
-///
-/// Out of line, like both: inlined, it made every handle drop's code larger,
-/// and a level unload 5 % slower.
+/// Out of line: every handle clone inlines the test that leads here.
 #[inline(never)]
-pub(crate) fn record_released(shared: &StoreShared, local: u32, generation: u32, word: &AtomicU32, released: Released) {
-    match released {
-        Released::Kept => {}
-        Released::Last => record(shared, local, word),
-        Released::Pending | Released::Check => {
-            if let Some(check) = released.check(local, generation) {
-                record_check(shared, word, check);
-            }
-        }
-    }
-}
-
-/// Queues `check` of a slot whose header word is `word` for the owner's
-/// next collection (see `owner_counts.rs`): through the calling thread's
-/// ring, or straight onto the store's queue if the thread has none.
-///
-/// Out of line: every handle drop inlines the test that leads here.
-#[inline(never)]
-fn record_check(shared: &StoreShared, word: &AtomicU32, check: Check) {
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Check(check) };
-    // SAFETY: the store's shared part outlives a check's entry (see `release_remote`).
-    if !unsafe { record_mine(entry) } && !shared.queue_checks(&[check]) && check.flagged() {
-        // SAFETY: this drop set the flag and touches nothing after.
-        unsafe { give_up_flag(shared, check.slot(), word) };
+pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, header: &SlotHeader) {
+    let check = Check { local, generation };
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(&header.word), found: Found::Check(check) };
+    // SAFETY: the caller, the owner thread, holds a handle to the object, so
+    // its count (or the lease's, until the check gives it back) keeps the
+    // slot held and the store's shared part allocated until the entry is
+    // drained (shutdown counts the slot as outliving meanwhile).
+    if !unsafe { record_mine(entry) } && !shared.queue_checks(&[check]) {
+        header.end_lease();
     }
 }
 

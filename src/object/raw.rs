@@ -102,12 +102,6 @@ impl ObjectManager {
                 store.shared().handle_sites.lock().remove_raw(raw.index());
                 if released == Released::Last {
                     shared.release_last(local, &header.word);
-                } else if let Some(check) = released.check(local, raw.generation()) {
-                    if !shared.queue_checks(&[check]) && check.flagged() {
-                        // SAFETY: this release set the flag and is done with
-                        // the slot but for giving it up; `&self` keeps the store.
-                        unsafe { super::last_drops::give_up_flag(shared, local, &header.word) };
-                    }
                 }
                 Ok(())
             }

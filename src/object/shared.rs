@@ -178,9 +178,8 @@ impl StoreShared {
     ///
     /// If the store's allocator refuses room, the checks are dropped and an
     /// error is logged: those objects are then reclaimed only at shutdown.
-    /// Returns false if the checks were dropped: the caller then gives up
-    /// the flags of the [`FLAGGED`](super::owner_counts::FLAGGED) ones (see
-    /// `last_drops::give_up_flag`), or their objects would wait for them forever.
+    /// Returns false if the checks were dropped (the owner's clone then gives
+    /// its lease back at once, see `last_drops::record_lease`).
     #[must_use]
     pub(crate) fn queue_checks(&self, new: &[Check]) -> bool {
         // Called from user code that runs while this thread queues checks
@@ -213,23 +212,10 @@ impl StoreShared {
         std::mem::replace(&mut *checks, allocator_api2::vec::Vec::new_in(alloc))
     }
 
-    /// Puts back checks a collection could not decide (it ran on another
-    /// thread than the owner), ahead of any queued since.
-    /// Returns the checks it could not put back (none, or all of `kept`),
-    /// whose flags the caller gives up.
-    pub(crate) fn requeue_checks(
-        &self,
-        mut kept: allocator_api2::vec::Vec<Check, StoreAlloc>,
-    ) -> Option<allocator_api2::vec::Vec<Check, StoreAlloc>> {
-        let mut checks = self.checks.lock();
-        if kept.try_reserve(checks.len()).is_ok() {
-            kept.extend_from_slice(&checks);
-            *checks = kept;
-            None
-        } else {
-            drop(checks);
-            (!self.queue_checks(&kept)).then_some(kept)
-        }
+    /// True if a check is queued (false when called from user code that
+    /// runs while this thread queues checks: it reads nothing then).
+    pub(crate) fn has_checks(&self) -> bool {
+        !self.checks.held_here() && !self.checks.lock().is_empty()
     }
 
     /// Calls `f` with the local index of every slot a queued check names,
@@ -241,7 +227,7 @@ impl StoreShared {
         if self.checks.held_here() {
             return;
         }
-        let mut locals: std::vec::Vec<u32> = self.checks.lock().iter().map(|check| check.slot()).collect();
+        let mut locals: std::vec::Vec<u32> = self.checks.lock().iter().map(|check| check.local).collect();
         locals.sort_unstable();
         locals.dedup();
         locals.into_iter().for_each(&mut f);

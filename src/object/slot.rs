@@ -15,11 +15,6 @@ pub(crate) const NIL: u32 = LINK_FLAG - 1;
 /// collector last looked at it, and its store's candidate buffer names it
 /// (see `candidates.rs`). Only stores of types that may hold handles set it.
 pub(crate) const PURPLE: u32 = 1 << 30;
-/// The same bit in the other stores (whose handles the owner thread may
-/// count in [`SlotHeader::reserve`]): set while a check of the object is
-/// queued because a drop on another thread left a count the owner's
-/// reservation could make up alone (see `owner_counts.rs`).
-pub(crate) const CHECK: u32 = PURPLE;
 /// The count bits of a count word.
 pub(crate) const COUNT_MASK: u32 = PURPLE - 1;
 /// Clones past this count panic: far above any real use, and far enough
@@ -54,15 +49,12 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   (`&mut ObjectManager`).
 /// - `word`, while the slot is occupied and referenced, is the strong count
 ///   (no [`LINK_FLAG`]), with [`PURPLE`] set while the object is a candidate
-///   root, or in other stores [`CHECK`] while a check of it is queued. The
-///   count includes the owner thread's reservation, `reserve`'s count bits
-///   (see `owner_counts.rs`): so handles number `count - reservation`. Its
-///   count bits are 0 only between the last release and the
-///   slot's push onto its store's dead list (while it waits in a ring of last
-///   drops, see `last_drops.rs`); then only the ring's drainer writes it. Or
-///   the word is exactly [`CHECK`]: the last release left the object to the
-///   check a drop flagged, and only the owner's decision of that check
-///   writes it (see `owner_counts.rs`). Once the slot is on the dead list, or vacant on
+///   root. The count includes the owner thread's reservation, `reserve`'s
+///   count bits (see `owner_counts.rs`): so handles number `count -
+///   reservation`. It is 0 only between the last release (a drop, or the
+///   owner's give-back of its reservation) and the slot's push onto its
+///   store's dead list (while it waits in a ring of last drops, see
+///   `last_drops.rs`); then only the ring's drainer writes it. Once the slot is on the dead list, or vacant on
 ///   the free list, it is `LINK_FLAG | next`, where `next` is the local index of
 ///   the next slot in that list (or [`NIL`]).
 /// - `reserve` is written only by the manager's owner thread (loads and
@@ -279,7 +271,6 @@ impl SlotHeader {
             Some(_) if self.release_marking(note_candidate) & COUNT_MASK == 1 => Released::Last,
             Some(_) => Released::Kept,
             None if owner_thread == crate::sync::thread_token() => self.owner_release(),
-            None if owner_thread != 0 => self.release_remote(),
             None if self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK == 1 => Released::Last,
             None => Released::Kept,
         })

@@ -1005,13 +1005,14 @@ impl<T: MMObject> ErasedStore for Store<T> {
         unsafe { self.release_owner_slots(false) };
         // Last drops made before now (`destroy_all`'s cascades among them)
         // are listed, so they are accounted for below; so are the objects
-        // whose checks find them dead (on the owner thread: elsewhere an
-        // object the owner holds counts on stays outliving, and its memory
-        // is kept). Objects `destroy_all` destroyed in place are decided
-        // too: the last handle to one that the owner held counts on may have
-        // gone in a `Drop` there, queueing a check of it.
+        // that the owner's give-back of its reservations leaves dead (on the
+        // owner thread: elsewhere an object the owner holds counts on stays
+        // outliving, and its memory is kept), those `destroy_all` destroyed
+        // in place among them.
         super::last_drops::drain_all();
-        self.decide_checks(true);
+        if self.reads_reservations_here() {
+            self.give_back_all();
+        }
         let dead = self.shared().take_dead();
         // The counts settle the common case (nothing outlives) without a
         // pass over every slot; debug builds check them against that pass.
@@ -1059,10 +1060,9 @@ impl<T: MMObject> Store<T> {
         // A slot held only by raw references is safe to free too (see
         // `SlotHeader::held_only_by_raw`, which reads the owner's
         // reservations only on the owner thread).
-        let cyclable = self.shared().cyclable;
-        let reads_reservation = cyclable || self.config.owner == 0 || self.reads_reservations_here();
+        let reads_reservation = self.shared().cyclable || self.config.owner == 0 || self.reads_reservations_here();
         for (&local, &raw) in self.shared().raw_refs.lock().iter() {
-            if self.slot(local).is_some_and(|slot| slot.header.held_only_by_raw(raw, reads_reservation, cyclable)) {
+            if self.slot(local).is_some_and(|slot| slot.header.held_only_by_raw(raw, reads_reservation)) {
                 accounted[local as usize] = true;
             }
         }

@@ -120,7 +120,7 @@ impl<T: MMObject> Store<T> {
             // SAFETY: the caller holds `&mut ObjectManager`.
             unsafe { self.release_owner_slots(true) };
         }
-        self.decide_checks(false);
+        self.decide_checks();
         if *budget == 0 {
             return 0;
         }
@@ -254,67 +254,62 @@ impl<T: MMObject> Store<T> {
         }
     }
 
-    /// Decides the queued checks (see `owner_counts.rs`): the dead go onto
-    /// the dead lanes, one chain per lane. On another thread than the owner the
-    /// reservations cannot be read, so only the checks of objects left bare
-    /// `CHECK` are decided there (they hold no count, so no reservation, see
-    /// `SlotHeader::decide_unreserved`); the rest stay queued for the owner.
+    /// Decides the queued checks (see `owner_counts.rs`): the owner's
+    /// reservations go back to the words, and the objects that leaves dead go
+    /// onto the dead lanes, one chain per lane. On another thread than the
+    /// owner the reservations cannot be given back (the owner may be using
+    /// them), so the checks stay queued for the owner.
     ///
     /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
-    /// `destroyed_in_place` is for shutdown's settling, after `destroy_all`:
-    /// the checks then also decide the objects it destroyed in place (see
-    /// `SlotHeader::decide_check`).
-    pub(super) fn decide_checks(&self, destroyed_in_place: bool) {
+    pub(super) fn decide_checks(&self) {
         let shared = self.shared();
-        let mut checks = shared.take_checks();
-        if checks.is_empty() {
+        if !self.reads_reservations_here() {
+            if shared.has_checks() && !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    target: "mmobject",
+                    "collect_garbage ran on a thread that does not own object manager #{}: released {} objects \
+                     wait for a collection on the thread that built it, or for shutdown \
+                     (see ObjectManagerBuilder::owner_thread)",
+                    self.config.manager_id,
+                    T::TYPE_NAME
+                );
+            }
             return;
         }
-        let owner_here = self.reads_reservations_here();
-        // The dead go onto the lanes in turn, for collection to walk side by side.
-        let mut dead: [SlotChain; DEAD_LANES] = std::array::from_fn(|_| SlotChain::default());
-        let mut found = 0;
-        // Keeps the checks left undecided (only off the owner thread).
-        checks.retain(|&check| {
-            let local = check.slot();
-            let slot = self.slot(local).expect("checked slots live in published segments");
-            let is_dead = if owner_here {
-                slot.header.decide_check(check, destroyed_in_place)
-            } else {
-                slot.header.decide_unreserved(check, destroyed_in_place)
-            };
-            if is_dead {
-                dead[found % DEAD_LANES].push(local, slot);
-                found += 1;
+        let checks = shared.take_checks();
+        let mut dead = DeadChains::default();
+        for &check in checks.iter() {
+            let slot = self.slot(check.local).expect("checked slots live in published segments");
+            if slot.header.decide_check(check) {
+                dead.push(check.local, slot);
             }
-            !is_dead && !owner_here
+        }
+        self.push_dead_chains(dead);
+    }
+
+    /// Shutdown's settling, on the owner thread (the caller holds `&mut
+    /// ObjectManager`, after `destroy_all`): gives back every reservation,
+    /// queued check or not (one lost to a store allocator with no room or
+    /// that panicked among them), and lists the objects that leaves dead,
+    /// those destroyed in place included. O(slots), as `destroy_all` is.
+    pub(super) fn give_back_all(&self) {
+        self.shared().take_checks();
+        let mut dead = DeadChains::default();
+        self.for_each_slot(|local, slot| {
+            if slot.header.give_back() {
+                dead.push(local, slot);
+            }
         });
-        for (lane, dead) in dead.iter().enumerate() {
+        self.push_dead_chains(dead);
+    }
+
+    /// Pushes each lane's chain onto the store's dead lane of that number.
+    fn push_dead_chains(&self, dead: DeadChains) {
+        let shared = self.shared();
+        for (lane, dead) in dead.lanes.iter().enumerate() {
             if dead.chain.len != 0 {
                 let tail = self.slot(dead.chain.tail).expect("checked slots live in published segments");
                 shared.push_dead_chain(lane, dead.chain.head, &tail.header.word);
-            }
-        }
-        if checks.is_empty() {
-            return;
-        }
-        if !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            log::warn!(
-                target: "mmobject",
-                "collect_garbage ran on a thread that does not own object manager #{}: released {} objects \
-                 wait for a collection on the thread that built it, or for shutdown \
-                 (see ObjectManagerBuilder::owner_thread)",
-                self.config.manager_id,
-                T::TYPE_NAME
-            );
-        }
-        if let Some(lost) = shared.requeue_checks(checks) {
-            for check in lost.iter().filter(|check| check.flagged()) {
-                let local = check.slot();
-                let slot = self.slot(local).expect("checked slots live in published segments");
-                // SAFETY: the check was queued, so its drop is done with
-                // the slot; the caller's `&mut ObjectManager` keeps the store.
-                unsafe { super::super::last_drops::give_up_flag(shared, local, &slot.header.word) };
             }
         }
     }
@@ -363,6 +358,22 @@ impl SlotChain {
         }
         chain.head = local;
         chain.len += 1;
+    }
+}
+
+/// The objects a collection's checks (or shutdown's give-back) found dead,
+/// one chain per dead lane, filled in turn so that collection walks them
+/// side by side.
+#[derive(Default)]
+struct DeadChains {
+    lanes: [SlotChain; DEAD_LANES],
+    found: usize,
+}
+
+impl DeadChains {
+    fn push<T>(&mut self, local: u32, slot: &Slot<T>) {
+        self.lanes[self.found % DEAD_LANES].push(local, slot);
+        self.found += 1;
     }
 }
 
