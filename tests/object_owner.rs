@@ -533,3 +533,32 @@ fn shutdown_elsewhere_frees_an_object_dropped_elsewhere() {
     assert_eq!(report.outliving_handles(), 0);
     assert_eq!(report.leaked_bytes(), 0);
 }
+
+/// A lease lasts until the owner's next collection: after it, the owner
+/// holds no counts on the objects it cloned, so their last handles, dropped
+/// on other threads, are last drops, and a manager moved off its owner
+/// thread reclaims them (before leases, a reservation lasted as long as the
+/// object, and only the owner's collection could end such objects).
+#[test]
+fn the_owners_collection_ends_its_leases() {
+    let drops = Drops::new();
+    let mut mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let copies: Vec<_> = (0..20).map(|_| e.clone()).collect(); // leases on the owner
+    assert_eq!(e.ref_count(), 21);
+    assert_eq!(mm.collect_garbage().objects, 0, "the give-back leaves the handles' counts");
+    assert_eq!(e.ref_count(), 21, "counts stay exact across the give-back");
+    let (destroyed, report) = std::thread::spawn(move || {
+        drop(copies);
+        drop(e);
+        let mut mm = mm;
+        assert_eq!(mm.len(), 0);
+        let destroyed = mm.collect_garbage().objects;
+        (destroyed, mm.shutdown())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(destroyed, 1, "reclaimed off the owner thread");
+    assert_eq!(drops.count(), 1);
+    assert_eq!((report.outliving_handles(), report.leaked_bytes()), (0, 0));
+}
