@@ -13,8 +13,11 @@
 //! - **A clone on the owner** takes one count from the reservation; with
 //!   none left it adds [`RESERVE_BATCH`] to the word at once (one locked add
 //!   per batch) and queues a *check* of the object in its ring of last drops
-//!   (the lease's end). Should the check find no room, the reservation goes
-//!   straight back to the word.
+//!   (the lease's end), unless the check of an earlier lease is still
+//!   queued ([`LEASED`]: it ends this one too, so the queue holds at most
+//!   one check per object however often clones spend a batch before a
+//!   collection on the owner). Should the check find no room, the
+//!   reservation goes straight back to the word.
 //! - **A drop on the owner** of an object it holds a reservation on puts
 //!   its count in the reservation (returning all but a batch once it passes
 //!   [`RESERVE_MAX`]). If the word then holds nothing but the reservation, no
@@ -86,6 +89,12 @@ pub(crate) const RESERVE_COUNT: u32 = 0xff;
 /// last handle go: `upgrade` and weak reads fail from then on, until the
 /// lease's check gives the reservation back.
 pub(crate) const PENDING: u32 = 1 << 31;
+/// Set in [`SlotHeader::reserve`] while a lease's check is queued (or was
+/// lost): a new batch taken meanwhile queues no other check, since that one
+/// gives the whole reservation back. Cleared by the give-back, by
+/// [`end_lease`](SlotHeader::end_lease), and when the slot is freed (the
+/// object may die with its reservation spent but its check still queued).
+pub(crate) const LEASED: u32 = 1 << 30;
 /// The most counts a reservation keeps.
 pub(crate) const RESERVE_MAX: u32 = 16;
 /// Counts added to the word at once when the owner clones with an empty
@@ -140,8 +149,9 @@ impl SlotHeader {
     /// owner's last drop that an `upgrade` on another thread raced (the
     /// give-back then finds the object alive).
     ///
-    /// True if the clone took a new lease: the caller queues its check (see
-    /// the module docs), or gives it back with [`end_lease`](Self::end_lease).
+    /// True if the clone took a new lease with no check queued yet: the
+    /// caller queues its check (see the module docs), or gives it back with
+    /// [`end_lease`](Self::end_lease).
     #[inline]
     #[must_use]
     pub(crate) fn owner_clone(&self) -> bool {
@@ -150,31 +160,32 @@ impl SlotHeader {
             self.reserve.store((reserve - 1) & !PENDING, Ordering::Relaxed);
             false
         } else {
-            self.reserve_batch()
+            self.reserve_batch(reserve & LEASED)
         }
     }
 
     /// Adds a batch of counts to the word and keeps all but one, and returns
-    /// true (a new lease). Near the count limit, where a batch does not fit,
-    /// it adds just the one, as a clone on another thread does (no lease),
-    /// and panics past the limit.
+    /// true (a new lease) unless `leased` (the earlier lease's check is
+    /// still queued, and ends this one too). Near the count limit, where a
+    /// batch does not fit, it adds just the one, as a clone on another
+    /// thread does (no lease), and panics past the limit.
     ///
     /// The caller holds a handle, so the word is a count that cannot reach
     /// zero meanwhile: a plain add suffices.
     #[inline(never)]
-    fn reserve_batch(&self) -> bool {
+    fn reserve_batch(&self, leased: u32) -> bool {
         let old = self.word.fetch_add(RESERVE_BATCH, Ordering::Relaxed);
         if old & COUNT_MASK <= MAX_REFS - RESERVE_BATCH {
             // Keeps no `PENDING`: a handle is held.
-            self.reserve.store(RESERVE_BATCH - 1, Ordering::Relaxed);
-            return true;
+            self.reserve.store((RESERVE_BATCH - 1) | LEASED, Ordering::Relaxed);
+            return leased == 0;
         }
         self.word.fetch_sub(RESERVE_BATCH - 1, Ordering::Relaxed);
         if old & COUNT_MASK >= MAX_REFS {
             self.word.fetch_sub(1, Ordering::Relaxed);
             panic!("mmobject: reference count overflow (more than {MAX_REFS} handles to one object)");
         }
-        self.reserve.store(0, Ordering::Relaxed);
+        self.reserve.store(leased, Ordering::Relaxed);
         false
     }
 
@@ -208,7 +219,7 @@ impl SlotHeader {
             kept = self.return_reserve(kept);
         }
         let last = self.word.load(Ordering::Relaxed) & COUNT_MASK == kept;
-        self.reserve.store(kept | reserve & PENDING | if last { PENDING } else { 0 }, Ordering::Relaxed);
+        self.reserve.store(kept | reserve & (PENDING | LEASED) | if last { PENDING } else { 0 }, Ordering::Relaxed);
         Released::Kept
     }
 
@@ -283,7 +294,11 @@ impl SlotHeader {
         let reserve = self.reserve.load(Ordering::Relaxed);
         let kept = reserve & RESERVE_COUNT;
         if kept == 0 {
-            debug_assert_eq!(reserve, 0, "`PENDING` only on a reservation");
+            debug_assert_eq!(reserve & PENDING, 0, "`PENDING` only on a reservation");
+            if reserve != 0 {
+                // A lease spent by clones: its check is decided now.
+                self.reserve.store(0, Ordering::Relaxed);
+            }
             return false;
         }
         let old = self.word.fetch_sub(kept, Ordering::AcqRel);
@@ -366,7 +381,7 @@ mod tests {
         assert!(h.owner_clone(), "a batch: a new lease");
         assert_eq!(
             (h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)),
-            (1 + RESERVE_BATCH, RESERVE_BATCH - 1)
+            (1 + RESERVE_BATCH, (RESERVE_BATCH - 1) | LEASED)
         );
         assert!(!h.owner_clone(), "from the reservation");
         assert_eq!(h.ref_count(), 3);
@@ -380,6 +395,20 @@ mod tests {
         assert!(h.try_add_ref(3).is_err(), "a pending object is not revived");
         assert!(h.decide_check(CHECK_3), "the give-back is the last drop");
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (0, 0));
+    }
+
+    #[test]
+    fn a_batch_spent_before_the_collection_queues_no_second_check() {
+        let h = header(1, 0);
+        assert!(h.owner_clone(), "a new lease: its check is queued");
+        for _ in 1..RESERVE_BATCH {
+            assert!(!h.owner_clone());
+        }
+        assert!(!h.owner_clone(), "a second batch: the first check ends it too");
+        assert_eq!(h.ref_count(), 1 + RESERVE_BATCH + 1);
+        assert!(!h.decide_check(CHECK_3), "handles are left");
+        assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (1 + RESERVE_BATCH + 1, 0));
+        assert!(h.owner_clone(), "after the give-back, a new lease");
     }
 
     #[test]

@@ -322,6 +322,11 @@ impl<T: MMObject> Store<T> {
         let generation = slot.header.generation.load(Ordering::Relaxed) + 1;
         debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
         debug_assert!(generation <= GENERATION_LIMIT, "generations never pass the limit");
+        // A lease spent by clones leaves `LEASED` on an object that died
+        // elsewhere (its check, about this generation, decides nothing): the
+        // next object starts with no reservation. No handle is left and the
+        // caller holds `&mut ObjectManager`, so the owner cannot touch it now.
+        slot.header.reserve.store(0, Ordering::Relaxed);
         slot.header.generation.store(generation, Ordering::Release);
         if generation >= GENERATION_LIMIT {
             self.retire(slot);
