@@ -25,7 +25,7 @@
 //! |---|---|---|
 //! | `word` | 4 | live: the strong count (the owner's reservation included), plus `PURPLE` while a candidate root; dead or free: `LINK_FLAG \| next` |
 //! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention) |
-//! | `reserve` | 4 | the owner thread's reservation of counts, plus `PENDING` (see "Owner-thread counts") |
+//! | `reserve` | 4 | the owner thread's reservation of counts, plus `PENDING` and `LEASED` (see "Owner-thread counts") |
 //! | `site` | 4 | the number of the creation site in the store's site table |
 //!
 //! The same word is the count while the object is referenced and the list
@@ -144,7 +144,11 @@
 //! - A reservation is a *lease* that ends at the owner's next collection.
 //!   The clone that takes one (the batch) queues a *check* of the object in
 //!   the owner's ring of last drops; if neither the ring nor the store's
-//!   queue has room, it gives the batch back at once. Rings carry checks to
+//!   queue has room, it gives the batch back at once. While that check is
+//!   queued, `LEASED` is set, and a batch the clones take meanwhile queues
+//!   no other (the one check gives the whole reservation back), so the
+//!   queue holds at most one check per object between the owner's
+//!   collections; freeing a slot clears the bit with the rest of `reserve`. Rings carry checks to
 //!   a per-store queue; a check names its slot and its object's generation
 //!   (a check that outlives its object decides nothing).
 //! - Collection on the owner decides each check by giving the whole
