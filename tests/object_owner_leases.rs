@@ -84,8 +84,9 @@ fn a_drop_that_leases_during_shutdown_on_the_owner() {
     let drops = Drops::new();
     let mm = owned();
     let t = mm.create(Target { token: drops.token() });
-    let t2 = t.clone(); // a lease before shutdown too
-                        // Held by a raw reference only: destroyed in place, and not outliving.
+    // A lease before shutdown too.
+    let t2 = t.clone();
+    // Held by a raw reference only: destroyed in place, and not outliving.
     let _raw = mm.create(Holder { hidden: Mutex::new(vec![t, t2]) }).into_raw();
     let report = mm.shutdown();
     assert_eq!(report.len(), 2, "both still held at shutdown");
@@ -121,7 +122,8 @@ fn shutdown_elsewhere_races_owner_and_worker() {
     worker.join().unwrap();
     drop(kept);
     assert_eq!(drops.count(), 2, "each value dropped once");
-    let _ = report;
+    // Whether the store's memory was kept depends on how the race went.
+    drop(report);
 }
 
 /// Raw handles across threads: made on the owner from its reservation,
