@@ -4,9 +4,6 @@
 //! These tests leak on purpose. Run them under Miri with
 //! `MIRIFLAGS=-Zmiri-ignore-leaks cargo +nightly miri test --test object_outliving`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-
 use mmobject::{Error, Handle, LeakReport, MMObject, ObjectManager};
 
 mod support;
@@ -183,44 +180,17 @@ fn handle_moved_to_a_thread_that_outlives_the_manager() {
 /// (the manager keeps a reference to it forever), so the handles stay sound.
 #[test]
 fn outliving_handles_keep_the_store_allocator_alive() {
-    use std::alloc::{Layout, System};
-    use std::ptr::NonNull;
-
-    use mmobject::allocator_api2::alloc::{AllocError, Allocator};
-
-    /// Counts live bytes; the second field shows, by its strong count, whether
-    /// the allocator is still alive.
-    #[derive(Clone)]
-    struct Owned(Arc<AtomicUsize>, #[allow(dead_code)] Arc<()>);
-
-    // SAFETY: forwards to `System`, counting on top.
-    unsafe impl Allocator for Owned {
-        fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-            self.0.fetch_add(layout.size(), Ordering::SeqCst);
-            System.allocate(layout)
-        }
-        unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-            self.0.fetch_sub(layout.size(), Ordering::SeqCst);
-            // SAFETY: forwarded.
-            unsafe { System.deallocate(ptr, layout) }
-        }
-    }
-
-    let live = Arc::new(AtomicUsize::new(0));
-    let alive = Arc::new(());
+    let live = support::LiveBytes::default();
     let drops = Drops::default();
     let handle = {
-        let mm = ObjectManager::builder()
-            .report_leaks(false)
-            .allocator(Owned(Arc::clone(&live), Arc::clone(&alive)))
-            .build();
+        let mm = ObjectManager::builder().report_leaks(false).allocator(live.clone()).build();
         let handle = mm.create(texture(3, &drops));
         let report = mm.shutdown();
         assert_outliving(&report, 1);
         handle
     };
-    assert!(live.load(Ordering::SeqCst) > 0, "the slot memory stays allocated");
-    assert!(Arc::strong_count(&alive) > 1, "the allocator is kept alive");
+    assert!(live.bytes() > 0, "the slot memory stays allocated");
+    assert!(live.clones() > 1, "the allocator is kept alive");
     assert_eq!(handle.ref_count(), 1);
     std::thread::spawn(move || drop(handle)).join().unwrap();
     assert_eq!(drops.count(), 1, "the value was destroyed at shutdown");

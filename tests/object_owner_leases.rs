@@ -5,14 +5,10 @@
 
 mod support;
 
-use std::alloc::{Layout, System};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use mmobject::allocator_api2::alloc::{AllocError, Allocator};
 use mmobject::{Handle, MMObject, ObjectManager};
-use support::{DropToken, Drops};
+use support::{DropToken, Drops, LiveBytes};
 
 #[derive(MMObject)]
 struct Target {
@@ -197,31 +193,13 @@ fn a_manager_moved_away_and_back() {
     assert!(mm.shutdown().is_empty());
 }
 
-/// Counts the bytes a store allocator hands out and has not taken back.
-#[derive(Clone, Default)]
-struct Counting(Arc<AtomicUsize>);
-
-// SAFETY: every block comes from and goes back to `System`.
-unsafe impl Allocator for Counting {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.0.fetch_add(layout.size(), Ordering::SeqCst);
-        System.allocate(layout)
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        self.0.fetch_sub(layout.size(), Ordering::SeqCst);
-        // SAFETY: forwarded: the block came from `System` with this layout.
-        unsafe { System.deallocate(ptr, layout) }
-    }
-}
-
 /// The owner clones handles that another thread drops, and collection runs
 /// only off the owner (the manager moved): each batch the clones spend used
 /// to queue one more check, so the store's check queue grew without bound
 /// (2 MB after 200,000 frames of 8 clones). One check per object now.
 #[test]
 fn the_check_queue_stays_bounded_while_the_owner_never_collects() {
-    let counting = Counting::default();
+    let counting = LiveBytes::default();
     let drops = Drops::new();
     let mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(counting.clone()).build();
     let e = mm.create(Target { token: drops.token() });
@@ -234,14 +212,14 @@ fn the_check_queue_stays_bounded_while_the_owner_never_collects() {
         }
         mm
     });
-    let before = counting.0.load(Ordering::SeqCst);
+    let before = counting.bytes();
     let frames = if cfg!(miri) { 10 } else { 20_000 };
     for _ in 0..frames {
         tx.send((0..8).map(|_| e.clone()).collect()).unwrap();
     }
     drop(tx);
     let mm = collector.join().unwrap();
-    let grown = counting.0.load(Ordering::SeqCst) - before;
+    let grown = counting.bytes() - before;
     assert!(grown < 1024, "the store's memory grew by {grown} bytes");
     drop(e);
     drop(mm);

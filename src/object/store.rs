@@ -1010,7 +1010,8 @@ impl<T: MMObject> ErasedStore for Store<T> {
         // outliving, and its memory is kept), those `destroy_all` destroyed
         // in place among them.
         super::last_drops::drain_all();
-        if self.reads_reservations_here() {
+        if self.reads_reservations_here() && !self.shared().cyclable {
+            // (A store whose objects may hold handles keeps no reservations.)
             self.give_back_all();
         }
         let dead = self.shared().take_dead();

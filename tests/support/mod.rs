@@ -1,12 +1,16 @@
 //! Helpers the object test binaries share: a drop counter, a manager that
-//! logs nothing at shutdown, and a clone made on another thread. Each binary includes this with `mod support;`
+//! logs nothing at shutdown, a clone made on another thread, and a store
+//! allocator that counts its live bytes. Each binary includes this with `mod support;`
 //! and uses only some of it.
 
 #![allow(dead_code)]
 
+use std::alloc::{Layout, System};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use mmobject::allocator_api2::alloc::{AllocError, Allocator};
 use mmobject::{Handle, ObjectManager};
 
 /// Counts how many values holding one of its tokens were dropped. Each test
@@ -59,4 +63,35 @@ pub fn cloned_elsewhere<T: 'static>(handle: Handle<T>) -> (Handle<T>, Handle<T>)
     })
     .join()
     .unwrap()
+}
+
+/// A store allocator over `System` that counts the bytes it handed out and
+/// has not taken back. Clones share the count.
+#[derive(Clone, Default)]
+pub struct LiveBytes(Arc<AtomicUsize>);
+
+impl LiveBytes {
+    /// The bytes allocated and not yet freed.
+    pub fn bytes(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// How many clones of this allocator are alive (this one included).
+    pub fn clones(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+}
+
+// SAFETY: every block comes from and goes back to `System`; the count is on top.
+unsafe impl Allocator for LiveBytes {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        self.0.fetch_add(layout.size(), Ordering::SeqCst);
+        System.allocate(layout)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        self.0.fetch_sub(layout.size(), Ordering::SeqCst);
+        // SAFETY: forwarded: the block came from `System` with this layout.
+        unsafe { System.deallocate(ptr, layout) }
+    }
 }

@@ -264,7 +264,11 @@ impl<T: MMObject> Store<T> {
     pub(super) fn decide_checks(&self) {
         let shared = self.shared();
         if !self.reads_reservations_here() {
-            if shared.has_checks() && !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            // The flag first: a collection here need not lock the queue once it warned.
+            if !shared.warned_not_owner.load(std::sync::atomic::Ordering::Relaxed)
+                && shared.has_checks()
+                && !shared.warned_not_owner.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
                 log::warn!(
                     target: "mmobject",
                     "collect_garbage ran on a thread that does not own object manager #{}: released {} objects \
