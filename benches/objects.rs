@@ -490,8 +490,8 @@ fn o2b_clone_drop_other_thread(c: &mut Criterion) {
             drop(black_box(clone));
         })
     });
-    // The manager owned by the bench's thread: the worker's drops are the
-    // other side's compare-exchange (which may flag a check).
+    // The manager owned by the bench's thread: a worker's clone and drop are
+    // one atomic add and one atomic subtract, as without an owner.
     let owner = owned();
     let owned_handle = owner.create(Obj(payload(1)));
     group.bench_function("mmobject_owner", |b| {
@@ -509,6 +509,56 @@ fn o2b_clone_drop_other_thread(c: &mut Criterion) {
     });
     group.finish();
     drop((handle, owned_handle));
+}
+
+/// Objects whose handles O2c clones each frame.
+const FRAME_CLONED: usize = 1_000;
+
+/// O2c: a frame in which the collecting thread clones a handle to each of
+/// 1,000 live objects (say, into a render list), drops the clones at the
+/// frame's end, and collects (with nothing dead).
+///
+/// This is what the owner's reservation costs when it lasts one frame: an
+/// owner's first clone of an object since its last collection takes a lease
+/// (one atomic add of a batch and a queued check), and the collection gives
+/// it back (one atomic subtract per object). O2's loop never collects, so it
+/// shows only the plain counts. The peers clone into the same `Vec`: `Arc`
+/// (two atomic operations per object), `Rc`, and a manager without an owner
+/// (whose collection has nothing to do).
+fn o2c_clone_each_frame(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O2c_clone_each_frame");
+    group.throughput(Throughput::Elements(FRAME_CLONED as u64));
+    group.sample_size(50).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+
+    for (name, mut mm) in [("mmobject", ObjectManager::new()), ("mmobject_owner", owned())] {
+        let handles: Vec<Handle<Obj>> = (0..FRAME_CLONED).map(|i| mm.create(Obj(payload(i)))).collect();
+        let mut frame: Vec<Handle<Obj>> = Vec::with_capacity(FRAME_CLONED);
+        group.bench_function(name, |b| {
+            cpu_iter(b, || {
+                frame.extend(handles.iter().cloned());
+                frame.clear();
+                black_box(mm.collect_garbage())
+            })
+        });
+        drop(handles);
+    }
+    let arcs: Vec<Arc<Payload>> = (0..FRAME_CLONED).map(|i| Arc::new(payload(i))).collect();
+    let mut arc_frame: Vec<Arc<Payload>> = Vec::with_capacity(FRAME_CLONED);
+    group.bench_function("arc", |b| {
+        cpu_iter(b, || {
+            arc_frame.extend(arcs.iter().cloned());
+            arc_frame.clear();
+        })
+    });
+    let rcs: Vec<Rc<Payload>> = (0..FRAME_CLONED).map(|i| Rc::new(payload(i))).collect();
+    let mut rc_frame: Vec<Rc<Payload>> = Vec::with_capacity(FRAME_CLONED);
+    group.bench_function("rc", |b| {
+        cpu_iter(b, || {
+            rc_frame.extend(rcs.iter().cloned());
+            rc_frame.clear();
+        })
+    });
+    group.finish();
 }
 
 // ---- O3 ---------------------------------------------------------------------
@@ -1210,6 +1260,7 @@ mod harness {
         o1c_unload,
         o2_clone_drop,
         o2b_clone_drop_other_thread,
+        o2c_clone_each_frame,
         o3_strong_read,
         o4_weak_read,
         o5_collect,

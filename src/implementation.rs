@@ -25,7 +25,7 @@
 //! |---|---|---|
 //! | `word` | 4 | live: the strong count (the owner's reservation included), plus `PURPLE` while a candidate root; dead or free: `LINK_FLAG \| next` |
 //! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention) |
-//! | `reserve` | 4 | the owner thread's reservation of counts, plus `PENDING` and `LEASED` (see "Owner-thread counts") |
+//! | `reserve` | 4 | the owner thread's reservation of counts, plus `PENDING`, `LEASED` and `USED` (see "Owner-thread counts") |
 //! | `site` | 4 | the number of the creation site in the store's site table |
 //!
 //! The same word is the count while the object is referenced and the list
@@ -141,8 +141,8 @@
 //!   holds a reservation on puts the count back (returning all but 8 past 16).
 //!   A drop on the owner of an object it holds no reservation on decrements
 //!   the word, as elsewhere. So `count - reservation` handles exist.
-//! - A reservation is a *lease* that ends at the owner's next collection.
-//!   The clone that takes one (the batch) queues a *check* of the object in
+//! - A reservation is a *lease*, which the owner's collections renew while
+//!   the owner counts on it. The clone that takes one (the batch) queues a *check* of the object in
 //!   the owner's ring of last drops; if neither the ring nor the store's
 //!   queue has room, it gives the batch back at once. While that check is
 //!   queued, `LEASED` is set, and a batch the clones take meanwhile queues
@@ -151,12 +151,27 @@
 //!   collections; freeing a slot clears the bit with the rest of `reserve`. Rings carry checks to
 //!   a per-store queue; a check names its slot and its object's generation
 //!   (a check that outlives its object decides nothing).
-//! - Collection on the owner decides each check by giving the whole
-//!   reservation back to the word with one `AcqRel` subtract. That subtract
-//!   is a drop like any other: if it takes the count to zero, no handle is
-//!   left anywhere, and the object is linked onto the dead list and
-//!   destroyed in the same call. The next clone on the owner takes a new
-//!   lease.
+//! - Collection on the owner decides each check. Every clone, drop and
+//!   `upgrade` on the owner that counts on the reservation sets `USED` (in
+//!   the store it makes anyway). A lease with `USED` whose word holds more
+//!   than the reservation (handles are left) is renewed: the collection
+//!   clears `USED` (and a `PENDING` an `upgrade` elsewhere raced) and keeps
+//!   the check queued (compacted in place: no allocation). Any other lease
+//!   ends: the collection gives the whole reservation back to the word with
+//!   one `AcqRel` subtract. That subtract is a drop like any other: if it
+//!   takes the count to zero, no handle is left anywhere, and the object is
+//!   linked onto the dead list and destroyed in the same call. The next
+//!   clone on the owner takes a new lease.
+//! - Why renew: an object the owner clones every frame (a render list)
+//!   would otherwise pay a locked add, a check and a locked subtract per
+//!   frame, 2.8× `Arc`'s clone and drop (`BENCHMARKS.md`, O2c); renewed, it
+//!   pays one visit of its check per collection. A collection's checks are
+//!   the objects the owner counted on in its last two frames, so its cost
+//!   stays in proportion to what happened, not to what lives. An object
+//!   still dies at the first owner collection after its last drop, but for
+//!   a last drop on another thread that races the collection's load of the
+//!   word (which saw a handle): the next owner collection finds the lease
+//!   unused (the owner holds no handle to count on) and ends it.
 //! - When an owner drop leaves the word holding only the reservation, no
 //!   handle is left: the owner sets `PENDING` (dead for `upgrade`, weak reads
 //!   and iteration); its lease's check is queued already.
@@ -170,7 +185,8 @@
 //!   is live while its word holds a count and it is not `PENDING`: when the
 //!   last handle of an object the owner holds counts on goes on another
 //!   thread, weak reads and other threads' `upgrade` may still succeed until
-//!   the owner's next collection (an `upgrade` then keeps it alive).
+//!   the owner's next collection (an `upgrade` then keeps it alive; and
+//!   until the one after, in the race above).
 //!   `upgrade` on the owner reads its reservation and fails at once.
 //! - A collection on another thread cannot give reservations back (the owner
 //!   may be using them): it leaves the checks queued (and logs a warning

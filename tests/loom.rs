@@ -307,9 +307,11 @@ fn the_last_drop_without_a_reservation_races_a_workers_drop() {
     });
 }
 
-/// The owner's collection gives its reservation back while two workers drop
-/// the last two handles: whichever of the three decrements takes the count
-/// to zero lists the object (the give-back, or a worker's drop), exactly once.
+/// The owner's collection decides its lease while two workers drop the last
+/// two handles. The owner used the lease, so a collection that still sees a
+/// handle renews it, and the next one (which finds it unused) gives it back;
+/// whichever decrement takes the count to zero lists the object (the
+/// give-back, or a worker's drop), exactly once.
 #[test]
 fn the_owners_give_back_races_the_last_drops() {
     model(|| {

@@ -148,6 +148,18 @@ fn shutdown_on_another_thread_keeps_the_memory_of_reserved_objects() {
     // The owner's reservation cannot be read from there: the slot may still
     // be held, so its memory is kept (safe, and said in the report).
     assert_eq!(report.outliving_handles(), 1);
+    assert_eq!(report.owner_reserved(), 1, "the report says why");
+    let text = report.to_string();
+    assert!(text.contains("(1 perhaps only by the owner thread's reserved counts)"), "{text}");
+}
+
+#[test]
+fn a_handle_outliving_a_shutdown_elsewhere_is_not_blamed_on_the_owner() {
+    let mm = owned();
+    let e = mm.create(Entity { id: 1, token: Drops::new().token() });
+    let report = std::thread::spawn(move || mm.shutdown()).join().unwrap();
+    assert_eq!((report.outliving_handles(), report.owner_reserved()), (1, 0));
+    drop(e);
 }
 
 #[test]
@@ -534,10 +546,11 @@ fn shutdown_elsewhere_frees_an_object_dropped_elsewhere() {
     assert_eq!(report.leaked_bytes(), 0);
 }
 
-/// A lease lasts until the owner's next collection: after it, the owner
-/// holds no counts on the objects it cloned, so their last handles, dropped
-/// on other threads, are last drops, and a manager moved off its owner
-/// thread reclaims them (before leases, a reservation lasted as long as the
+/// A lease lasts until the first owner collection that finds the owner did
+/// not count on it since the previous one: after it, the owner holds no
+/// counts on the objects it cloned, so their last handles, dropped on other
+/// threads, are last drops, and a manager moved off its owner thread
+/// reclaims them (before leases, a reservation lasted as long as the
 /// object, and only the owner's collection could end such objects).
 #[test]
 fn the_owners_collection_ends_its_leases() {
@@ -546,7 +559,9 @@ fn the_owners_collection_ends_its_leases() {
     let e = mm.create(Entity { id: 1, token: drops.token() });
     let copies: Vec<_> = (0..20).map(|_| e.clone()).collect(); // leases on the owner
     assert_eq!(e.ref_count(), 21);
-    assert_eq!(mm.collect_garbage().objects, 0, "the give-back leaves the handles' counts");
+    assert_eq!(mm.collect_garbage().objects, 0, "used this frame: the lease is renewed");
+    assert_eq!(e.ref_count(), 21, "counts stay exact across the renewal");
+    assert_eq!(mm.collect_garbage().objects, 0, "unused since: the give-back leaves the handles' counts");
     assert_eq!(e.ref_count(), 21, "counts stay exact across the give-back");
     let (destroyed, report) = std::thread::spawn(move || {
         drop(copies);
@@ -561,4 +576,60 @@ fn the_owners_collection_ends_its_leases() {
     assert_eq!(destroyed, 1, "reclaimed off the owner thread");
     assert_eq!(drops.count(), 1);
     assert_eq!((report.outliving_handles(), report.leaked_bytes()), (0, 0));
+}
+
+/// An object the owner clones in every frame keeps its lease across the
+/// owner's collections (no locked operation per frame), and still dies at
+/// the first owner collection after its last handle goes, whichever thread
+/// dropped it.
+#[test]
+fn a_lease_used_every_frame_is_renewed_and_its_object_still_dies_on_time() {
+    let drops = Drops::new();
+    let mut mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let f = mm.create(Entity { id: 2, token: drops.token() });
+    let kept_elsewhere = e.clone();
+    for _ in 0..5 {
+        let frame: Vec<_> = [&e, &f].into_iter().cloned().collect();
+        assert_eq!((e.ref_count(), f.ref_count()), (3, 2));
+        drop(frame);
+        assert_eq!(mm.collect_garbage().objects, 0);
+        assert_eq!((e.ref_count(), f.ref_count()), (2, 1), "counts stay exact across renewals");
+    }
+    // The last handle of `e` goes on another thread, after the owner used its lease.
+    let frame = e.clone();
+    drop(frame);
+    std::thread::spawn(move || drop(kept_elsewhere)).join().unwrap();
+    drop(e);
+    assert_eq!(mm.collect_garbage().objects, 1, "the owner's last drop and another thread's");
+    // `f`'s last handle goes on the owner, in a frame in which it was used.
+    let frame = f.clone();
+    drop((frame, f));
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!(drops.count(), 2);
+    assert_eq!(mm.len(), 0);
+}
+
+/// An object whose other handles are all on other threads, used by the
+/// owner in every frame until those threads drop them: the owner's
+/// collection right after finds it dead.
+#[test]
+fn a_renewed_lease_ends_with_the_last_drop_elsewhere() {
+    let drops = Drops::new();
+    let mut mm = owned();
+    let e = mm.create(Entity { id: 1, token: drops.token() });
+    let elsewhere: Vec<_> = (0..3).map(|_| e.clone()).collect();
+    drop(e);
+    let weak = elsewhere[0].downgrade();
+    for _ in 0..3 {
+        let frame = mm.upgrade(weak).expect("held elsewhere");
+        drop(frame);
+        assert_eq!(mm.collect_garbage().objects, 0, "renewed: handles are left");
+    }
+    let frame = mm.upgrade(weak).expect("held elsewhere");
+    drop(frame);
+    std::thread::spawn(move || drop(elsewhere)).join().unwrap();
+    assert_eq!(mm.collect_garbage().objects, 1, "used this frame, but no handle is left");
+    assert_eq!(drops.count(), 1);
+    assert!(mm.upgrade(weak).is_none());
 }

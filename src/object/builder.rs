@@ -270,8 +270,10 @@ impl ObjectManagerBuilder {
     ///
     /// Handle clones and drops on the owner thread then cost plain loads and
     /// stores instead of an atomic read-modify-write: the owner keeps a small
-    /// reservation of counts per object it clones, which its next collection
-    /// gives back (see `BENCHMARKS.md`, O2, for the numbers). Drops on other
+    /// reservation of counts per object it clones, which its collections
+    /// renew while it goes on cloning or dropping that object's handles, and
+    /// give back at the first one after a frame in which it did not (see
+    /// `BENCHMARKS.md`, O2 and O2c, for the numbers). Drops on other
     /// threads stay one `fetch_sub`, as `Arc`'s. Turn it on when the manager stays on the thread that builds
     /// it and calls [`collect_garbage`](super::ObjectManager::collect_garbage)
     /// each frame, as a game's main thread does, and that thread clones and
@@ -292,7 +294,8 @@ impl ObjectManagerBuilder {
     ///
     /// What else changes: when the last handle of an object is dropped on
     /// another thread while the owner holds counts on it, weak reads may
-    /// still see the object until the owner's next collection, and so may
+    /// still see the object until the owner's next collection (or the one
+    /// after, if the drop races the collection), and so may
     /// `upgrade` on threads other than the owner (the object then stays
     /// alive). When the last handle goes on the owner thread, everything
     /// fails at once, as without an owner. Objects of types that may hold

@@ -129,6 +129,7 @@ pub struct LeakTally {
 pub struct ObjectLeakReport {
     pub(crate) entries: Vec<LeakEntry>,
     pub(crate) outliving_handles: usize,
+    pub(crate) owner_reserved: usize,
     pub(crate) leaked_bytes: usize,
     pub(crate) drop_panics: usize,
     pub(crate) cycles: Vec<ReferenceCycle>,
@@ -186,6 +187,17 @@ impl ObjectLeakReport {
     /// Objects still referenced by handles (or raw handles) that outlive the manager.
     pub fn outliving_handles(&self) -> usize {
         self.outliving_handles
+    }
+
+    /// Of the [`outliving_handles`](Self::outliving_handles), the objects
+    /// that the manager's owner thread held counts on, at a shutdown on
+    /// another thread (see
+    /// [`owner_thread`](crate::ObjectManagerBuilder::owner_thread)). Only the
+    /// owner can tell whether any handle to them is left, so they count as
+    /// held, perhaps by no handle at all. Always 0 for a shutdown on the
+    /// owner thread, which gives its counts back first.
+    pub fn owner_reserved(&self) -> usize {
+        self.owner_reserved
     }
 
     /// Bytes of slot memory left allocated on purpose, so outliving handles stay sound.

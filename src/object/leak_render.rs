@@ -368,12 +368,13 @@ fn write_footer(report: &ObjectLeakReport, sink: &mut dyn FnMut(&dyn Display) ->
         sink(&WithFmt(|f: &mut Formatter<'_>| write!(f, "{panics} Drop impl(s) panicked during shutdown")))?;
     }
     if report.outliving_handles > 0 {
-        let (objects, bytes) = (report.outliving_handles, report.leaked_bytes);
+        let (objects, bytes, reserved) = (report.outliving_handles, report.leaked_bytes, report.owner_reserved);
         sink(&WithFmt(|f: &mut Formatter<'_>| {
-            write!(
-                f,
-                "{objects} object(s) referenced by handles outliving the manager; {bytes} bytes leaked on purpose"
-            )
+            write!(f, "{objects} object(s) referenced by handles outliving the manager")?;
+            if reserved > 0 {
+                write!(f, " ({reserved} perhaps only by the owner thread's reserved counts)")?;
+            }
+            write!(f, "; {bytes} bytes leaked on purpose")
         }))?;
     }
     Ok(())

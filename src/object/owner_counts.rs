@@ -7,8 +7,9 @@
 //! keeps a *reservation* per object: counts it added to the word ahead of
 //! need, or kept when one of its handles dropped, so `count - reservation`
 //! handles exist. The reservation lives in the slot's `reserve` word, which
-//! only the owner writes, with plain stores. It is a *lease* that ends at
-//! the owner's next collection:
+//! only the owner writes, with plain stores. It is a *lease*, which the
+//! owner's collections renew while the owner counts on it and end when it
+//! does not (or when no handle is left):
 //!
 //! - **A clone on the owner** takes one count from the reservation; with
 //!   none left it adds [`RESERVE_BATCH`] to the word at once (one locked add
@@ -30,12 +31,26 @@
 //!   `fetch_sub`, as `Arc`'s drop does. To zero, it is the last drop (the
 //!   owner holds no reservation then). Else nothing more: while the owner
 //!   holds counts on the object, its lease's check is queued.
-//! - **Collection on the owner thread** decides each queued check: it gives
-//!   the whole reservation back to the word with one subtract. If that takes
-//!   the count to zero, no handle is left anywhere (the subtract is the last
+//! - **Collection on the owner thread** decides each queued check. A lease
+//!   the owner counted on since the previous collection ([`USED`]: a clone,
+//!   drop or `upgrade` there) is renewed while handles are left (the word
+//!   holds more than the reservation): the check stays queued, and nothing
+//!   is written but the cleared flag. Any other lease ends: the whole
+//!   reservation goes back to the word with one subtract. If that takes the
+//!   count to zero, no handle is left anywhere (the subtract is the last
 //!   drop, exactly as a handle's would be), and the object goes on the dead
-//!   list and is destroyed in the same call. Either way it clears `PENDING`;
-//!   the next clone on the owner takes a new lease.
+//!   list and is destroyed in the same call. Either way it clears
+//!   `PENDING`; the next clone on the owner takes a new lease.
+//!
+//! **Why renew.** An object the owner clones in every frame (into a render
+//! list, say) would otherwise pay a locked add, a queued check and a locked
+//! subtract per frame, more than `Arc`'s two locked operations. Renewed, it
+//! pays one visit of its check per collection. A collection still costs in
+//! proportion to what happened since the previous one: its checks are the
+//! objects the owner counted on in the last two frames. And an object dies
+//! at the first owner collection after its last drop, as before, except
+//! when that drop (on another thread) races the collection's look at the
+//! word: then at the next one.
 //!
 //! **Why it is exact.** The reservation's counts are in the word, so while
 //! the owner holds one the word never reaches zero by anyone else's drop,
@@ -95,6 +110,11 @@ pub(crate) const PENDING: u32 = 1 << 31;
 /// [`end_lease`](SlotHeader::end_lease), and when the slot is freed (the
 /// object may die with its reservation spent but its check still queued).
 pub(crate) const LEASED: u32 = 1 << 30;
+/// Set in [`SlotHeader::reserve`] by every clone, drop and `upgrade` on the
+/// owner that counts on the reservation; cleared by the collection that
+/// renews the lease (see the module docs), which a lease without it does not
+/// survive.
+pub(crate) const USED: u32 = 1 << 29;
 /// The most counts a reservation keeps.
 pub(crate) const RESERVE_MAX: u32 = 16;
 /// Counts added to the word at once when the owner clones with an empty
@@ -134,6 +154,18 @@ pub(crate) struct Check {
     pub(crate) generation: u32,
 }
 
+/// What a collection did with a lease's check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decided {
+    /// The lease goes on: the check stays queued.
+    Renewed,
+    /// The lease ended (or the check was about an object gone since); the
+    /// object, if it is still there, is alive.
+    Ended,
+    /// The give-back took the count to zero: the caller lists the object as dead.
+    Dead,
+}
+
 /// What a release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
@@ -157,7 +189,7 @@ impl SlotHeader {
     pub(crate) fn owner_clone(&self) -> bool {
         let reserve = self.reserve.load(Ordering::Relaxed);
         if reserve & RESERVE_COUNT != 0 {
-            self.reserve.store((reserve - 1) & !PENDING, Ordering::Relaxed);
+            self.reserve.store((reserve - 1) & !PENDING | USED, Ordering::Relaxed);
             false
         } else {
             self.reserve_batch(reserve & LEASED)
@@ -177,7 +209,7 @@ impl SlotHeader {
         let old = self.word.fetch_add(RESERVE_BATCH, Ordering::Relaxed);
         if old & COUNT_MASK <= MAX_REFS - RESERVE_BATCH {
             // Keeps no `PENDING`: a handle is held.
-            self.reserve.store((RESERVE_BATCH - 1) | LEASED, Ordering::Relaxed);
+            self.reserve.store((RESERVE_BATCH - 1) | LEASED | USED, Ordering::Relaxed);
             return leased == 0;
         }
         self.word.fetch_sub(RESERVE_BATCH - 1, Ordering::Relaxed);
@@ -219,7 +251,8 @@ impl SlotHeader {
             kept = self.return_reserve(kept);
         }
         let last = self.word.load(Ordering::Relaxed) & COUNT_MASK == kept;
-        self.reserve.store(kept | reserve & (PENDING | LEASED) | if last { PENDING } else { 0 }, Ordering::Relaxed);
+        let pending = if last { PENDING } else { 0 };
+        self.reserve.store(kept | reserve & (PENDING | LEASED) | USED | pending, Ordering::Relaxed);
         Released::Kept
     }
 
@@ -262,19 +295,42 @@ impl SlotHeader {
         if reserve & RESERVE_COUNT == 0 {
             return self.try_add_ref(generation);
         }
-        self.reserve.store(reserve - 1, Ordering::Relaxed);
+        self.reserve.store((reserve - 1) | USED, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Decides a queued check, the end of a lease: if the slot still holds
-    /// the object the check is about, gives the reservation back (see
-    /// [`give_back`](Self::give_back)). True if the object is now dead: the
-    /// caller links it into a dead list. A check that arrives after its
+    /// Decides a queued check, if the slot still holds the object the check
+    /// is about: renews a lease the owner used since the previous
+    /// collection while handles are left, else gives the reservation back
+    /// (see [`give_back`](Self::give_back)). A check that arrives after its
     /// object was destroyed and the slot reused decides nothing.
     ///
-    /// Only on the owner thread, under `&mut ObjectManager`.
-    pub(crate) fn decide_check(&self, check: Check) -> bool {
-        self.generation.load(Ordering::Acquire) == check.generation && self.give_back()
+    /// Only on the owner thread, under `&mut ObjectManager`, so the
+    /// reservation read here is exact.
+    #[inline]
+    pub(crate) fn decide_check(&self, check: Check) -> Decided {
+        if self.generation.load(Ordering::Acquire) != check.generation {
+            return Decided::Ended;
+        }
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        let kept = reserve & RESERVE_COUNT;
+        // Handles are the count less the reservation. Relaxed: renewing
+        // touches nothing but `reserve`. A drop elsewhere may take the last
+        // handle right after this load; then the next collection (which
+        // finds the lease unused: the owner cannot count on an object it
+        // holds no handle to) gives it back, and the object dies there.
+        let word = self.word.load(Ordering::Relaxed);
+        if reserve & USED != 0 && kept != 0 && is_count(word) && word & COUNT_MASK > kept {
+            // Alive: a `PENDING` left by the owner's last drop was raced by
+            // an `upgrade` elsewhere, which won.
+            self.reserve.store(reserve & !(USED | PENDING), Ordering::Relaxed);
+            return Decided::Renewed;
+        }
+        if self.give_back() {
+            Decided::Dead
+        } else {
+            Decided::Ended
+        }
     }
 
     /// Gives the owner's whole reservation back to the word. Returns true if
@@ -381,7 +437,7 @@ mod tests {
         assert!(h.owner_clone(), "a batch: a new lease");
         assert_eq!(
             (h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)),
-            (1 + RESERVE_BATCH, (RESERVE_BATCH - 1) | LEASED)
+            (1 + RESERVE_BATCH, (RESERVE_BATCH - 1) | LEASED | USED)
         );
         assert!(!h.owner_clone(), "from the reservation");
         assert_eq!(h.ref_count(), 3);
@@ -393,8 +449,46 @@ mod tests {
         assert!(h.reserve.load(Ordering::Relaxed) & PENDING != 0);
         assert!(h.awaits_check(true) && h.awaits_check(false));
         assert!(h.try_add_ref(3).is_err(), "a pending object is not revived");
-        assert!(h.decide_check(CHECK_3), "the give-back is the last drop");
+        assert_eq!(h.decide_check(CHECK_3), Decided::Dead, "the give-back is the last drop, used or not");
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (0, 0));
+    }
+
+    #[test]
+    fn a_collection_renews_a_lease_the_owner_used_while_handles_are_left() {
+        let h = header(1, 0);
+        assert!(h.owner_clone(), "a new lease");
+        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed, "used, and two handles");
+        assert_eq!(
+            (h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)),
+            (1 + RESERVE_BATCH, (RESERVE_BATCH - 1) | LEASED),
+            "renewing writes nothing but the cleared flag"
+        );
+        // A frame's clone and drop: plain counts, and the lease is used again.
+        assert!(!h.owner_clone(), "the lease goes on: no new check");
+        assert_eq!(h.owner_release(), Released::Kept);
+        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed);
+        // A frame without the owner counting on it: the lease ends.
+        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
+        assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (2, 0));
+        assert_eq!(h.ref_count(), 2);
+        assert!(h.owner_clone(), "the next clone takes a new lease");
+    }
+
+    #[test]
+    fn a_used_lease_ends_once_no_handle_is_left() {
+        // The owner's clone and drop, then the last handle goes elsewhere.
+        let h = header(1, 0);
+        assert!(h.owner_clone());
+        assert_eq!(h.owner_release(), Released::Kept);
+        assert_eq!(h.try_release(3, None, 0), Ok(Released::Kept), "the reservation holds the count");
+        assert_eq!(h.reserve.load(Ordering::Relaxed) & USED, USED);
+        assert_eq!(h.decide_check(CHECK_3), Decided::Dead, "used, but nothing else holds it");
+        // An `upgrade` elsewhere won the race with the owner's last drop:
+        // the renewal finds it alive, and clears `PENDING`.
+        let h = header(1 + RESERVE_BATCH, RESERVE_BATCH | LEASED | USED | PENDING);
+        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed);
+        assert_eq!(h.reserve.load(Ordering::Relaxed), RESERVE_BATCH | LEASED);
+        assert_eq!(h.ref_count(), 1);
     }
 
     #[test]
@@ -406,7 +500,8 @@ mod tests {
         }
         assert!(!h.owner_clone(), "a second batch: the first check ends it too");
         assert_eq!(h.ref_count(), 1 + RESERVE_BATCH + 1);
-        assert!(!h.decide_check(CHECK_3), "handles are left");
+        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed, "used, and handles are left");
+        assert_eq!(h.decide_check(CHECK_3), Decided::Ended, "unused since");
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (1 + RESERVE_BATCH + 1, 0));
         assert!(h.owner_clone(), "after the give-back, a new lease");
     }
@@ -415,7 +510,7 @@ mod tests {
     fn a_full_reservation_gives_all_but_a_batch_back() {
         let h = header(1 + RESERVE_MAX + 1, RESERVE_MAX);
         assert_eq!(h.owner_release(), Released::Kept);
-        assert_eq!(h.reserve.load(Ordering::Relaxed), RESERVE_BATCH);
+        assert_eq!(h.reserve.load(Ordering::Relaxed), RESERVE_BATCH | USED);
         assert_eq!(h.word.load(Ordering::Relaxed), 1 + RESERVE_BATCH);
         assert_eq!(h.ref_count(), 1);
     }
@@ -433,11 +528,11 @@ mod tests {
     fn the_give_back_leaves_live_objects_alive() {
         // The owner reserves 3 and a handle is left elsewhere.
         let h = header(4, 3 | PENDING);
-        assert!(!h.decide_check(CHECK_3));
+        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (1, 0));
         assert_eq!(h.ref_count(), 1);
         // Given back already (a second lease's check): nothing to decide.
-        assert!(!h.decide_check(CHECK_3));
+        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
         assert_eq!(h.word.load(Ordering::Relaxed), 1);
         // The last handle then goes as without an owner.
         assert_eq!(h.try_release(3, None, 0), Ok(Released::Last));
@@ -460,15 +555,15 @@ mod tests {
     fn a_check_decides_only_its_own_object() {
         let h = header(2, 2);
         // Another generation: the slot was reused; nothing is decided or given back.
-        assert!(!h.decide_check(Check { local: 0, generation: 5 }));
+        assert_eq!(h.decide_check(Check { local: 0, generation: 5 }), Decided::Ended);
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (2, 2));
         // Its own: the count is all the reservation.
-        assert!(h.decide_check(CHECK_3));
+        assert_eq!(h.decide_check(CHECK_3), Decided::Dead);
         // Shutdown destroyed the object in place (generation 4) and its last
         // handle went since: shutdown's give-back finds it dead.
         let h = header(2, 2 | PENDING);
         h.generation.store(4, Ordering::Relaxed);
-        assert!(!h.decide_check(CHECK_3));
+        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
         assert!(h.give_back());
         // A vacant slot holds no reservation: nothing to give back.
         assert!(!SlotHeader::vacant(4).give_back());

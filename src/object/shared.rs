@@ -212,6 +212,28 @@ impl StoreShared {
         std::mem::replace(&mut *checks, allocator_api2::vec::Vec::new_in(alloc))
     }
 
+    /// Queues again the checks of the leases a collection renewed: into the
+    /// queue itself if it is empty (no allocation), else after the checks
+    /// queued since. Gives them back if there is no room.
+    pub(crate) fn requeue_checks(
+        &self,
+        renewed: allocator_api2::vec::Vec<Check, StoreAlloc>,
+    ) -> Result<(), allocator_api2::vec::Vec<Check, StoreAlloc>> {
+        if renewed.is_empty() {
+            return Ok(());
+        }
+        let mut checks = self.checks.lock();
+        if checks.is_empty() {
+            *checks = renewed;
+            return Ok(());
+        }
+        if checks.try_reserve(renewed.len()).is_err() {
+            return Err(renewed);
+        }
+        checks.extend_from_slice(&renewed);
+        Ok(())
+    }
+
     /// True if a check is queued (false when called from user code that
     /// runs while this thread queues checks: it reads nothing then).
     pub(crate) fn has_checks(&self) -> bool {

@@ -71,11 +71,19 @@ impl ObjectManager {
             // SAFETY: as for `destroy_all`, which ran above.
             let settled = unsafe { store.settle() };
             report.outliving_handles += settled.outliving;
+            report.owner_reserved += settled.owner_reserved;
             report.leaked_bytes += settled.leaked_bytes;
         }
         if self.report_leaks && report.outliving_handles > 0 {
+            let reserved = match report.owner_reserved {
+                0 => String::new(),
+                n => format!(
+                    " ({n} of them may be held only by counts the owner thread reserved, which only it can give \
+                     back: shut the manager down on the thread that built it to free them)"
+                ),
+            };
             emit(&format!(
-                "{} object(s) are still referenced by handles that outlive object manager #{}; \
+                "{} object(s) are still referenced by handles that outlive object manager #{}{reserved}; \
                  {} bytes of slot memory are leaked on purpose so those handles stay sound",
                 report.outliving_handles,
                 self.id(),

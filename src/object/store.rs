@@ -37,6 +37,7 @@ use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
+use super::owner_counts::RESERVE_COUNT;
 use super::owner_slots::{Chain, OwnerSlots, RUN};
 use super::reentry::NamedMutex;
 use super::report::TypeReport;
@@ -171,6 +172,9 @@ pub(crate) struct Settled {
     pub(crate) outliving: usize,
     /// Bytes of segment memory left allocated on purpose.
     pub(crate) leaked_bytes: usize,
+    /// Of `outliving`, the slots the owner thread held counts on, at a
+    /// shutdown elsewhere: perhaps held by no handle at all.
+    pub(crate) owner_reserved: usize,
 }
 
 impl<T: MMObject> Store<T> {
@@ -1017,13 +1021,13 @@ impl<T: MMObject> ErasedStore for Store<T> {
         let dead = self.shared().take_dead();
         // The counts settle the common case (nothing outlives) without a
         // pass over every slot; debug builds check them against that pass.
-        let outliving = if self.all_listed(dead) {
-            debug_assert_eq!(self.count_outliving(dead), 0, "the counts missed an outliving slot");
-            0
+        let (outliving, owner_reserved) = if self.all_listed(dead) {
+            debug_assert_eq!(self.count_outliving(dead).0, 0, "the counts missed an outliving slot");
+            (0, 0)
         } else {
             self.count_outliving(dead)
         };
-        let mut settled = Settled { outliving, leaked_bytes: 0 };
+        let mut settled = Settled { outliving, leaked_bytes: 0, owner_reserved };
         self.leaked.store(outliving > 0, Ordering::Relaxed);
         if outliving > 0 {
             for segment in 0..MAX_SEGMENTS {
@@ -1039,8 +1043,10 @@ impl<T: MMObject> ErasedStore for Store<T> {
 
 impl<T: MMObject> Store<T> {
     /// Slots neither free, nor on the dead lists taken as `dead`, nor
-    /// retired, nor held only by raw references: O(slots).
-    fn count_outliving(&self, dead: [u32; DEAD_LANES]) -> usize {
+    /// retired, nor held only by raw references: O(slots). Also returns
+    /// how many of them the owner thread holds counts on (none once its
+    /// own shutdown gave them back).
+    fn count_outliving(&self, dead: [u32; DEAD_LANES]) -> (usize, usize) {
         let limit = self.len.load(Ordering::Relaxed) as usize;
         let mut accounted = vec![false; limit];
         let (free_head, _) = split_free(self.free_head.load(Ordering::Relaxed));
@@ -1067,7 +1073,18 @@ impl<T: MMObject> Store<T> {
                 accounted[local as usize] = true;
             }
         }
-        accounted.iter().filter(|&&a| !a).count()
+        let mut outliving = 0;
+        let mut owner_reserved = 0;
+        self.for_each_slot(|local, slot| {
+            if accounted.get(local as usize) == Some(&false) {
+                outliving += 1;
+                // Only for the report: the owner may be changing it now.
+                if slot.header.reserve.load(Ordering::Relaxed) & RESERVE_COUNT != 0 {
+                    owner_reserved += 1;
+                }
+            }
+        });
+        (outliving, owner_reserved)
     }
 
     /// True if the free list, the dead lists taken as `dead` and the retired

@@ -10,6 +10,7 @@
 
 use crate::sync::Ordering;
 
+use super::super::owner_counts::Decided;
 use super::super::owner_slots::Chain;
 use super::super::shared::DEAD_LANES;
 use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
@@ -254,9 +255,10 @@ impl<T: MMObject> Store<T> {
         }
     }
 
-    /// Decides the queued checks (see `owner_counts.rs`): the owner's
-    /// reservations go back to the words, and the objects that leaves dead go
-    /// onto the dead lanes, one chain per lane. On another thread than the
+    /// Decides the queued checks (see `owner_counts.rs`): the leases the
+    /// owner used since the previous collection stay (their checks are
+    /// queued again), the other reservations go back to the words, and the
+    /// objects that leaves dead go onto the dead lanes, one chain per lane. On another thread than the
     /// owner the reservations cannot be given back (the owner may be using
     /// them), so the checks stay queued for the owner.
     ///
@@ -280,12 +282,31 @@ impl<T: MMObject> Store<T> {
             }
             return;
         }
-        let checks = shared.take_checks();
+        let mut checks = shared.take_checks();
         let mut dead = DeadChains::default();
-        for &check in checks.iter() {
+        // Compacted in place (the renewed checks move down), so requeueing
+        // them allocates nothing.
+        let mut renewed = 0;
+        for at in 0..checks.len() {
+            let check = checks[at];
             let slot = self.slot(check.local).expect("checked slots live in published segments");
-            if slot.header.decide_check(check) {
-                dead.push(check.local, slot);
+            match slot.header.decide_check(check) {
+                Decided::Renewed => {
+                    checks[renewed] = check;
+                    renewed += 1;
+                }
+                Decided::Ended => {}
+                Decided::Dead => dead.push(check.local, slot),
+            }
+        }
+        checks.truncate(renewed);
+        if let Err(renewed) = shared.requeue_checks(checks) {
+            // No room to keep them queued: these leases end now instead.
+            for check in renewed {
+                let slot = self.slot(check.local).expect("checked slots live in published segments");
+                if slot.header.give_back() {
+                    dead.push(check.local, slot);
+                }
             }
         }
         self.push_dead_chains(dead);
