@@ -518,12 +518,12 @@ const FRAME_CLONED: usize = 1_000;
 /// 1,000 live objects (say, into a render list), drops the clones at the
 /// frame's end, and collects (with nothing dead).
 ///
-/// This is what the owner's reservation costs when it lasts one frame: an
-/// owner's first clone of an object since its last collection takes a lease
-/// (one atomic add of a batch and a queued check), and the collection gives
-/// it back (one atomic subtract per object). O2's loop never collects, so it
-/// shows only the plain counts. The peers clone into the same `Vec`: `Arc`
-/// (two atomic operations per object), `Rc`, and a manager without an owner
+/// This is what the owner's reservations cost across frames: the owner's
+/// first clone of an object takes a lease (one atomic add of a batch and a
+/// queued check), and each collection visits the check, renewing the lease
+/// while the owner goes on using it (O2's loop never collects, so it shows
+/// only the plain counts). The peers clone into the same `Vec`: `Arc` (two
+/// atomic operations per object), `Rc`, and a manager without an owner
 /// (whose collection has nothing to do).
 fn o2c_clone_each_frame(c: &mut Criterion) {
     let mut group = c.benchmark_group("O2c_clone_each_frame");

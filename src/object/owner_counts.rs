@@ -145,7 +145,7 @@ pub(crate) fn claim(manager_id: u32) {
     OWNED.with(|owned| owned.set(manager_id));
 }
 
-/// A queued check, the end of a lease: the slot's local index and the
+/// A queued check, which renews or ends a lease: the slot's local index and the
 /// generation of the object it is about, so that a check that arrives after
 /// its object was destroyed and the slot reused decides nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -258,9 +258,10 @@ impl<T: MMObject> Store<T> {
     /// Decides the queued checks (see `owner_counts.rs`): the leases the
     /// owner used since the previous collection stay (their checks are
     /// queued again), the other reservations go back to the words, and the
-    /// objects that leaves dead go onto the dead lanes, one chain per lane. On another thread than the
-    /// owner the reservations cannot be given back (the owner may be using
-    /// them), so the checks stay queued for the owner.
+    /// objects that leaves dead go onto the dead lanes, one chain per lane.
+    /// On another thread than the owner the reservations cannot be given
+    /// back (the owner may be using them), so the checks stay queued for
+    /// the owner.
     ///
     /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
     pub(super) fn decide_checks(&self) {
