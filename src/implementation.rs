@@ -161,7 +161,12 @@
 //!   one `AcqRel` subtract. That subtract is a drop like any other: if it
 //!   takes the count to zero, no handle is left anywhere, and the object is
 //!   linked onto the dead list and destroyed in the same call. The next
-//!   clone on the owner takes a new lease.
+//!   clone on the owner takes a new lease. Only the first round of a
+//!   collection ends unused leases; its later rounds (cascades, the batches
+//!   of `collect_garbage_for`, `collect_cycles`' second pass) look only for
+//!   objects that died meanwhile (they used to end every lease the first
+//!   round had just renewed). `release_many` on the owner gives back the
+//!   lease of an object whose only handle it releases, and destroys it.
 //! - Why renew: an object the owner clones every frame (a render list)
 //!   would otherwise pay a locked add, a check and a locked subtract per
 //!   frame, 2.8× `Arc`'s clone and drop (`BENCHMARKS.md`, O2c); renewed, it

@@ -611,6 +611,29 @@ fn a_release_races_a_workers_drop() {
     });
 }
 
+/// The same on the owner thread, for an object whose lease a collection
+/// renewed: `release_many` gives the lease back when its handle is the last
+/// and destroys the object at once; else the handle drops into the
+/// reservation and the next collection finds the object dead. Exactly once,
+/// and never before the worker's drop.
+#[test]
+fn a_release_of_a_leased_object_races_a_workers_drop() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = owned();
+        let mine = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let theirs = mine.clone(); // a lease
+        assert_eq!(mm.collect_garbage().objects, 0, "used, and handles left: renewed");
+        let worker = thread::spawn(move || drop(theirs));
+        let released = mm.release_many([mine]).objects;
+        worker.join().unwrap();
+        assert_eq!(released + mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!((mm.dead_count(), mm.len()), (0, 0));
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
 /// A store allocator that refuses its first segment once armed, then serves.
 #[derive(Clone, Default)]
 struct RefuseOneSegment(Arc<std::sync::atomic::AtomicBool>);

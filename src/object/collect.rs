@@ -135,6 +135,16 @@ impl ObjectManager {
     /// Like [`collect_garbage`](Self::collect_garbage), but stops after
     /// `max_objects`; the rest stay queued for the next call.
     pub fn collect_garbage_budgeted(&mut self, max_objects: usize) -> CollectStats {
+        self.collect_rounds(max_objects, true)
+    }
+
+    /// [`collect_garbage_budgeted`](Self::collect_garbage_budgeted).
+    /// `ends_unused`: this call starts a collection, and its first round
+    /// ends the owner's leases not used since the previous one (see
+    /// `owner_counts.rs`); every other round (and a call that goes on with
+    /// a collection, as `collect_garbage_for`'s later batches) only finds
+    /// the objects that died meanwhile, and keeps the leases it renewed.
+    pub(crate) fn collect_rounds(&mut self, max_objects: usize, mut ends_unused: bool) -> CollectStats {
         let mut stats = CollectStats::default();
         let mut budget = max_objects;
         let registry = std::sync::Arc::clone(self.registry());
@@ -149,8 +159,9 @@ impl ObjectManager {
             let mut freed = 0;
             for store in registry.all_stores() {
                 // SAFETY: we hold `&mut self`.
-                freed += unsafe { store.collect(&mut budget, &mut stats, self.destroyed.as_mut()) };
+                freed += unsafe { store.collect(ends_unused, &mut budget, &mut stats, self.destroyed.as_mut()) };
             }
+            ends_unused = false;
             if freed == 0 {
                 break;
             }
@@ -200,8 +211,10 @@ impl ObjectManager {
     pub fn collect_garbage_for(&mut self, budget: Duration) -> CollectStats {
         let start = Instant::now();
         let mut stats = CollectStats::default();
+        let mut first = true;
         loop {
-            let batch = self.collect_garbage_budgeted(BATCH);
+            // One collection: only the first batch ends unused leases.
+            let batch = self.collect_rounds(BATCH, std::mem::take(&mut first));
             // Each batch goes on with the passes of the one before: the rounds
             // are the deepest cascade a batch met, not a pass per batch.
             stats.absorb(CollectStats { rounds: 0, ..batch });

@@ -40,7 +40,14 @@
 //!   count to zero, no handle is left anywhere (the subtract is the last
 //!   drop, exactly as a handle's would be), and the object goes on the dead
 //!   list and is destroyed in the same call. Either way it clears
-//!   `PENDING`; the next clone on the owner takes a new lease.
+//!   `PENDING`; the next clone on the owner takes a new lease. Only a
+//!   collection's first look at its checks ends unused leases: its later
+//!   rounds (cascades), batches (`collect_garbage_for`) and passes
+//!   (`collect_cycles`) only find the objects that died meanwhile, and keep
+//!   the leases the first renewed.
+//! - **`release_many` on the owner** gives back the lease of an object whose
+//!   only handle it gives up (the word holds that handle and the
+//!   reservation), and destroys the object at once, as without a lease.
 //!
 //! **Why renew.** An object the owner clones in every frame (into a render
 //! list, say) would otherwise pay a locked add, a queued check and a locked
@@ -305,10 +312,18 @@ impl SlotHeader {
     /// (see [`give_back`](Self::give_back)). A check that arrives after its
     /// object was destroyed and the slot reused decides nothing.
     ///
+    /// `ends_unused`: this is the collection's first look at its checks.
+    /// Its later rounds (cascades), batches (`collect_garbage_for`) and
+    /// passes (`collect_cycles`) look again only for the objects that died
+    /// meanwhile: a lease with handles left stays, its `USED` as it is. (They
+    /// used to decide as the first look does, and since that one cleared
+    /// `USED`, ended every lease it had just renewed, in every collection
+    /// that destroyed anything.)
+    ///
     /// Only on the owner thread, under `&mut ObjectManager`, so the
     /// reservation read here is exact.
     #[inline]
-    pub(crate) fn decide_check(&self, check: Check) -> Decided {
+    pub(crate) fn decide_check(&self, check: Check, ends_unused: bool) -> Decided {
         if self.generation.load(Ordering::Acquire) != check.generation {
             return Decided::Ended;
         }
@@ -320,16 +335,36 @@ impl SlotHeader {
         // finds the lease unused: the owner cannot count on an object it
         // holds no handle to) gives it back, and the object dies there.
         let word = self.word.load(Ordering::Relaxed);
-        if reserve & USED != 0 && kept != 0 && is_count(word) && word & COUNT_MASK > kept {
+        if (reserve & USED != 0 || !ends_unused) && kept != 0 && is_count(word) && word & COUNT_MASK > kept {
             // Alive: a `PENDING` left by the owner's last drop was raced by
-            // an `upgrade` elsewhere, which won.
-            self.reserve.store(reserve & !(USED | PENDING), Ordering::Relaxed);
+            // an `upgrade` elsewhere, which won. `USED` is cleared only by
+            // the look that ends unused leases.
+            let cleared = if ends_unused { USED | PENDING } else { PENDING };
+            self.reserve.store(reserve & !cleared, Ordering::Relaxed);
             return Decided::Renewed;
         }
         if self.give_back() {
             Decided::Dead
         } else {
             Decided::Ended
+        }
+    }
+
+    /// `release_many`'s look at a handle it gives up, on the owner thread
+    /// under `&mut ObjectManager`: if that handle is the object's only one
+    /// (the word holds it and the reservation, and with the manager
+    /// borrowed nothing can add a count), gives the reservation back, so
+    /// that the handle's count is the word's only one and `release_many`
+    /// destroys the object at once, as it did before leases outlived a
+    /// collection. `LEASED` stays: a queued check then decides a spent lease
+    /// (or nothing, once the object is gone and its slot freed).
+    pub(crate) fn yield_to_sole_handle(&self) {
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        let kept = reserve & RESERVE_COUNT;
+        if kept != 0 && self.word.load(Ordering::Relaxed) & COUNT_MASK == kept + 1 {
+            // `Release`, as a drop; never to zero (the handle's count stays).
+            self.word.fetch_sub(kept, Ordering::Release);
+            self.reserve.store(reserve & LEASED, Ordering::Relaxed);
         }
     }
 
@@ -449,7 +484,7 @@ mod tests {
         assert!(h.reserve.load(Ordering::Relaxed) & PENDING != 0);
         assert!(h.awaits_check(true) && h.awaits_check(false));
         assert!(h.try_add_ref(3).is_err(), "a pending object is not revived");
-        assert_eq!(h.decide_check(CHECK_3), Decided::Dead, "the give-back is the last drop, used or not");
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Dead, "the give-back is the last drop, used or not");
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (0, 0));
     }
 
@@ -457,7 +492,7 @@ mod tests {
     fn a_collection_renews_a_lease_the_owner_used_while_handles_are_left() {
         let h = header(1, 0);
         assert!(h.owner_clone(), "a new lease");
-        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed, "used, and two handles");
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Renewed, "used, and two handles");
         assert_eq!(
             (h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)),
             (1 + RESERVE_BATCH, (RESERVE_BATCH - 1) | LEASED),
@@ -466,9 +501,9 @@ mod tests {
         // A frame's clone and drop: plain counts, and the lease is used again.
         assert!(!h.owner_clone(), "the lease goes on: no new check");
         assert_eq!(h.owner_release(), Released::Kept);
-        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Renewed);
         // A frame without the owner counting on it: the lease ends.
-        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Ended);
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (2, 0));
         assert_eq!(h.ref_count(), 2);
         assert!(h.owner_clone(), "the next clone takes a new lease");
@@ -482,13 +517,32 @@ mod tests {
         assert_eq!(h.owner_release(), Released::Kept);
         assert_eq!(h.try_release(3, None, 0), Ok(Released::Kept), "the reservation holds the count");
         assert_eq!(h.reserve.load(Ordering::Relaxed) & USED, USED);
-        assert_eq!(h.decide_check(CHECK_3), Decided::Dead, "used, but nothing else holds it");
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Dead, "used, but nothing else holds it");
         // An `upgrade` elsewhere won the race with the owner's last drop:
         // the renewal finds it alive, and clears `PENDING`.
         let h = header(1 + RESERVE_BATCH, RESERVE_BATCH | LEASED | USED | PENDING);
-        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Renewed);
         assert_eq!(h.reserve.load(Ordering::Relaxed), RESERVE_BATCH | LEASED);
         assert_eq!(h.ref_count(), 1);
+    }
+
+    #[test]
+    fn a_collections_later_looks_keep_the_leases_its_first_renewed() {
+        let h = header(1, 0);
+        assert!(h.owner_clone());
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Renewed, "the first look: used");
+        assert_eq!(h.decide_check(CHECK_3, false), Decided::Renewed, "a later round: handles are left");
+        assert_eq!(h.reserve.load(Ordering::Relaxed), (RESERVE_BATCH - 1) | LEASED, "nothing given back");
+        // A cascade's drop in the first round takes the last handle: the
+        // later round finds it dead.
+        assert_eq!((h.owner_release(), h.owner_release()), (Released::Kept, Released::Kept));
+        assert_eq!(h.decide_check(CHECK_3, false), Decided::Dead);
+        // A later look keeps `USED` for the next collection's first.
+        let h = header(1, 0);
+        assert!(h.owner_clone());
+        assert_eq!(h.decide_check(CHECK_3, false), Decided::Renewed);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Renewed);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Ended);
     }
 
     #[test]
@@ -500,8 +554,8 @@ mod tests {
         }
         assert!(!h.owner_clone(), "a second batch: the first check ends it too");
         assert_eq!(h.ref_count(), 1 + RESERVE_BATCH + 1);
-        assert_eq!(h.decide_check(CHECK_3), Decided::Renewed, "used, and handles are left");
-        assert_eq!(h.decide_check(CHECK_3), Decided::Ended, "unused since");
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Renewed, "used, and handles are left");
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Ended, "unused since");
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (1 + RESERVE_BATCH + 1, 0));
         assert!(h.owner_clone(), "after the give-back, a new lease");
     }
@@ -528,11 +582,11 @@ mod tests {
     fn the_give_back_leaves_live_objects_alive() {
         // The owner reserves 3 and a handle is left elsewhere.
         let h = header(4, 3 | PENDING);
-        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Ended);
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (1, 0));
         assert_eq!(h.ref_count(), 1);
         // Given back already (a second lease's check): nothing to decide.
-        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Ended);
         assert_eq!(h.word.load(Ordering::Relaxed), 1);
         // The last handle then goes as without an owner.
         assert_eq!(h.try_release(3, None, 0), Ok(Released::Last));
@@ -555,15 +609,15 @@ mod tests {
     fn a_check_decides_only_its_own_object() {
         let h = header(2, 2);
         // Another generation: the slot was reused; nothing is decided or given back.
-        assert_eq!(h.decide_check(Check { local: 0, generation: 5 }), Decided::Ended);
+        assert_eq!(h.decide_check(Check { local: 0, generation: 5 }, true), Decided::Ended);
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (2, 2));
         // Its own: the count is all the reservation.
-        assert_eq!(h.decide_check(CHECK_3), Decided::Dead);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Dead);
         // Shutdown destroyed the object in place (generation 4) and its last
         // handle went since: shutdown's give-back finds it dead.
         let h = header(2, 2 | PENDING);
         h.generation.store(4, Ordering::Relaxed);
-        assert_eq!(h.decide_check(CHECK_3), Decided::Ended);
+        assert_eq!(h.decide_check(CHECK_3, true), Decided::Ended);
         assert!(h.give_back());
         // A vacant slot holds no reservation: nothing to give back.
         assert!(!SlotHeader::vacant(4).give_back());

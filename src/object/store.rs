@@ -772,6 +772,7 @@ pub(crate) trait ErasedStore: Send + Sync {
     /// The caller holds `&mut ObjectManager` (see the trait).
     unsafe fn collect(
         &self,
+        ends_unused: bool,
         budget: &mut usize,
         stats: &mut CollectStats,
         events: Option<&mut std::vec::Vec<Destroyed>>,
@@ -863,12 +864,13 @@ impl<T: MMObject> ErasedStore for Store<T> {
 
     unsafe fn collect(
         &self,
+        ends_unused: bool,
         budget: &mut usize,
         stats: &mut CollectStats,
         events: Option<&mut std::vec::Vec<Destroyed>>,
     ) -> usize {
         // SAFETY: the caller's contract is `Store::collect`'s.
-        unsafe { Store::collect(self, budget, stats, events) }
+        unsafe { Store::collect(self, ends_unused, budget, stats, events) }
     }
 
     unsafe fn share_held_slots(&self) {

@@ -162,6 +162,11 @@ impl<T: MMObject> Store<T> {
                 drop(handle);
                 continue;
             }
+            if self.reads_reservations_here() {
+                // An object the owner holds a lease on (renewed by a
+                // collection) whose only handle this is: the lease goes first.
+                handle.slot().header.yield_to_sole_handle();
+            }
             // SAFETY: the caller holds `&mut ObjectManager` of the handle's
             // manager (this store's); the object is destroyed below.
             if let Ok(slot) = unsafe { handle.release_last() } {

@@ -96,6 +96,8 @@ impl<T: MMObject> Store<T> {
 
     /// Destroys dead objects until the dead list is empty or `budget` runs out,
     /// recording each in `events` if given. Returns how many it destroyed.
+    /// It decides the queued checks first; `ends_unused` only in the first
+    /// round of a collection (see [`decide_checks`](Self::decide_checks)).
     ///
     /// If a `Drop`, `size()` or the destroy hook panics, that object is
     /// destroyed all the same (its value counts as dropped, as after any
@@ -109,6 +111,7 @@ impl<T: MMObject> Store<T> {
     /// manager runs (loaders may).
     pub(crate) unsafe fn collect(
         &self,
+        ends_unused: bool,
         budget: &mut usize,
         stats: &mut CollectStats,
         mut events: Option<&mut std::vec::Vec<Destroyed>>,
@@ -121,7 +124,7 @@ impl<T: MMObject> Store<T> {
             // SAFETY: the caller holds `&mut ObjectManager`.
             unsafe { self.release_owner_slots(true) };
         }
-        self.decide_checks();
+        self.decide_checks(ends_unused);
         if *budget == 0 {
             return 0;
         }
@@ -263,8 +266,14 @@ impl<T: MMObject> Store<T> {
     /// back (the owner may be using them), so the checks stay queued for
     /// the owner.
     ///
+    /// `ends_unused`: the collection's first look, which also ends the
+    /// leases the owner did not use since the previous collection (and
+    /// clears `USED` on those it renews). Its later rounds pass false: they
+    /// look only for objects that died meanwhile (see
+    /// `SlotHeader::decide_check`).
+    ///
     /// The caller holds `&mut ObjectManager` (as for [`collect`](Self::collect)).
-    pub(super) fn decide_checks(&self) {
+    pub(super) fn decide_checks(&self, ends_unused: bool) {
         let shared = self.shared();
         if !self.reads_reservations_here() {
             // The flag first: a collection here need not lock the queue once it warned.
@@ -291,7 +300,7 @@ impl<T: MMObject> Store<T> {
         for at in 0..checks.len() {
             let check = checks[at];
             let slot = self.slot(check.local).expect("checked slots live in published segments");
-            match slot.header.decide_check(check) {
+            match slot.header.decide_check(check, ends_unused) {
                 Decided::Renewed => {
                     checks[renewed] = check;
                     renewed += 1;
