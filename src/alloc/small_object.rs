@@ -21,8 +21,9 @@ use crate::{Error, Result};
 /// the lowest set bit of `s` (8, 16, 32, 16, 64, 32, 128).
 const CLASS_ALIGN: usize = 128;
 
-/// The most granules the region is cut into. Each class starts on a granule, so one byte
-/// per granule (a 64-byte table) names the class of an address with one shift and one load.
+/// The most granules the region is cut into. Each class starts on a granule, so one record
+/// per granule ([`GranuleClass`], a table of 2 KiB) names the class of an address with one
+/// shift and one load.
 const GRANULES: usize = 64;
 
 /// A class index, `0..7`, as a type: the compiler then knows its range and indexes the
@@ -58,6 +59,8 @@ impl ClassIndex {
 
 /// One class: `slots` slots of `slot_size` bytes at `start..end` in the region. `start` is a
 /// multiple of the granule, and the padding after `end` stops at the next class's `start`.
+/// A line each, so the alloc finds a class's record with a shift, not a multiplication.
+#[repr(align(64))]
 struct SmallClass {
     slot_size: usize,
     /// The alignment every slot has.
@@ -65,9 +68,6 @@ struct SmallClass {
     start: usize,
     end: usize,
     slots: u64,
-    /// [`INVERSE`] of the class, kept here so the free reads one record.
-    inverse: u64,
-    shift: u32,
 }
 
 /// What the allocator shares with the thread caches (which hold it as a `Weak`), so that a
@@ -168,14 +168,15 @@ struct Fallbacks {
 
 /// `(inverse, shift)` per class, to turn an offset into a class into a slot index and check it
 /// in one step. A slot size is `odd << shift` with `odd` 1 or 3, and `inverse` is `odd`'s
-/// inverse modulo `2^64`. Then `slot_of(i, rel) = (rel × inverse mod 2^64).rotate_right(shift)`:
+/// inverse modulo `2^64`. Then `slot_of(rel) = (rel × inverse mod 2^64).rotate_right(shift)`,
+/// for `rel` bytes into the class ([`GranuleClass::slot_of`]):
 /// - if `rel = q × size`, then `rel × inverse ≡ q << shift`, which is exact (it is `rel / odd`)
 ///   and has its low `shift` bits clear, so the rotation gives `q`;
 /// - multiplying by an odd number and rotating are both bijections of `u64`, and the multiples
 ///   `q × size` already map onto every `q` up to `u64::MAX / size`, so every other `rel` maps
 ///   above that, and so above any slot count (classes have fewer than `2^32` slots).
 ///
-/// So `slot_of(i, rel) < slots` holds exactly when `rel` is the start of one of the class's
+/// So `slot_of(rel) < slots` holds exactly when `rel` is the start of one of the class's
 /// slots: one multiplication, one rotation and one compare cover the division, the
 /// "inside a slot" check and the "past the class's last slot" check.
 const INVERSE: [(u64, u32); 7] = {
@@ -184,14 +185,76 @@ const INVERSE: [(u64, u32); 7] = {
     [(ONE, 3), (ONE, 4), (ONE, 5), (THIRD, 4), (ONE, 6), (THIRD, 5), (ONE, 7)]
 };
 
-impl SmallClass {
-    /// See [`INVERSE`]: `rel / slot_size` if `rel` is a multiple of the slot size, or a
-    /// number above `u64::MAX / slot_size` if it is not.
+/// What a free needs of the class a granule belongs to, copied from its [`SmallClass`]: one
+/// record per granule, so the free goes from an address to its slot, class and lanes with one
+/// table load (the record's fields share a line) and no class record or `Arc` on the way.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+struct GranuleClass {
+    start: u64,
+    /// The class's inverse in [`INVERSE`].
+    inverse: u64,
+    /// The class's slot count (below `2^32`).
+    slots: u32,
+    /// The class's shift in [`INVERSE`].
+    shift: u8,
+    class: ClassIndex,
+    /// The class's lanes, loaded with the rest so the free needs no second lookup for them.
+    lanes: LanesPtr,
+}
+
+impl GranuleClass {
+    /// The record of class `i` (its lanes at `lanes`); `None` for a granule past the region,
+    /// which has no slots, so every free there takes the cold path.
+    fn new(class: Option<&SmallClass>, i: usize, lanes: LanesPtr) -> GranuleClass {
+        let (inverse, shift) = INVERSE[i];
+        GranuleClass {
+            start: class.map_or(0, |c| c.start as u64),
+            inverse,
+            slots: class.map_or(0, |c| u32::try_from(c.slots).expect("fewer than 2^32 slots")),
+            shift: shift as u8,
+            class: ClassIndex::ALL[i],
+            lanes,
+        }
+    }
+
+    /// [`INVERSE`]'s `slot_of` for `offset` bytes into the region (at or after the class's
+    /// start, as every granule of a class is): the slot index if `offset` is a slot's start,
+    /// and at least `2^32` if it is not.
     #[inline(always)]
-    fn slot_of(&self, rel: usize) -> u64 {
-        (rel as u64).wrapping_mul(self.inverse).rotate_right(self.shift)
+    fn slot_of(self, offset: usize) -> u64 {
+        (offset as u64).wrapping_sub(self.start).wrapping_mul(self.inverse).rotate_right(u32::from(self.shift))
     }
 }
+
+/// A pointer to one of the [`Lanes`] in an allocator's [`Shared`], so the fast paths reach a
+/// class's lanes with one load instead of the `Arc`'s pointer and an index.
+///
+/// Invariant: it points into the `Arc<Shared>` of the allocator whose fields hold it. That
+/// `Arc` lives as long as the allocator and is never borrowed mutably (nothing calls
+/// `Arc::get_mut` on it), so the pointee is valid for shared access while the allocator is.
+#[derive(Debug, Clone, Copy)]
+struct LanesPtr(NonNull<Lanes>);
+
+impl LanesPtr {
+    /// The lanes, for as long as `owner` is borrowed.
+    ///
+    /// # Safety
+    ///
+    /// `owner` is the allocator whose fields hold this pointer.
+    #[inline(always)]
+    unsafe fn get(self, owner: &SmallObjectAllocator) -> &Lanes {
+        let _ = owner;
+        // SAFETY: by the invariant and the caller's contract, it points into `owner.shared`,
+        // alive and never mutably borrowed while `owner` is borrowed.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+// SAFETY: it stands for a `&Lanes` into an `Arc` its allocator holds; `Lanes` is `Sync`.
+unsafe impl Send for LanesPtr {}
+// SAFETY: as above.
+unsafe impl Sync for LanesPtr {}
 
 /// A small-object allocator: one region of 8/16/32/48/64/96/128-byte slots, one bit per slot,
 /// with a per-thread fast path.
@@ -205,9 +268,9 @@ impl SmallClass {
 ///   Fallback blocks are kept in a small side table (address → layout) so they are
 ///   recognised and freed correctly.
 /// - **Free**: an address inside the region reveals its class and slot: classes start on
-///   *granules* (the region is cut into at most 64), so a 64-byte table gives the class with
-///   one shift and one load, and one multiplication by the inverse of the slot size gives
-///   the slot and rejects an address inside a slot or past the class's last. In a lane the
+///   *granules* (the region is cut into at most 64), so a table of one 32-byte record per
+///   granule gives the class with one shift and one load, and one multiplication by the
+///   inverse of the slot size gives the slot and rejects an address inside a slot or past the class's last. In a lane the
 ///   freeing thread owns, clearing the bit frees the slot (a plain store). Otherwise the free
 ///   takes the class's lock and either clears the bit (nobody owns the lane) or queues the
 ///   slot for the lane's owner, which applies it when it next needs a slot or frees in that
@@ -229,7 +292,8 @@ impl SmallClass {
 /// - **Overhead**: exactly one bit per slot ([`footprint`](Self::footprint)): 1,000 slots of
 ///   8 bytes cost 8,000 + 125 = 8,125 bytes. Lanes have no metadata of their own. Beside
 ///   that, a fixed part per class (its lock, two lane masks, the queue of frees waiting for
-///   an owner) and, per thread that uses the allocator, a few words per class in its
+///   an owner), the allocator's own tables (3 KiB of granule records and size routes) and,
+///   per thread that uses the allocator, a few words per class in its
 ///   thread-local cache and in its counts. Classes start on granules (of 128 bytes, or of
 ///   the smallest power of two that cuts the classes into at most 64), so padding can follow
 ///   a class up to the next granule: address space the allocator never reads or writes
@@ -275,11 +339,15 @@ pub struct SmallObjectAllocator {
     id: u64,
     /// `route[size]` for `size <= 128`: the first class whose slots are at least `size` bytes.
     route: [ClassIndex; 129],
+    /// `route_lanes[size]`: that class's lanes, loaded beside its index rather than after it.
+    route_lanes: [LanesPtr; 129],
     /// Granules are `1 << granule_shift` bytes (at least [`CLASS_ALIGN`]).
     granule_shift: u32,
-    /// The class of each granule of the region (the entries past the region are never read).
-    granule_class: [ClassIndex; GRANULES],
+    /// The class of each granule of the region; the entries past it have no slots.
+    granule_class: [GranuleClass; GRANULES],
     fallbacks: Mutex<Fallbacks>,
+    /// `&shared.lanes[i]` per class.
+    lanes: [LanesPtr; 7],
 }
 
 impl SmallObjectAllocator {
@@ -306,29 +374,18 @@ impl SmallObjectAllocator {
             granule_shift += 1;
         }
         let mut offset = 0usize;
-        let mut granule_class = [ClassIndex::I6; GRANULES];
+        let mut granule_of = [None; GRANULES];
         let classes: [SmallClass; 7] = std::array::from_fn(|i| {
             let slot_size = SMALL_OBJECT_CLASSES[i];
             let (start, end) = (offset, offset + bytes[i]);
             let first = start >> granule_shift;
             offset = region::align_up(end, 1 << granule_shift);
-            granule_class[first..offset >> granule_shift].fill(ClassIndex::ALL[i]);
-            let (inverse, shift) = INVERSE[i];
-            SmallClass {
-                slot_size,
-                align: 1 << slot_size.trailing_zeros(),
-                start,
-                end,
-                slots: config.slots[i] as u64,
-                inverse,
-                shift,
-            }
+            let slots = config.slots[i] as u64;
+            granule_of[first..offset >> granule_shift].fill(Some(i));
+            SmallClass { slot_size, align: 1 << slot_size.trailing_zeros(), start, end, slots }
         });
         // No padding after the last class: the region ends with its last slot.
         let offset = classes.iter().filter(|c| c.slots > 0).map(|c| c.end).max().unwrap_or(0);
-        let route = std::array::from_fn(|size| {
-            ClassIndex::ALL[SMALL_OBJECT_CLASSES.iter().position(|&s| s >= size).expect("size <= 128")]
-        });
         let region = Region::new(offset);
         let shared = Arc::new(Shared {
             lanes: std::array::from_fn(|i| Lanes::new(config.slots[i])),
@@ -336,15 +393,27 @@ impl SmallObjectAllocator {
             counters: SharedCounters::default(),
             slot_addr: std::array::from_fn(|i| (region.addr() + classes[i].start, classes[i].slot_size)),
         });
+        // `LanesPtr`'s invariant: each points into `shared`, which the allocator holds.
+        let lanes: [LanesPtr; 7] = std::array::from_fn(|i| LanesPtr(NonNull::from(&shared.lanes[i])));
+        let route: [ClassIndex; 129] = std::array::from_fn(|size| {
+            ClassIndex::ALL[SMALL_OBJECT_CLASSES.iter().position(|&s| s >= size).expect("size <= 128")]
+        });
+        let route_lanes = route.map(|c| lanes[c.get()]);
+        let granule_class = granule_of.map(|i| match i {
+            Some(i) => GranuleClass::new(Some(&classes[i]), i, lanes[i]),
+            None => GranuleClass::new(None, 0, lanes[0]),
+        });
         SmallObjectAllocator {
             region,
             classes,
-            shared,
             id: thread_cache::next_allocator_id(),
             route,
+            route_lanes,
             granule_shift,
             granule_class,
             fallbacks: Mutex::new(Fallbacks::default()),
+            lanes,
+            shared,
         }
     }
 
@@ -378,10 +447,15 @@ impl SmallObjectAllocator {
         let (size, align) = (layout.size(), layout.align());
         if size <= 128 {
             // Every slot is 8-aligned: only a larger alignment can need a larger class.
-            let class = if align <= 8 { Some(self.route[size]) } else { self.route_aligned(size, align) };
-            if let Some(class) = class {
+            let class = if align <= 8 {
+                Some((self.route[size], self.route_lanes[size]))
+            } else {
+                self.route_aligned(size, align).map(|c| (c, self.lanes[c.get()]))
+            };
+            if let Some((class, lanes)) = class {
                 let i = class.get();
-                let lanes = &self.shared.lanes[i];
+                // SAFETY: `lanes` is one of `self`'s own (from `route_lanes` or `lanes`).
+                let lanes = unsafe { lanes.get(self) };
                 // SAFETY: the closure only reads and writes bitmap words and this thread's
                 // counts: it calls nothing that could reach the thread cache again.
                 let fast = unsafe {
@@ -557,22 +631,22 @@ impl SmallObjectAllocator {
     #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        if !self.region.contains(addr) {
+        // Below the region, the offset wraps to far past it.
+        let offset = addr.wrapping_sub(self.region.addr());
+        let Some(&class) = self.granule_class.get(offset >> self.granule_shift) else {
             // SAFETY: forwarded contract.
-            return unsafe { self.free_fallback(ptr) };
+            return unsafe { self.not_a_slot(ptr) };
+        };
+        let slot = class.slot_of(offset);
+        // Also past the region's end (in its last granule, or in a granule past it).
+        if slot >= u64::from(class.slots) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.not_a_slot(ptr) };
         }
-        let offset = addr - self.region.addr();
-        // The region is at most `GRANULES` granules long, so the mask changes nothing.
-        let i = self.granule_class[(offset >> self.granule_shift) & (GRANULES - 1)].get();
-        let class = &self.classes[i];
-        // A granule's class starts at or before it.
-        let rel = offset - class.start;
-        let slot = class.slot_of(rel);
-        if slot >= class.slots {
-            return Err(self.not_a_slot(addr, i, rel));
-        }
+        let i = class.class.get();
         let slot = slot as usize;
-        let lanes = &self.shared.lanes[i];
+        // SAFETY: `class` is a copy of one of `self.granule_class`, so its pointer is `self`'s.
+        let lanes = unsafe { class.lanes.get(self) };
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
         let fast = unsafe {
@@ -599,16 +673,28 @@ impl SmallObjectAllocator {
         unsafe { region::fill_freed(self.region.at(offset), self.classes[i].slot_size) }
     }
 
-    /// The error for a free at `rel` bytes into class `i` that is no slot's start: inside a
-    /// slot, or in the padding after the class.
+    /// A free at an address that is no slot's start: outside the region (a fallback block,
+    /// or foreign), inside a slot, or in the padding after a class.
+    ///
+    /// # Safety
+    ///
+    /// As `try_free`.
     #[cold]
     #[inline(never)]
-    fn not_a_slot(&self, addr: usize, i: usize, rel: usize) -> Error {
-        let class = &self.classes[i];
-        if rel >= class.end - class.start {
-            Error::ForeignPointer { addr }
-        } else {
-            Error::NotBlockStart { addr, block_start: addr - rel % class.slot_size }
+    unsafe fn not_a_slot(&self, ptr: NonNull<u8>) -> Result<()> {
+        let addr = ptr.as_ptr() as usize;
+        if !self.region.contains(addr) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.free_fallback(ptr) };
+        }
+        let offset = addr - self.region.addr();
+        // The class with the last start at or before the offset (classes are in order).
+        let class = self.classes.iter().rev().find(|c| c.start <= offset && c.start < c.end);
+        match class {
+            Some(c) if offset < c.end => {
+                Err(Error::NotBlockStart { addr, block_start: addr - (offset - c.start) % c.slot_size })
+            }
+            _ => Err(Error::ForeignPointer { addr }),
         }
     }
 
@@ -957,6 +1043,10 @@ mod tests {
                 assert!(matches!(small.try_free(at(c.start + 3)), Err(Error::NotBlockStart { .. })), "class {i}");
             }
         }
+        // Just past the region, in its last granule (whose record is the last class's).
+        let end = small.region.at(small.region.len());
+        // SAFETY: not a block; caught before memory is touched.
+        assert_eq!(unsafe { small.try_free(end) }, Err(Error::ForeignPointer { addr: end.as_ptr() as usize }));
         for p in blocks {
             // SAFETY: ours, freed once; the second free is caught.
             unsafe {
@@ -971,14 +1061,16 @@ mod tests {
     fn slot_of_divides_and_rejects_non_multiples() {
         let small = config([1; 7]);
         for (i, size) in SMALL_OBJECT_CLASSES.into_iter().enumerate() {
-            let class = &small.classes[i];
+            let record = GranuleClass::new(Some(&small.classes[i]), i, small.lanes[i]);
+            let start = small.classes[i].start;
+            let slot_of = |rel: usize| record.slot_of(start.wrapping_add(rel));
             let last = ((1usize << 32) - 1) * size; // the start of the last possible slot
             for rel in [0, size, 5 * size, 1000 * size, last - size, last] {
-                assert_eq!(class.slot_of(rel), (rel / size) as u64, "class {i}, {rel} bytes in");
+                assert_eq!(slot_of(rel), (rel / size) as u64, "class {i}, {rel} bytes in");
             }
             // Inside a slot, or past the most slots a class can have: never below 2^32.
             for rel in [1, 7, size - 1, size + 1, 5 * size + 3, last - 1, last + 1, last + size, 1 << 40, usize::MAX] {
-                assert!(class.slot_of(rel) >= 1 << 32, "class {i}, {rel} bytes in");
+                assert!(slot_of(rel) >= 1 << 32, "class {i}, {rel} bytes in");
             }
         }
     }
