@@ -151,9 +151,9 @@
 //!   collections; freeing a slot clears the bit with the rest of `reserve`. Rings carry checks to
 //!   a per-store queue; a check names its slot and its object's generation
 //!   (a check that outlives its object decides nothing).
-//! - Collection on the owner decides each check. Every clone, drop and
-//!   `upgrade` on the owner that counts on the reservation sets `USED` (in
-//!   the store it makes anyway). A lease with `USED` whose word holds more
+//! - Collection on the owner decides each check. Every clone and `upgrade`
+//!   on the owner that takes a count from the reservation sets `USED` (in
+//!   the store it makes anyway; drops do not, to keep theirs short). A lease with `USED` whose word holds more
 //!   than the reservation (handles are left) is renewed: the collection
 //!   clears `USED` (and a `PENDING` an `upgrade` elsewhere raced) and keeps
 //!   the check queued (compacted in place: no allocation). Any other lease

@@ -271,8 +271,8 @@ impl ObjectManagerBuilder {
     /// Handle clones and drops on the owner thread then cost plain loads and
     /// stores instead of an atomic read-modify-write: the owner keeps a small
     /// reservation of counts per object it clones, which its collections
-    /// renew while it goes on cloning or dropping that object's handles, and
-    /// give back at the first one after a frame in which it did not (see
+    /// renew while it goes on cloning that object's handles, and give back
+    /// at the first one after a frame in which it did not (see
     /// `BENCHMARKS.md`, O2 and O2c, for the numbers). Drops on other
     /// threads stay one `fetch_sub`, as `Arc`'s. Turn it on when the manager stays on the thread that builds
     /// it and calls [`collect_garbage`](super::ObjectManager::collect_garbage)

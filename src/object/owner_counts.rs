@@ -32,8 +32,8 @@
 //!   owner holds no reservation then). Else nothing more: while the owner
 //!   holds counts on the object, its lease's check is queued.
 //! - **Collection on the owner thread** decides each queued check. A lease
-//!   the owner counted on since the previous collection ([`USED`]: a clone,
-//!   drop or `upgrade` there) is renewed while handles are left (the word
+//!   the owner counted on since the previous collection ([`USED`]: a clone
+//!   or `upgrade` there) is renewed while handles are left (the word
 //!   holds more than the reservation): the check stays queued, and nothing
 //!   is written but the cleared flag. Any other lease ends: the whole
 //!   reservation goes back to the word with one subtract. If that takes the
@@ -117,10 +117,11 @@ pub(crate) const PENDING: u32 = 1 << 31;
 /// [`end_lease`](SlotHeader::end_lease), and when the slot is freed (the
 /// object may die with its reservation spent but its check still queued).
 pub(crate) const LEASED: u32 = 1 << 30;
-/// Set in [`SlotHeader::reserve`] by every clone, drop and `upgrade` on the
-/// owner that counts on the reservation; cleared by the collection that
-/// renews the lease (see the module docs), which a lease without it does not
-/// survive.
+/// Set in [`SlotHeader::reserve`] by every clone and `upgrade` on the owner
+/// that takes a count from the reservation (not by drops: a frame that uses
+/// an object clones it, and the drop's store stays as short as it was);
+/// cleared by the collection that renews the lease (see the module docs),
+/// which a lease without it does not survive.
 pub(crate) const USED: u32 = 1 << 29;
 /// The most counts a reservation keeps.
 pub(crate) const RESERVE_MAX: u32 = 16;
@@ -258,8 +259,8 @@ impl SlotHeader {
             kept = self.return_reserve(kept);
         }
         let last = self.word.load(Ordering::Relaxed) & COUNT_MASK == kept;
-        let pending = if last { PENDING } else { 0 };
-        self.reserve.store(kept | reserve & (PENDING | LEASED) | USED | pending, Ordering::Relaxed);
+        self.reserve
+            .store(kept | reserve & (PENDING | LEASED | USED) | if last { PENDING } else { 0 }, Ordering::Relaxed);
         Released::Kept
     }
 
@@ -564,7 +565,7 @@ mod tests {
     fn a_full_reservation_gives_all_but_a_batch_back() {
         let h = header(1 + RESERVE_MAX + 1, RESERVE_MAX);
         assert_eq!(h.owner_release(), Released::Kept);
-        assert_eq!(h.reserve.load(Ordering::Relaxed), RESERVE_BATCH | USED);
+        assert_eq!(h.reserve.load(Ordering::Relaxed), RESERVE_BATCH);
         assert_eq!(h.word.load(Ordering::Relaxed), 1 + RESERVE_BATCH);
         assert_eq!(h.ref_count(), 1);
     }
