@@ -1055,17 +1055,6 @@ impl<T: MMObject> Store<T> {
         for head in dead.into_iter().chain([free_head]) {
             self.walk_chain(head, |local, _| accounted[local as usize] = true);
         }
-        // Retired slots hold nothing. (An object destroyed in place above at
-        // the last generation also reaches the limit, but its word is still
-        // its count: outliving handles hold it.)
-        self.for_each_slot(|local, slot| {
-            let header = &slot.header;
-            if header.generation.load(Ordering::Relaxed) >= GENERATION_LIMIT
-                && header.word.load(Ordering::Acquire) & LINK_FLAG != 0
-            {
-                accounted[local as usize] = true;
-            }
-        });
         // A slot held only by raw references is safe to free too (see
         // `SlotHeader::held_only_by_raw`, which reads the owner's
         // reservations only on the owner thread).
@@ -1078,10 +1067,16 @@ impl<T: MMObject> Store<T> {
         let mut outliving = 0;
         let mut owner_reserved = 0;
         self.for_each_slot(|local, slot| {
-            if accounted.get(local as usize) == Some(&false) {
+            let header = &slot.header;
+            // Retired slots hold nothing. (An object destroyed in place above
+            // at the last generation also reaches the limit, but its word is
+            // still its count: outliving handles hold it.)
+            let retired = header.generation.load(Ordering::Relaxed) >= GENERATION_LIMIT
+                && header.word.load(Ordering::Acquire) & LINK_FLAG != 0;
+            if accounted.get(local as usize) == Some(&false) && !retired {
                 outliving += 1;
                 // Only for the report: the owner may be changing it now.
-                if slot.header.reserve.load(Ordering::Relaxed) & RESERVE_COUNT != 0 {
+                if header.reserve.load(Ordering::Relaxed) & RESERVE_COUNT != 0 {
                     owner_reserved += 1;
                 }
             }

@@ -157,12 +157,13 @@ impl<T: MMObject> Store<T> {
         self.note_peak();
         let mut hook = self.on_destroy.lock();
         let mut requeue = Requeue { store: self, rest: [NIL; DEAD_LANES], current: NIL, freed: SlotChain::default() };
+        let owner_here = self.reads_reservations_here();
         for handle in handles {
             if !handle.belongs_to(self.config.manager_id) {
                 drop(handle);
                 continue;
             }
-            if self.reads_reservations_here() {
+            if owner_here {
                 // An object the owner holds a lease on (renewed by a
                 // collection) whose only handle this is: the lease goes first.
                 handle.slot().header.yield_to_sole_handle();
