@@ -38,6 +38,13 @@ fn owned() -> ObjectManager {
     ObjectManager::builder().report_leaks(false).segment_base(4).owner_thread(true).build()
 }
 
+/// Shuts `mm` down, and checks that nothing was left alive or outliving it.
+#[track_caller]
+fn shuts_down_clean(mm: ObjectManager) {
+    let report = mm.shutdown();
+    assert!(report.is_empty() && report.outliving_handles() == 0, "{report:?}");
+}
+
 /// Two leases on one object in one frame (the first batch spent by clones):
 /// two checks, one object.
 #[test]
@@ -53,8 +60,7 @@ fn two_leases_in_one_frame_count_once() {
     assert_eq!((mm.len(), mm.dead_count()), (0, 1));
     assert_eq!(mm.collect_garbage().objects, 1);
     assert_eq!((drops.count(), mm.len(), mm.dead_count()), (1, 0, 0));
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// A `Drop` that clones (a new lease) and drops the last handle of another
@@ -68,8 +74,7 @@ fn a_drop_that_leases_during_collection_finishes_the_cascade() {
     drop(holder);
     assert_eq!(mm.collect_garbage().objects, 2);
     assert_eq!((drops.count(), mm.len(), mm.dead_count()), (1, 0, 0));
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// The same at shutdown on the owner: values destroyed in place clone and
@@ -153,8 +158,7 @@ fn raw_handles_on_and_off_the_owner() {
     assert_eq!((mm.len(), mm.dead_count()), (0, 1));
     assert_eq!(mm.collect_garbage().objects, 1);
     assert_eq!(drops.count(), 1);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// A raw reference left at shutdown on the owner, while the owner held a
@@ -255,8 +259,7 @@ fn a_spent_lease_does_not_pass_to_the_slots_next_object() {
     assert_eq!((mm.len(), mm.dead_count()), (0, 1));
     assert_eq!(mm.collect_garbage().objects, 1);
     assert_eq!(drops.count(), 2);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// Shuts `mm` down on another thread while `held` is still alive, and says
@@ -327,8 +330,7 @@ fn a_cascade_through_a_renewed_lease_finishes_in_one_call() {
     drop(holder);
     assert_eq!(mm.collect_garbage().objects, 2, "the holder, then its target");
     assert_eq!((drops.count(), mm.len(), mm.dead_count()), (1, 0, 0));
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// Objects the owner uses in every frame, in frames that also destroy
@@ -361,8 +363,7 @@ fn renewed_leases_in_frames_with_deaths_still_die_on_time() {
     assert_eq!((mm.len(), mm.dead_count()), (0, 3));
     assert_eq!(mm.collect_garbage().objects, 3);
     assert_eq!(drops.count(), 4 + 3);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// Many objects renewed over many frames, with deaths and a new lease in
@@ -391,8 +392,7 @@ fn renewals_over_many_frames_keep_the_check_queue_bounded() {
     assert!(kept.iter().all(|h| h.ref_count() == 1));
     drop(kept);
     assert_eq!(mm.collect_garbage().objects, 64);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// A raw reference the owner adds every frame keeps a lease renewed; its
@@ -420,8 +420,7 @@ fn a_raw_reference_renews_a_lease_until_released_elsewhere() {
     assert_eq!((mm.len(), mm.dead_count()), (0, 1));
     assert_eq!(mm.collect_garbage().objects, 1);
     assert_eq!(drops.count(), 4);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// The owner's last drop marks the object `PENDING`: no upgrade revives it,
@@ -445,8 +444,7 @@ fn a_pending_object_with_a_renewed_lease_is_not_revived() {
     assert_eq!(mm.collect_garbage().objects, 1);
     assert_eq!(mm.collect_garbage().objects, 0, "destroyed once");
     assert_eq!(drops.count(), 1);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// A renewed lease whose handles all went elsewhere (the word holds only
@@ -489,8 +487,7 @@ fn release_many_of_objects_with_renewed_leases() {
     assert_eq!(mm.release_many([shared]).objects, 1, "its lease given back first");
     assert_eq!(mm.collect_garbage().objects, 0);
     assert_eq!(drops.count(), 10);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// A lease renewed on the owner, then the manager moves away: the last
@@ -519,8 +516,7 @@ fn a_renewed_lease_while_the_manager_is_away() {
     assert_eq!((mm.len(), mm.dead_count()), (0, 1));
     assert_eq!(mm.collect_garbage().objects, 1);
     assert_eq!(drops.count(), 4);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
 
 /// A `Drop` run by a collection's first round clones (from the renewed
@@ -542,6 +538,5 @@ fn a_drop_that_uses_a_renewed_lease_during_collection() {
     drop(t);
     assert_eq!(mm.collect_garbage().objects, 1);
     assert_eq!(drops.count(), 1);
-    let report = mm.shutdown();
-    assert!(report.is_empty() && report.outliving_handles() == 0);
+    shuts_down_clean(mm);
 }
