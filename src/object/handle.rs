@@ -405,16 +405,26 @@ impl<T> Drop for Handle<T> {
         match self.counting() {
             Counting::Atomic => {
                 if header.word.fetch_sub(1, AtomicOrdering::Release) == 1 {
-                    super::last_drops::record(self.shared(), self.local(), &header.word);
+                    self.record_last_drop();
                 }
             }
             Counting::Owner => {
                 if header.owner_release() == Released::Last {
-                    super::last_drops::record(self.shared(), self.local(), &header.word);
+                    self.record_last_drop();
                 }
             }
             Counting::Cyclable => self.drop_cyclable(),
         }
+    }
+}
+
+impl<T> Handle<T> {
+    /// The end of a last drop: lists the slot as dead. Out of line, with
+    /// the lookup of its store and index, so that the drop that inlines the
+    /// test leading here needs no registers saved on its common paths.
+    #[inline(never)]
+    fn record_last_drop(&self) {
+        super::last_drops::record(self.shared(), self.local(), &self.slot().header.word);
     }
 }
 

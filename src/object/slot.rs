@@ -60,7 +60,9 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 /// - `reserve` is written only by the manager's owner thread (loads and
 ///   stores, never a read-modify-write), or with no handle to the object
 ///   left (collection, shutdown, a vacant slot): its count bits never exceed
-///   the word's, and are 0 while the slot is vacant.
+///   the word's, and are 0 while the slot is vacant. It holds a count of at
+///   most `RESERVE_MAX` and the flags `PENDING`, `LEASED` and `USED`, no
+///   other bit (see `owner_counts.rs`).
 /// - `site` is the number of the object's creation site in its store's
 ///   table (`creation_sites.rs`), written before the generation is
 ///   published, like the value.
