@@ -46,6 +46,9 @@ struct Cursor<'a, T> {
     /// Objects yielded so far.
     yielded: usize,
     manager: u32,
+    /// The manager has an owner thread, so slots' `reserve` words may say
+    /// [`PENDING`](super::owner_counts::PENDING).
+    owned: bool,
     /// On the manager's owner thread: skips objects that only the owner's
     /// reservation counts (dead, as `total` counts them).
     owner_here: bool,
@@ -83,6 +86,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
         if let Some(store) = store {
             store.begin_iteration();
         }
+        let owned = store.is_some_and(Store::has_owner);
         let owner_here = store.is_some_and(Store::reads_reservations_here);
         Cursor {
             store,
@@ -102,6 +106,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
             total: store.map_or(0, |store| store.live_count_read(owner_here)),
             yielded: 0,
             manager,
+            owned,
             owner_here,
         }
     }
@@ -121,7 +126,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 let slot = unsafe { slot_ptr.as_ref() };
                 // Live: an odd generation, then a count (see `SlotHeader::is_live`).
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 0 || !slot.header.is_referenced(self.owner_here) {
+                if generation & 1 == 0 || !slot.header.is_referenced(self.owned, self.owner_here) {
                     continue;
                 }
                 self.yielded += 1;
@@ -140,7 +145,8 @@ impl<'a, T: MMObject> Cursor<'a, T> {
     fn fold_live<B>(&mut self, init: B, mut f: impl FnMut(B, WeakHandle<T>, &'a Slot<T>) -> B) -> B {
         let mut acc = init;
         loop {
-            let (base, len, first_index, owner_here) = (self.base, self.len, self.first_index, self.owner_here);
+            let (base, len, first_index, owned, owner_here) =
+                (self.base, self.len, self.first_index, self.owned, self.owner_here);
             let mut offset = self.offset;
             let mut yielded = 0;
             while offset < len {
@@ -150,7 +156,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 // SAFETY: as above: an initialised slot of a live segment.
                 let slot = unsafe { slot_ptr.as_ref() };
                 let generation = slot.header.generation.load(Ordering::Acquire);
-                if generation & 1 == 1 && slot.header.is_referenced(owner_here) {
+                if generation & 1 == 1 && slot.header.is_referenced(owned, owner_here) {
                     let key = ObjectKey::new(first_index + offset, generation);
                     yielded += 1;
                     acc = f(acc, WeakHandle::new(slot_ptr, key, self.manager), slot);

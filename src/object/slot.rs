@@ -222,9 +222,16 @@ impl SlotHeader {
     /// thread (`owner_here`) also not a count that is all the owner's
     /// reservation: its last handle went on another thread, and the check
     /// queued for it will find it dead (so `dead_count` counts it dead).
+    ///
+    /// `owned`: the manager has an owner thread (`owner_here` implies it).
+    /// Without one, `reserve` stays 0 and is not read: an iterator's step
+    /// is then one load and one test fewer.
     #[inline]
-    pub(crate) fn is_referenced(&self, owner_here: bool) -> bool {
+    pub(crate) fn is_referenced(&self, owned: bool, owner_here: bool) -> bool {
         let word = self.word.load(Ordering::Acquire);
+        if !owned {
+            return is_count(word);
+        }
         let reserve = self.reserve.load(Ordering::Relaxed);
         is_count(word) && reserve & PENDING == 0 && !(owner_here && word & COUNT_MASK == reserve & RESERVE_COUNT)
     }

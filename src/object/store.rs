@@ -690,6 +690,11 @@ impl<T: MMObject> Store<T> {
         self.len.load(Ordering::Acquire)
     }
 
+    /// True if the store's manager has an owner thread (see `owner_counts.rs`).
+    pub(crate) fn has_owner(&self) -> bool {
+        self.config.owner != 0
+    }
+
     /// True on the thread that owns the store's manager (see `owner_counts.rs`): there,
     /// an object whose count is all the owner's reservation is known to be dead.
     pub(crate) fn reads_reservations_here(&self) -> bool {
