@@ -163,7 +163,8 @@ struct Shared {
 ///
 /// `held`, the number of slots not free in the thread's lanes (invariant 4 of [`Lanes`]), is
 /// `allocations + offset` (wrapping): an allocation only bumps `allocations`, and only frees
-/// and lanes changing hands touch `offset`.
+/// and lanes changing hands touch `offset`. Only the owner reads `held`, so `offset` lives
+/// in its [`LaneCache`], and a free touches no shared count.
 ///
 /// The peak counts only the thread's *own* slots, `held - carried`: `carried` are the live
 /// slots of the lanes it took over, which the peaks of the class (of the thread that left
@@ -185,7 +186,6 @@ struct Shared {
 #[derive(Debug, Default)]
 pub(crate) struct LaneCounts {
     allocations: std::sync::atomic::AtomicU64,
-    offset: std::sync::atomic::AtomicU64,
     mark: std::sync::atomic::AtomicU64,
     /// Written and read by the owner only, at refills (readers need only `mark`).
     carried: std::sync::atomic::AtomicU64,
@@ -204,16 +204,6 @@ impl LaneCounts {
         self.allocations.store(self.allocations.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
     }
 
-    #[inline(always)]
-    fn add_held(&self, n: u64) {
-        self.offset.store(self.offset.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-    }
-
-    #[inline(always)]
-    fn sub_held(&self, n: u64) {
-        self.offset.store(self.offset.load(Ordering::Relaxed).wrapping_sub(n), Ordering::Relaxed);
-    }
-
     /// The upper bound of `held` since the last refill (0 if a reader's loads were torn).
     fn bound(&self) -> u64 {
         let bound = self.mark.load(Ordering::Relaxed).wrapping_add(self.allocations.load(Ordering::Relaxed));
@@ -224,14 +214,13 @@ impl LaneCounts {
         }
     }
 
-    /// At a refill (owner only): folds the bound since the last refill into the peak, counts
-    /// the frees since then against `carried` first, and starts the next bound from the own
-    /// count of now.
-    fn refilled(&self) {
+    /// At a refill (owner only, `offset` its cache's): folds the bound since the last refill
+    /// into the peak, counts the frees since then against `carried` first, and starts the
+    /// next bound from the own count of now.
+    fn refilled(&self, offset: u64) {
         let peak = self.peak.load(Ordering::Relaxed).max(self.bound());
         self.peak.store(peak, Ordering::Relaxed);
         let (mark, carried) = (self.mark.load(Ordering::Relaxed), self.carried.load(Ordering::Relaxed));
-        let offset = self.offset.load(Ordering::Relaxed);
         // `offset` fell by the frees since the last refill, from `mark + carried` then.
         let freed = mark.wrapping_add(carried).wrapping_sub(offset);
         let carried = carried.saturating_sub(freed);
@@ -241,23 +230,25 @@ impl LaneCounts {
 
     /// At a refill that takes over a lane with `held` slots not free, all counted in the
     /// class's peaks already (owner only): they join `held` but not the own count.
-    fn take_over(&self, held: u64) {
-        self.refilled();
-        self.add_held(held);
+    fn take_over(&self, cache: &mut LaneCache, held: u64) {
+        self.refilled(cache.offset);
+        cache.add_held(held);
         self.carried.store(self.carried.load(Ordering::Relaxed) + held, Ordering::Relaxed);
     }
 
-    /// Allocations, slots held now (exact for the owner) and the most held at once (an upper
-    /// bound, see the type's docs).
-    fn read(&self) -> (u64, u64, u64) {
-        let allocations = self.allocations.load(Ordering::Relaxed);
-        let held = allocations.wrapping_add(self.offset.load(Ordering::Relaxed));
-        (allocations, held, self.peak.load(Ordering::Relaxed).max(self.bound()))
+    /// Allocations and the most held at once (an upper bound, see the type's docs).
+    fn read(&self) -> (u64, u64) {
+        (self.allocations.load(Ordering::Relaxed), self.peak.load(Ordering::Relaxed).max(self.bound()))
+    }
+
+    /// Slots held now (the owner, with its cache).
+    fn held(&self, cache: &LaneCache) -> u64 {
+        self.allocations.load(Ordering::Relaxed).wrapping_add(cache.offset)
     }
 
     /// Starts over (owner only, when its lanes go back).
     fn clear(&self) {
-        for counter in [&self.allocations, &self.offset, &self.mark, &self.carried, &self.peak] {
+        for counter in [&self.allocations, &self.mark, &self.carried, &self.peak] {
             counter.store(0, Ordering::Relaxed);
         }
     }
@@ -272,11 +263,25 @@ pub(crate) struct LaneCache {
     active: u32,
     /// The bit of the active word's lane (0 with no active word).
     active_lane: u64,
+    /// `held - allocations` of this thread's [`LaneCounts`] (wrapping; see there).
+    offset: u64,
 }
 
 impl Default for LaneCache {
     fn default() -> Self {
-        LaneCache { mine: 0, active: NO_WORD, active_lane: 0 }
+        LaneCache { mine: 0, active: NO_WORD, active_lane: 0, offset: 0 }
+    }
+}
+
+impl LaneCache {
+    #[inline(always)]
+    fn add_held(&mut self, n: u64) {
+        self.offset = self.offset.wrapping_add(n);
+    }
+
+    #[inline(always)]
+    fn sub_held(&mut self, n: u64) {
+        self.offset = self.offset.wrapping_sub(n);
     }
 }
 
@@ -399,7 +404,7 @@ impl Lanes {
             .find(|&w| cache.mine & self.lane_bit(w) != 0 && self.bits.load(w) != u64::MAX)?;
         cache.active = w as u32;
         cache.active_lane = self.lane_bit(w);
-        counts.refilled();
+        counts.refilled(cache.offset);
         Some(())
     }
 
@@ -422,13 +427,7 @@ impl Lanes {
     /// has queued frees (take [`free_shared`](Self::free_shared) then); `Err` if the slot is
     /// free already. `fill` runs after the check, before the slot becomes free.
     #[inline(always)]
-    pub(crate) fn free_owned(
-        &self,
-        cache: &LaneCache,
-        counts: &LaneCounts,
-        slot: usize,
-        fill: impl FnOnce(),
-    ) -> Option<Result<(), ()>> {
+    pub(crate) fn free_owned(&self, cache: &mut LaneCache, slot: usize, fill: impl FnOnce()) -> Option<Result<(), ()>> {
         // This thread's lane, with no queued frees. A queued free that happened before this
         // call set `pending` before it (invariant 3), so a relaxed load sees it.
         let lane = (slot / 64) >> self.lane_shift;
@@ -437,7 +436,7 @@ impl Lanes {
         }
         let freed = self.clear(slot, fill);
         if freed.is_ok() {
-            counts.sub_held(1);
+            cache.sub_held(1);
         }
         Some(freed)
     }
@@ -475,7 +474,7 @@ impl Lanes {
         let mut raced = Vec::new();
         if self.pending.load(Ordering::Relaxed) & cache.mine != 0 {
             let mut shared = self.lock();
-            raced = self.apply_queued(&mut shared, cache.mine, counts);
+            raced = self.apply_queued(&mut shared, cache);
         }
         if self.next_own_word(cache, counts).is_some() {
             return (self.take_active(cache, counts), raced);
@@ -504,7 +503,7 @@ impl Lanes {
             cache.mine |= 1 << l;
             cache.active = w as u32;
             cache.active_lane = 1 << l;
-            counts.take_over(held);
+            counts.take_over(cache, held);
             return (self.take_active(cache, counts), raced);
         }
         *cache = LaneCache { mine: cache.mine, ..LaneCache::default() };
@@ -515,7 +514,8 @@ impl Lanes {
     /// returns the slots among them already free: a double free whose two frees raced (the
     /// owner's own free passed its check before the other thread's was queued). Those are
     /// dropped, so each slot is free once.
-    fn apply_queued(&self, shared: &mut Shared, mine: u64, counts: &LaneCounts) -> Vec<usize> {
+    fn apply_queued(&self, shared: &mut Shared, cache: &mut LaneCache) -> Vec<usize> {
+        let mine = cache.mine;
         let mut raced = Vec::new();
         let mut applied = 0;
         shared.queued.retain(|&slot| {
@@ -530,7 +530,7 @@ impl Lanes {
             }
             false
         });
-        counts.sub_held(applied);
+        cache.sub_held(applied);
         self.pending.store(self.pending.load(Ordering::Relaxed) & !mine, Ordering::Relaxed);
         raced
     }
@@ -544,17 +544,17 @@ impl Lanes {
     #[inline(never)]
     pub(crate) fn free_shared(
         &self,
-        cache: Option<(&mut LaneCache, &LaneCounts)>,
+        cache: Option<&mut LaneCache>,
         slot: usize,
         fill: impl FnOnce(),
     ) -> (Result<(), ()>, Vec<usize>) {
         let lane = self.lane_bit(slot / 64);
         let mut shared = self.lock();
-        if let Some((cache, counts)) = cache.filter(|(cache, _)| cache.mine & lane != 0) {
-            let raced = self.apply_queued(&mut shared, cache.mine, counts);
+        if let Some(cache) = cache.filter(|cache| cache.mine & lane != 0) {
+            let raced = self.apply_queued(&mut shared, cache);
             let freed = self.clear(slot, fill);
             if freed.is_ok() {
-                counts.sub_held(1);
+                cache.sub_held(1);
             }
             return (freed, raced);
         }
@@ -631,8 +631,8 @@ impl Lanes {
     /// frees, and moves its counts into the class's. Returns the slots found freed twice.
     pub(crate) fn release(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Vec<usize> {
         let mut shared = self.lock();
-        let raced = self.apply_queued(&mut shared, cache.mine, counts);
-        let (allocations, held, peak) = counts.read();
+        let raced = self.apply_queued(&mut shared, cache);
+        let ((allocations, peak), held) = (counts.read(), counts.held(cache));
         self.owned.store(self.owned.load(Ordering::Relaxed) & !cache.mine, Ordering::Relaxed);
         // The thread's peak counts its held slots already: as loose ones they are inherited,
         // so they do not raise `loose_peak` a second time.
@@ -661,7 +661,7 @@ impl Lanes {
         let shared = self.lock();
         let (mut allocations, mut peak) = (shared.allocations, shared.peaks + shared.loose_peak);
         for counts in threads {
-            let (a, _, p) = counts.read();
+            let (a, p) = counts.read();
             allocations += a;
             peak += p;
         }
@@ -682,6 +682,12 @@ impl std::fmt::Debug for Lanes {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// Allocations, slots held and the peak of `counts`, the counts of the thread of `cache`.
+    fn read(counts: &LaneCounts, cache: &LaneCache) -> (u64, u64, u64) {
+        let (allocations, peak) = counts.read();
+        (allocations, counts.held(cache), peak)
+    }
 
     #[test]
     fn bitmap_is_one_bit_per_slot() {
@@ -712,15 +718,15 @@ mod tests {
         assert_eq!(lanes.take_active(&mut mine, &counts), None, "no lane yet");
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(0));
         assert_eq!(lanes.take_active(&mut mine, &counts), Some(1));
-        assert_eq!(lanes.free_owned(&mine, &counts, 0, || {}), Some(Ok(())));
-        assert_eq!(lanes.free_owned(&mine, &counts, 0, || {}), Some(Err(())), "double free");
+        assert_eq!(lanes.free_owned(&mut mine, 0, || {}), Some(Ok(())));
+        assert_eq!(lanes.free_owned(&mut mine, 0, || {}), Some(Err(())), "double free");
         // Another thread frees slot 1: queued, since this thread owns the lane.
         assert_eq!(lanes.free_shared(None, 1, || {}), (Ok(()), vec![]));
         assert_eq!(lanes.free_shared(None, 1, || {}), (Err(()), vec![]), "queued twice");
-        assert_eq!(lanes.free_owned(&mine, &counts, 1, || {}), None, "queued frees go first");
-        assert_eq!(lanes.free_shared(Some((&mut mine, &counts)), 1, || {}), (Err(()), vec![]));
+        assert_eq!(lanes.free_owned(&mut mine, 1, || {}), None, "queued frees go first");
+        assert_eq!(lanes.free_shared(Some(&mut mine), 1, || {}), (Err(()), vec![]));
         assert_eq!(lanes.live(), 0);
-        assert_eq!(counts.read(), (2, 0, 2));
+        assert_eq!(read(&counts, &mine), (2, 0, 2));
         // A thread without a cache allocates from an unowned lane and frees there.
         let slot = lanes.take_unowned(|_| true).unwrap().unwrap();
         assert_eq!(slot, 64);
@@ -757,17 +763,17 @@ mod tests {
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(40), "the lane with the 40 slots");
         for &slot in &slots[..10] {
-            assert_eq!(lanes.free_owned(&mine, &counts, slot, || {}), Some(Ok(())));
+            assert_eq!(lanes.free_owned(&mut mine, slot, || {}), Some(Ok(())));
         }
         for _ in 0..33 {
             lanes.take_active(&mut mine, &counts).unwrap();
         }
         // 30 taken over and 34 of its own fill the word: the next one takes the other lane,
         // and the refill finds 30 of the 40 still live.
-        assert_eq!(counts.read().2, 34);
+        assert_eq!(read(&counts, &mine).2, 34);
         assert_eq!(lanes.take_active(&mut mine, &counts), None);
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(64));
-        assert_eq!(counts.read(), (35, 65, 35));
+        assert_eq!(read(&counts, &mine), (35, 65, 35));
         // The 40 the unowned lanes' peak counted, and 35 of the thread's own: 10 were freed
         // between, so the true peak (65, now) is exceeded by those 10 only.
         assert_eq!(lanes.totals([&counts].into_iter()), (75, 75));
@@ -785,7 +791,7 @@ mod tests {
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(1), "the lane of slot 0, taken over");
         let slot = lanes.take_active(&mut mine, &counts).unwrap();
         assert!(lanes.untake(&mine, &counts, slot));
-        assert_eq!(counts.read(), (1, 2, 1), "one allocation of its own, and slot 0 taken over");
+        assert_eq!(read(&counts, &mine), (1, 2, 1), "one allocation of its own, and slot 0 taken over");
         assert!(!lanes.untake(&mine, &counts, 64), "not this thread's lane");
         assert_eq!(lanes.take_active(&mut mine, &counts), Some(slot), "free again");
         assert_eq!(lanes.totals([&counts].into_iter()), (3, 3));
@@ -799,7 +805,7 @@ mod tests {
         // The other thread's free is queued after the owner's passed its check (the race).
         assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
         assert_eq!(lanes.clear(slot, || {}), Ok(()));
-        counts.sub_held(1);
+        mine.sub_held(1);
         assert_eq!(lanes.take_active(&mut mine, &counts), None, "queued frees are applied first");
         let (again, raced) = lanes.refill(&mut mine, &counts);
         assert_eq!((again, raced), (Some(slot), vec![slot]), "found, dropped, and the slot is free once");

@@ -512,7 +512,7 @@ impl SmallObjectAllocator {
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
         let fast = unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
-                lanes.free_owned(&cache.classes[i], &cache.counts.0[i], slot, move || self.fill_slot(i, offset))
+                lanes.free_owned(&mut cache.classes[i], slot, move || self.fill_slot(i, offset))
             })
         };
         match fast {
@@ -569,7 +569,7 @@ impl SmallObjectAllocator {
         let (freed, raced) = thread_cache::with_cache(
             self.id,
             || self.new_cache(),
-            |cache| lanes.free_shared(Some((&mut cache.classes[i], &cache.counts.0[i])), slot, fill),
+            |cache| lanes.free_shared(Some(&mut cache.classes[i]), slot, fill),
         )
         .unwrap_or_else(|| lanes.free_shared(None, slot, fill));
         if !raced.is_empty() {
