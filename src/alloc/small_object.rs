@@ -236,18 +236,23 @@ impl SmallObjectAllocator {
         }
         let mut offset = 0usize;
         let mut granule_of = [None; GRANULES];
-        let classes: [SmallClass; 7] = std::array::from_fn(|i| {
+        let mut classes: [SmallClass; 7] = std::array::from_fn(|i| {
             let slot_size = SMALL_OBJECT_CLASSES[i];
             let (start, end) = (offset, offset + bytes[i]);
             let first = start >> granule_shift;
             offset = region::align_up(end, 1 << granule_shift);
             let slots = config.slots[i] as u64;
             granule_of[first..offset >> granule_shift].fill(Some(i));
-            SmallClass { slot_size, align: 1 << slot_size.trailing_zeros(), start, end, slots }
+            let first = NonNull::dangling();
+            SmallClass { slot_size, first, align: 1 << slot_size.trailing_zeros(), start, end, slots }
         });
         // No padding after the last class: the region ends with its last slot.
         let offset = classes.iter().filter(|c| c.slots > 0).map(|c| c.end).max().unwrap_or(0);
         let region = Region::new(offset);
+        // `SmallClass`'s invariant (a class with slots lies inside the region).
+        for c in classes.iter_mut().filter(|c| c.slots > 0) {
+            c.first = region.at(c.start);
+        }
         let shared = Arc::new(Shared {
             lanes: std::array::from_fn(|i| Lanes::new(config.slots[i])),
             threads: Mutex::new(Vec::new()),
@@ -384,11 +389,15 @@ impl SmallObjectAllocator {
         false
     }
 
-    /// Slot `slot` of class `i`, with the region's provenance.
+    /// Slot `slot` of class `i`, with the region's provenance. `slot` is one of the class's
+    /// slots (its lanes handed it out), as `Region::at`'s offset is inside the region.
     #[inline(always)]
     fn slot_ptr(&self, i: usize, slot: usize) -> NonNull<u8> {
         let class = &self.classes[i];
-        self.region.at(class.start + slot * class.slot_size)
+        debug_assert!(class.start + slot * class.slot_size < class.end, "slot {slot} of class {i}");
+        // SAFETY: `first` is the region's pointer at the class's start (`SmallClass`'s
+        // invariant), and slot `slot` of the class lies inside the region.
+        unsafe { class.first.add(slot * class.slot_size) }
     }
 
     /// A new thread cache for this allocator, its counts registered.

@@ -49,15 +49,27 @@ impl ClassIndex {
 /// One class: `slots` slots of `slot_size` bytes at `start..end` in the region. `start` is a
 /// multiple of the granule, and the padding after `end` stops at the next class's `start`.
 /// A line each, so the alloc finds a class's record with a shift, not a multiplication.
+///
+/// Invariant: in a class with slots, `first` is the region's own pointer (its provenance) at
+/// offset `start`, so a slot's address is one load and one multiply-add away (dangling in a
+/// class without slots, which hands none out).
 #[repr(align(64))]
 pub(super) struct SmallClass {
     pub(super) slot_size: usize,
+    /// Slot 0 (see the invariant).
+    pub(super) first: NonNull<u8>,
     /// The alignment every slot has.
     pub(super) align: usize,
     pub(super) start: usize,
     pub(super) end: usize,
     pub(super) slots: u64,
 }
+
+// SAFETY: `first` is an address in the region the allocator owns, read only to derive slot
+// pointers, as `Region`'s own pointer is (which is `Send` and `Sync` for the same reason).
+unsafe impl Send for SmallClass {}
+// SAFETY: as above: `&SmallClass` exposes the pointer's value, never the bytes behind it.
+unsafe impl Sync for SmallClass {}
 
 /// `(inverse, shift)` per class, to turn an offset into a class into a slot index and check it
 /// in one step. A slot size is `odd << shift` with `odd` 1 or 3, and `inverse` is `odd`'s
