@@ -255,13 +255,18 @@ impl LaneCounts {
 }
 
 /// What one thread keeps for one class in its thread cache.
+///
+/// Invariant: a non-zero `active_lane` means `active` is a whole word of the bitmap of the
+/// [`Lanes`] that set it (only [`Lanes::set_active`] makes it non-zero), so the alloc's
+/// fast path indexes the word without a bounds check.
 #[derive(Debug)]
 pub(crate) struct LaneCache {
     /// Bit `l` set while this thread owns lane `l`.
     mine: u64,
     /// The word allocations come from first (in a lane of `mine`), or [`NO_WORD`].
     active: u32,
-    /// The bit of the active word's lane (0 with no active word).
+    /// The bit of the active word's lane if it is a whole word; 0 with no active word or
+    /// with the partial last word active (those take the out-of-line path).
     active_lane: u64,
     /// `held - allocations` of this thread's [`LaneCounts`] (wrapping; see there).
     offset: u64,
@@ -356,16 +361,23 @@ impl Lanes {
     /// frees (they are applied first, by [`refill`](Self::refill): a queued free of a slot
     /// that is free already is a raced double free, and must be seen before the slot is
     /// handed out again).
+    ///
+    /// # Safety
+    ///
+    /// `cache`'s active word was last set by this `Lanes` (or never: a default cache), as
+    /// `LaneCache`'s invariant asks.
     #[inline(always)]
-    pub(crate) fn take_active(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
-        if self.pending.load(Ordering::Relaxed) & cache.active_lane != 0 {
-            return None;
+    pub(crate) unsafe fn take_active(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+        // One test for "a whole word, with no queued frees in its lane"; no active word, the
+        // partial last word and queued frees take the out-of-line path.
+        if cache.active_lane & !self.pending.load(Ordering::Relaxed) == 0 {
+            return self.take_in(cache, counts);
         }
         let w = cache.active as usize;
+        // SAFETY: `LaneCache`'s invariant (the caller's contract): with a non-zero
+        // `active_lane`, `w` is one of `words`.
+        let cell = unsafe { self.bits.words.get_unchecked(w) };
         // Invariant 2: `w` is in a lane this thread owns, so this thread is its one writer.
-        // One bounds check for the load and the store; the partial last word and `NO_WORD`
-        // (past the end, read as full) take the general path.
-        let Some(cell) = self.bits.words.get(w) else { return self.take_in(w, counts) };
         let word = cell.load(Ordering::Relaxed);
         if word == u64::MAX {
             return self.take_next(cache, counts);
@@ -387,7 +399,14 @@ impl Lanes {
             return None;
         }
         self.next_own_word(cache, counts)?;
-        self.take_active(cache, counts)
+        // SAFETY: `next_own_word` just set the active word, through `set_active`.
+        unsafe { self.take_active(cache, counts) }
+    }
+
+    /// Makes word `w` of this thread's lanes the active one (`LaneCache`'s invariant).
+    fn set_active(&self, cache: &mut LaneCache, w: usize) {
+        cache.active = w as u32;
+        cache.active_lane = if w < self.bits.words.len() { self.lane_bit(w) } else { 0 };
     }
 
     /// Makes the next word after the active one, in this thread's lanes, that has a free slot
@@ -402,17 +421,23 @@ impl Lanes {
         let w = (start..words)
             .chain(0..start)
             .find(|&w| cache.mine & self.lane_bit(w) != 0 && self.bits.load(w) != u64::MAX)?;
-        cache.active = w as u32;
-        cache.active_lane = self.lane_bit(w);
+        self.set_active(cache, w);
         counts.refilled(cache.offset);
         Some(())
     }
 
-    /// [`take_active`](Self::take_active) for a word that is not a whole one: the partial
-    /// last word, or `NO_WORD`.
+    /// [`take_active`](Self::take_active) when the active word is not a whole one (the
+    /// partial last word, or `NO_WORD`) or its lane has queued frees (`None` then).
     #[cold]
     #[inline(never)]
-    fn take_in(&self, w: usize, counts: &LaneCounts) -> Option<usize> {
+    fn take_in(&self, cache: &LaneCache, counts: &LaneCounts) -> Option<usize> {
+        let w = cache.active as usize;
+        if cache.active_lane != 0 || cache.active == NO_WORD {
+            return None;
+        }
+        if self.pending.load(Ordering::Relaxed) & self.lane_bit(w) != 0 {
+            return None;
+        }
         let word = self.bits.load(w);
         if word == u64::MAX {
             return None;
@@ -477,7 +502,8 @@ impl Lanes {
             raced = self.apply_queued(&mut shared, cache);
         }
         if self.next_own_word(cache, counts).is_some() {
-            return (self.take_active(cache, counts), raced);
+            // SAFETY: `next_own_word` just set the active word, through `set_active`.
+            return (unsafe { self.take_active(cache, counts) }, raced);
         }
         let mut shared = self.lock();
         let owned = self.owned.load(Ordering::Relaxed);
@@ -501,10 +527,10 @@ impl Lanes {
             shared.cursor = l + 1;
             drop(shared);
             cache.mine |= 1 << l;
-            cache.active = w as u32;
-            cache.active_lane = 1 << l;
+            self.set_active(cache, w);
             counts.take_over(cache, held);
-            return (self.take_active(cache, counts), raced);
+            // SAFETY: the active word was just set, through `set_active`.
+            return (unsafe { self.take_active(cache, counts) }, raced);
         }
         *cache = LaneCache { mine: cache.mine, ..LaneCache::default() };
         (None, raced)
@@ -683,6 +709,12 @@ impl std::fmt::Debug for Lanes {
 mod tests {
     use super::*;
 
+    /// [`Lanes::take_active`] for a cache only `lanes` has changed.
+    fn take(lanes: &Lanes, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+        // SAFETY: each test keeps its cache with one `Lanes`.
+        unsafe { lanes.take_active(cache, counts) }
+    }
+
     /// Allocations, slots held and the peak of `counts`, the counts of the thread of `cache`.
     fn read(counts: &LaneCounts, cache: &LaneCache) -> (u64, u64, u64) {
         let (allocations, peak) = counts.read();
@@ -715,9 +747,9 @@ mod tests {
     fn owner_queue_and_unowned_frees() {
         let lanes = Lanes::new(130); // 3 words, one lane each
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
-        assert_eq!(lanes.take_active(&mut mine, &counts), None, "no lane yet");
+        assert_eq!(take(&lanes, &mut mine, &counts), None, "no lane yet");
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(0));
-        assert_eq!(lanes.take_active(&mut mine, &counts), Some(1));
+        assert_eq!(take(&lanes, &mut mine, &counts), Some(1));
         assert_eq!(lanes.free_owned(&mut mine, 0, || {}), Some(Ok(())));
         assert_eq!(lanes.free_owned(&mut mine, 0, || {}), Some(Err(())), "double free");
         // Another thread frees slot 1: queued, since this thread owns the lane.
@@ -766,12 +798,12 @@ mod tests {
             assert_eq!(lanes.free_owned(&mut mine, slot, || {}), Some(Ok(())));
         }
         for _ in 0..33 {
-            lanes.take_active(&mut mine, &counts).unwrap();
+            take(&lanes, &mut mine, &counts).unwrap();
         }
         // 30 taken over and 34 of its own fill the word: the next one takes the other lane,
         // and the refill finds 30 of the 40 still live.
         assert_eq!(read(&counts, &mine).2, 34);
-        assert_eq!(lanes.take_active(&mut mine, &counts), None);
+        assert_eq!(take(&lanes, &mut mine, &counts), None);
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(64));
         assert_eq!(read(&counts, &mine), (35, 65, 35));
         // The 40 the unowned lanes' peak counted, and 35 of the thread's own: 10 were freed
@@ -789,11 +821,11 @@ mod tests {
         assert_eq!(lanes.take_unowned(|_| true), Ok(Some(0)));
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(lanes.refill(&mut mine, &counts).0, Some(1), "the lane of slot 0, taken over");
-        let slot = lanes.take_active(&mut mine, &counts).unwrap();
+        let slot = take(&lanes, &mut mine, &counts).unwrap();
         assert!(lanes.untake(&mine, &counts, slot));
         assert_eq!(read(&counts, &mine), (1, 2, 1), "one allocation of its own, and slot 0 taken over");
         assert!(!lanes.untake(&mine, &counts, 64), "not this thread's lane");
-        assert_eq!(lanes.take_active(&mut mine, &counts), Some(slot), "free again");
+        assert_eq!(take(&lanes, &mut mine, &counts), Some(slot), "free again");
         assert_eq!(lanes.totals([&counts].into_iter()), (3, 3));
     }
 
@@ -806,7 +838,7 @@ mod tests {
         assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
         assert_eq!(lanes.clear(slot, || {}), Ok(()));
         mine.sub_held(1);
-        assert_eq!(lanes.take_active(&mut mine, &counts), None, "queued frees are applied first");
+        assert_eq!(take(&lanes, &mut mine, &counts), None, "queued frees are applied first");
         let (again, raced) = lanes.refill(&mut mine, &counts);
         assert_eq!((again, raced), (Some(slot), vec![slot]), "found, dropped, and the slot is free once");
     }

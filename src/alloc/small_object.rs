@@ -323,7 +323,9 @@ impl SmallObjectAllocator {
                 // SAFETY: `lanes` is one of `self`'s own (from `route_lanes` or `lanes`).
                 let lanes = unsafe { lanes.get(self) };
                 // SAFETY: the closure only reads and writes bitmap words and this thread's
-                // counts: it calls nothing that could reach the thread cache again.
+                // counts: it calls nothing that could reach the thread cache again. And
+                // `cache.classes[i]` is this allocator's cache of class `i`, which only the
+                // class's `lanes` change.
                 let fast = unsafe {
                     thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                         lanes.take_active(&mut cache.classes[i], &cache.counts.0[i])
