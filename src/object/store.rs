@@ -698,7 +698,7 @@ impl<T: MMObject> Store<T> {
     /// True on the thread that owns the store's manager (see `owner_counts.rs`): there,
     /// an object whose count is all the owner's reservation is known to be dead.
     pub(crate) fn reads_reservations_here(&self) -> bool {
-        self.config.owner != 0 && self.config.owner == crate::sync::thread_token()
+        self.has_owner() && self.config.owner == crate::sync::thread_token()
     }
 }
 
