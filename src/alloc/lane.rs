@@ -532,7 +532,8 @@ impl Lanes {
             // SAFETY: the active word was just set, through `set_active`.
             return (unsafe { self.take_active(cache, counts) }, raced);
         }
-        *cache = LaneCache { mine: cache.mine, ..LaneCache::default() };
+        // No active word; the lanes stay this thread's, and so does its count of their slots.
+        *cache = LaneCache { mine: cache.mine, offset: cache.offset, ..LaneCache::default() };
         (None, raced)
     }
 
@@ -741,6 +742,25 @@ mod tests {
         assert_eq!(lanes.lane_words(36), 576..585);
         let lanes = Lanes::new(4096);
         assert_eq!((lanes.lane_shift, lanes.lanes), (0, 64));
+    }
+
+    /// A refill that finds no slot anywhere leaves the thread its lanes, and its count of
+    /// the slots they hold (the cache's `offset`) with them.
+    #[test]
+    fn a_refill_that_finds_nothing_keeps_the_held_count() {
+        let lanes = Lanes::new(64); // one word, one lane
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(0));
+        for _ in 1..64 {
+            take(&lanes, &mut mine, &counts).unwrap();
+        }
+        assert_eq!(lanes.free_owned(&mut mine, 5, || {}), Some(Ok(())));
+        assert_eq!(take(&lanes, &mut mine, &counts), Some(5));
+        assert_eq!(take(&lanes, &mut mine, &counts), None, "full");
+        assert_eq!(lanes.refill(&mut mine, &counts).0, None, "no free slot anywhere");
+        assert_eq!(read(&counts, &mine).1, 64, "every slot held, each counted once");
+        assert_eq!(lanes.free_owned(&mut mine, 7, || {}), Some(Ok(())), "the lane is still this thread's");
+        assert_eq!(read(&counts, &mine).1, 63);
     }
 
     #[test]
