@@ -279,6 +279,11 @@ impl Default for LaneCache {
 }
 
 impl LaneCache {
+    /// Leaves the cache with no active word; its lanes and their count stay the thread's.
+    fn clear_active(&mut self) {
+        (self.active, self.active_lane) = (NO_WORD, 0);
+    }
+
     #[inline(always)]
     fn add_held(&mut self, n: u64) {
         self.offset = self.offset.wrapping_add(n);
@@ -532,8 +537,7 @@ impl Lanes {
             // SAFETY: the active word was just set, through `set_active`.
             return (unsafe { self.take_active(cache, counts) }, raced);
         }
-        // No active word; the lanes stay this thread's, and so does its count of their slots.
-        *cache = LaneCache { mine: cache.mine, offset: cache.offset, ..LaneCache::default() };
+        cache.clear_active();
         (None, raced)
     }
 
