@@ -154,7 +154,8 @@ impl FrameAllocator {
         self.frame
     }
 
-    /// Bytes allocated this frame (including padding).
+    /// Bytes allocated this frame (including alignment padding and the rounding of each
+    /// block to 8 bytes).
     #[inline]
     pub fn allocated_bytes(&self) -> usize {
         self.stack.allocated_bytes()
@@ -241,7 +242,7 @@ mod tests {
         assert_eq!(f.alloc_str(""), "");
         let s = f.alloc_slice_copy(&[1u16, 2, 3]);
         assert_eq!(s, &[1, 2, 3]);
-        assert_eq!(f.allocated_bytes(), 6);
+        assert_eq!(f.allocated_bytes(), 8, "6 bytes, rounded to the 8-byte grain");
         assert_eq!(
             f.try_alloc_layout(Layout::from_size_align(1, 1 << 13).unwrap()),
             Err(Error::UnsupportedAlignment { align: 8192, max: 4096 })

@@ -12,6 +12,26 @@ use super::region::{self, Region, MAX_ALIGN};
 use super::AllocStats;
 use crate::{Error, Result};
 
+/// Every block's end is rounded up to this, so the top stays a multiple of it and a block
+/// aligned to 8 or less starts at the top with no rounding: the chain from the top's load to
+/// its store is then one add (the rounding put two more steps on it, and each allocation
+/// waits for the previous one's store). Only a block that fits exactly into a region whose
+/// size is not a multiple of 8 leaves the top off the grain; the slow path serves the
+/// region's last bytes then.
+const TOP_GRAIN: usize = 8;
+
+/// The top after a block that ends at `end`: rounded up to [`TOP_GRAIN`] where the region
+/// has room, else `end` (the region's last bytes).
+#[inline]
+fn top_after(end: usize, len: usize) -> usize {
+    let rounded = region::align_up(end, TOP_GRAIN);
+    if rounded <= len {
+        rounded
+    } else {
+        end
+    }
+}
+
 /// The next id [`next_stack_id`] hands out. It only moves forward.
 static NEXT_STACK_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -64,7 +84,8 @@ impl Marker {
 /// [`Marker`] on `free_to_marker`.
 ///
 /// Allocation is a bump: round the top up to the alignment, add the size, compare against the
-/// capacity. Freeing single blocks is not possible; free everything above a marker instead.
+/// capacity. Each block's end is rounded up to a multiple of 8 bytes (as `malloc` rounds its
+/// blocks), which keeps the common bump one add long: a 5-byte block takes 8 bytes. Freeing single blocks is not possible; free everything above a marker instead.
 ///
 /// **Borrowing.** [`alloc`](Self::alloc) takes `&self` and returns `&mut T` tied to that
 /// borrow; [`free_to_marker`](Self::free_to_marker) and [`reset`](Self::reset) take
@@ -137,7 +158,8 @@ impl StackAllocator {
         self.region.len()
     }
 
-    /// Bytes between the bottom and the top (including alignment padding).
+    /// Bytes between the bottom and the top (including alignment padding, and the rounding
+    /// of each block's end to a multiple of 8 bytes).
     #[inline]
     pub fn allocated_bytes(&self) -> usize {
         self.top.get()
@@ -245,10 +267,14 @@ impl StackAllocator {
             return None;
         }
         let top = self.top.get();
+        // Only the region's last bytes leave the top off the grain (see `TOP_GRAIN`).
+        if top % TOP_GRAIN != 0 {
+            return None;
+        }
         // The region is MAX_ALIGN-aligned, so aligning the offset aligns the address. No
         // overflow: top <= isize::MAX, align <= 4096, size <= isize::MAX.
-        let start = region::align_up(top, align);
-        let end = start + size;
+        let start = if align <= TOP_GRAIN { top } else { region::align_up(top, align) };
+        let end = start + region::align_up(size, TOP_GRAIN);
         if end > self.region.len() {
             return None;
         }
@@ -285,7 +311,7 @@ impl StackAllocator {
         if !unsafe { region::freed_intact(ptr, size) } {
             return Err(self.corrupted(ptr, size));
         }
-        self.top.set(end);
+        self.top.set(top_after(end, self.region.len()));
         Ok(ptr)
     }
 
@@ -402,8 +428,10 @@ impl StackAllocator {
         let offset = (block.as_ptr() as usize).wrapping_sub(self.region.addr());
         let top = self.top.get();
         // A pointer from elsewhere gives a meaningless (wrapped) offset, which cannot end at
-        // the top unless the pointer is this stack's last block.
-        let is_last = old_size != 0 && offset.checked_add(old_size) == Some(top);
+        // the top (rounded as `top_after` rounds) unless the pointer is this stack's last
+        // block.
+        let is_last =
+            old_size != 0 && offset.checked_add(old_size).is_some_and(|end| top_after(end, self.region.len()) == top);
         // The region is only `MAX_ALIGN`-aligned: above that, an aligned offset is not an
         // aligned address.
         let aligned = new_align <= MAX_ALIGN && offset % new_align == 0;
@@ -411,11 +439,14 @@ impl StackAllocator {
             return None;
         }
         let end = offset + new_size;
-        // SAFETY: `top..end` lies inside the region above the top: nobody references it.
-        if !unsafe { region::freed_intact(self.region.at(top), end - top) } {
-            return None; // a stale write: leave it to `allocate`, which reports it
+        // A growth within the block's rounding leaves the top where it is.
+        if end > top {
+            // SAFETY: `top..end` lies inside the region above the top: nobody references it.
+            if !unsafe { region::freed_intact(self.region.at(top), end - top) } {
+                return None; // a stale write: leave it to `allocate`, which reports it
+            }
+            self.top.set(top_after(end, self.region.len()));
         }
-        self.top.set(end);
         Some(self.region.at(offset))
     }
 
@@ -549,6 +580,64 @@ mod tests {
         }
     }
 
+    /// Blocks of any size leave the top on the 8-byte grain, so a run of odd sizes stays on
+    /// the fast path; each block starts on the grain and none overlaps the next.
+    #[test]
+    fn odd_sizes_keep_the_top_on_the_grain() {
+        let s = StackAllocator::with_capacity(256);
+        let before = SLOW_CALLS.with(Cell::get);
+        let sizes = [1usize, 3, 2, 8, 5, 16, 7];
+        let mut last_end = s.base_addr();
+        for (i, &size) in sizes.iter().enumerate() {
+            let p = s.alloc_layout(Layout::from_size_align(size, 1).unwrap()).as_ptr() as usize;
+            assert_eq!(p % TOP_GRAIN, 0, "block {i} starts on the grain");
+            assert!(p >= last_end, "block {i} overlaps the one before");
+            last_end = p + size;
+            assert_eq!(s.allocated_bytes() % TOP_GRAIN, 0);
+        }
+        assert_eq!(s.allocated_bytes(), 8 + 8 + 8 + 8 + 8 + 16 + 8);
+        assert_eq!(SLOW_CALLS.with(Cell::get), before, "no slow-path call for odd sizes");
+    }
+
+    /// A region whose size is not a multiple of 8 is usable to its last byte: blocks that
+    /// fit only without the rounding go through the slow path, exactly.
+    #[test]
+    fn a_region_off_the_grain_is_used_to_its_last_byte() {
+        let s = StackAllocator::with_capacity(13);
+        s.alloc(0u64);
+        let a = s.alloc(1u8) as *mut u8 as usize;
+        assert_eq!(s.allocated_bytes(), 9, "the rounded end would pass the region's end");
+        let b = s.alloc(2u8) as *mut u8 as usize;
+        let c = s.alloc(3u16) as *mut u16 as usize;
+        let d = s.alloc(4u8) as *mut u8 as usize;
+        assert_eq!([b - a, c - a, d - a], [1, 2, 4]);
+        assert_eq!(s.allocated_bytes(), 13);
+        assert_eq!(s.try_alloc(5u8), Err(Error::OutOfMemory { requested: 1, available: 0 }));
+        let four = StackAllocator::with_capacity(4);
+        assert_eq!(*four.alloc(7u32), 7);
+    }
+
+    /// The last block grows in place within its rounding (the top stays) and past it; a
+    /// block with another after it does not.
+    #[test]
+    fn the_last_block_grows_within_and_past_its_rounding() {
+        let s = StackAllocator::with_capacity(64);
+        let one = |n| Layout::from_size_align(n, 1).unwrap();
+        let a = (&s).allocate(one(5)).unwrap().cast::<u8>();
+        assert_eq!(s.allocated_bytes(), 8);
+        // SAFETY: `a` came from this allocator with the old layout.
+        let grown = unsafe { (&s).grow(a, one(5), one(7)) }.unwrap().cast::<u8>();
+        assert_eq!((grown, s.allocated_bytes()), (a, 8));
+        // SAFETY: as above, with the layout it has now.
+        let grown = unsafe { (&s).grow(a, one(7), one(12)) }.unwrap().cast::<u8>();
+        assert_eq!((grown, s.allocated_bytes()), (a, 16));
+        let b = (&s).allocate(one(3)).unwrap().cast::<u8>();
+        // SAFETY: as above; `a` is no longer the last block, so it moves.
+        let moved = unsafe { (&s).grow(a, one(12), one(14)) }.unwrap().cast::<u8>();
+        assert_ne!(moved, a);
+        assert!(moved.as_ptr() as usize > b.as_ptr() as usize);
+    }
+
     #[test]
     fn markers_nest() {
         let mut s = StackAllocator::with_capacity(256);
@@ -556,9 +645,9 @@ mod tests {
         s.alloc(1u8);
         let m1 = s.marker();
         s.alloc(2u64);
-        assert_eq!(s.allocated_bytes(), 16);
+        assert_eq!(s.allocated_bytes(), 16, "the byte's block ends on the 8-byte grain");
         s.free_to_marker(m1);
-        assert_eq!(s.allocated_bytes(), 1);
+        assert_eq!(s.allocated_bytes(), 8);
         s.free_to_marker(m0);
         assert_eq!(s.allocated_bytes(), 0);
         // m1 is now above the top.
