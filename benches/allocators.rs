@@ -23,10 +23,16 @@ const RING: usize = 1024;
 /// Allocations per frame in A3 and between markers in A4.
 const PER_FRAME: usize = 1000;
 
-/// A fixed pseudo-random list of layouts, sizes in `lo..=hi`, alignment 8.
+/// Layouts in each list from [`layouts`]: a power of two, so the loops step through a list
+/// with a mask. A `%` by the list's length (not a constant) compiled to a 64-bit `div`, whose
+/// latency (up to ~40 cycles on Zen 1) sat on every loop's carried chain and added the same
+/// nanoseconds to ours and to every peer.
+const LAYOUTS: usize = 4096;
+
+/// A fixed pseudo-random list of [`LAYOUTS`] layouts, sizes in `lo..=hi`, alignment 8.
 fn layouts(lo: usize, hi: usize) -> Vec<Layout> {
     let mut rng = SmallRng::seed_from_u64(0x5EED);
-    (0..4096).map(|_| Layout::from_size_align(rng.gen_range(lo..=hi), 8).unwrap()).collect()
+    (0..LAYOUTS).map(|_| Layout::from_size_align(rng.gen_range(lo..=hi), 8).unwrap()).collect()
 }
 
 /// The steady-state loop shared by A1 and A2: each iteration frees the oldest of `RING` live
@@ -38,8 +44,9 @@ fn ring_bench(
     alloc: impl Fn(Layout) -> NonNull<u8>,
     free: impl Fn(NonNull<u8>, Layout),
 ) {
+    assert_eq!(layouts.len(), LAYOUTS, "the loop steps through the layouts with a mask");
     let mut ring: Vec<(NonNull<u8>, Layout)> =
-        (0..RING).map(|i| (alloc(layouts[i % layouts.len()]), layouts[i % layouts.len()])).collect();
+        (0..RING).map(|i| (alloc(layouts[i % LAYOUTS]), layouts[i % LAYOUTS])).collect();
     let (mut slot, mut next) = (0usize, 0usize);
     c.bench_function(name, |b| {
         b.iter(|| {
@@ -49,7 +56,7 @@ fn ring_bench(
             let p = alloc(layout);
             ring[slot] = (black_box(p), layout);
             slot = (slot + 1) % RING;
-            next = (next + 1) % layouts.len();
+            next = (next + 1) % LAYOUTS;
         })
     });
     for (p, l) in ring {
@@ -203,7 +210,7 @@ fn a1_size_class_pool(c: &mut Criterion) {
 /// against a lock-free tagged-head class (bench-local prototype of the design it replaced
 /// the per-class lock with; kept as a reference point).
 fn a1b_lock_vs_lock_free(c: &mut Criterion) {
-    let ls = vec![Layout::from_size_align(64, 8).unwrap()];
+    let ls = vec![Layout::from_size_align(64, 8).unwrap(); LAYOUTS];
     let mut g = c.benchmark_group("A1b_lock_vs_lock_free_64B");
     g.throughput(Throughput::Elements(1));
     let pool = SizeClassPool::new(&[(64, 4096)]);
@@ -279,6 +286,7 @@ const LARSON_SLOTS: usize = 256;
 /// One A1t run of `ops` alloc + free pairs over `threads` threads; returns the time between
 /// the start barrier and the moment every thread is done (set-up and tear-down excluded).
 fn larson<A: BenchAlloc>(alloc: &A, threads: usize, ops: u64, ls: &[Layout]) -> Duration {
+    assert_eq!(ls.len(), LAYOUTS, "the threads step through the layouts with a mask");
     let rounds = (ops as usize / threads).div_ceil(LARSON_SLOTS).max(1);
     let (start, done) = (Barrier::new(threads + 1), Barrier::new(threads + 1));
     let channels: Vec<_> = (0..threads).map(|_| crossbeam_channel::unbounded::<Vec<Sent>>()).collect();
@@ -289,7 +297,7 @@ fn larson<A: BenchAlloc>(alloc: &A, threads: usize, ops: u64, ls: &[Layout]) -> 
             s.spawn(move || {
                 let mut next = t * 977;
                 let mut take = || {
-                    next = (next + 1) % ls.len();
+                    next = (next + 1) % LAYOUTS;
                     ls[next]
                 };
                 let mut live: Vec<Sent> = (0..LARSON_SLOTS)
@@ -352,6 +360,7 @@ fn a1t_larson(c: &mut Criterion) {
 /// One A1x run: a producer allocates `ops` blocks in batches of 64 and a consumer frees
 /// them; returns the time until the consumer has freed the last.
 fn producer_consumer<A: BenchAlloc>(alloc: &A, ops: u64, ls: &[Layout]) -> Duration {
+    assert_eq!(ls.len(), LAYOUTS, "the producer steps through the layouts with a mask");
     const BATCH: usize = 64;
     let (tx, rx) = crossbeam_channel::bounded::<Vec<Sent>>(16);
     let began = Instant::now();
@@ -363,7 +372,7 @@ fn producer_consumer<A: BenchAlloc>(alloc: &A, ops: u64, ls: &[Layout]) -> Durat
                 let n = left.min(BATCH);
                 let batch = (0..n)
                     .map(|_| {
-                        next = (next + 1) % ls.len();
+                        next = (next + 1) % LAYOUTS;
                         Sent(black_box(alloc.alloc(ls[next])).as_ptr() as usize, ls[next])
                     })
                     .collect();
