@@ -735,8 +735,12 @@ mod tests {
     proptest! {
         #![proptest_config(crate::alloc::model_config())]
         #[test]
-        fn model(ops in proptest::collection::vec(op(), 0..if cfg!(miri) { 20 } else { 100 })) {
-            let mut s = StackAllocator::with_capacity(2048);
+        fn model(
+            ops in proptest::collection::vec(op(), 0..if cfg!(miri) { 20 } else { 100 }),
+            // Sizes off the 8-byte grain too, so the region's last bytes are used.
+            capacity in 2040usize..2056,
+        ) {
+            let mut s = StackAllocator::with_capacity(capacity);
             // Model: live blocks (addr, len, fill byte) and the markers (with block counts).
             let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
             let mut marks: Vec<(Marker, usize)> = Vec::new();
@@ -745,11 +749,20 @@ mod tests {
                     Op::Alloc(size, a) => {
                         let align = 1usize << a;
                         let layout = Layout::from_size_align(size, align).unwrap();
+                        let top = s.allocated_bytes();
+                        // Where the block goes if it fits: the rounding of ends to the
+                        // grain costs nothing else.
+                        let start = region::align_up(top, align);
                         match s.try_alloc_layout(layout) {
                             Ok(p) => {
                                 let addr = p.as_ptr() as usize;
                                 prop_assert_eq!(addr % align, 0);
                                 if size > 0 {
+                                    prop_assert_eq!(addr - s.base_addr(), start);
+                                    let end = start + size;
+                                    prop_assert!(s.allocated_bytes() == region::align_up(end, TOP_GRAIN)
+                                        || s.allocated_bytes() == end);
+                                    prop_assert!(s.allocated_bytes() <= capacity);
                                     for &(b, l, _) in &live {
                                         let b = b.as_ptr() as usize;
                                         prop_assert!(addr >= b + l || addr + size <= b, "overlap");
@@ -759,7 +772,9 @@ mod tests {
                                     live.push((p, size, n as u8));
                                 }
                             }
-                            Err(Error::OutOfMemory { .. }) => {}
+                            Err(Error::OutOfMemory { .. }) => {
+                                prop_assert!(start + size > capacity, "refused a block that fits");
+                            }
                             Err(e) => prop_assert!(false, "unexpected {e}"),
                         }
                     }
