@@ -85,7 +85,8 @@ impl Marker {
 ///
 /// Allocation is a bump: round the top up to the alignment, add the size, compare against the
 /// capacity. Each block's end is rounded up to a multiple of 8 bytes (as `malloc` rounds its
-/// blocks), which keeps the common bump one add long: a 5-byte block takes 8 bytes. Freeing single blocks is not possible; free everything above a marker instead.
+/// blocks), which keeps the common bump one add long: a 5-byte block takes 8 bytes. Freeing
+/// single blocks is not possible; free everything above a marker instead.
 ///
 /// **Borrowing.** [`alloc`](Self::alloc) takes `&self` and returns `&mut T` tied to that
 /// borrow; [`free_to_marker`](Self::free_to_marker) and [`reset`](Self::reset) take
@@ -102,8 +103,10 @@ impl Marker {
 ///
 /// **Threads.** `Send` but not `Sync`: the top is a `Cell`.
 ///
-/// Invariants: `top <= region.len()`; in debug builds every byte in `top..len` holds the
-/// freed fill pattern (checked on allocation).
+/// Invariants: `top <= region.len()`; `top` is a multiple of 8 (`TOP_GRAIN`) unless the
+/// last block ends in the region's last 7 bytes, where its rounded end would not fit (then
+/// `top` is that end); in debug builds every byte in `top..len` holds the freed fill
+/// pattern (checked on allocation).
 ///
 /// # Examples
 ///
@@ -120,7 +123,8 @@ impl Marker {
 /// ```
 pub struct StackAllocator {
     region: Region,
-    /// Offset of the first free byte. `top <= region.len()`.
+    /// Offset of the first free byte. `top <= region.len()`, on the grain but for the
+    /// region's last bytes (see the type's invariants).
     top: Cell<usize>,
     /// Unique id stamped into markers.
     id: u64,
@@ -255,7 +259,7 @@ impl StackAllocator {
     }
 
     /// The fast path: bump the top if the block fits. Returns `None` for anything unusual
-    /// (zero size, alignment above 4096, not enough room), so that
+    /// (zero size, alignment above 4096, not enough room, a top off the grain), so that
     /// [`alloc_slow`](Self::alloc_slow) handles it with every check. It runs in every
     /// build; debug builds add the use-after-free check after the bump arithmetic (and
     /// leave a block that fails it to the slow path, which reports it), so `cargo test`
