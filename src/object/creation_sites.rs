@@ -32,6 +32,10 @@ use super::store_alloc::StoreAlloc;
 /// Sites numbered without a lock.
 pub(crate) const FAST: usize = 1 << 6;
 
+/// The number of a site that has none: the store's allocator refused room
+/// for it. Reports show such objects' site as unknown.
+pub(crate) const UNNUMBERED: u32 = u32::MAX;
+
 /// Entries a search of the fast table looks at before the site goes to the
 /// locked map: the table stays sparse for most types, so searches are short.
 const MAX_PROBES: usize = 8;
@@ -40,8 +44,9 @@ const MAX_PROBES: usize = 8;
 ///
 /// # Invariants
 ///
-/// - Each entry of `fast` is null or a `&'static Location`, set once (null
-///   to the site) and never changed again; its number is its position.
+/// - `fast` holds [`FAST`] entries. Each is null or a `&'static Location`,
+///   set once (null to the site) and never changed again; its number is its
+///   position.
 /// - `more` numbers other sites from [`FAST`] up: `more.1[n - FAST]` is the
 ///   site numbered `n`, and `more.0` maps each site's contents (file, line,
 ///   column) to its number.
@@ -78,12 +83,27 @@ impl CreationSites {
         Ok(CreationSites { fast, more: NamedMutex::new(more, "numbering a creation site of", type_name) })
     }
 
-    /// The number of `site`, given one if it has none yet. `None` only if
-    /// the store's allocator refuses room for a new site's number.
+    /// The number of `site`, given one if it has none yet; [`UNNUMBERED`]
+    /// only if the store's allocator refuses room for a new site's number.
+    ///
+    /// Inline, only the site's home entry, where nearly every `create` finds
+    /// it; the search past it is out of line.
     #[inline]
-    pub(crate) fn number(&self, site: &'static Location<'static>) -> Option<u32> {
+    pub(crate) fn number(&self, site: &'static Location<'static>) -> u32 {
         let wanted = ptr::from_ref(site).cast_mut();
-        let mut at = home(wanted);
+        let at = home(wanted);
+        // SAFETY: `home` is below `FAST`, the table's length (invariants).
+        if unsafe { self.fast.get_unchecked(at) }.load(Ordering::Acquire) == wanted {
+            return at as u32;
+        }
+        self.number_searching(site, at).unwrap_or(UNNUMBERED)
+    }
+
+    /// [`number`](Self::number) for a site not in its home entry.
+    #[cold]
+    #[inline(never)]
+    fn number_searching(&self, site: &'static Location<'static>, mut at: usize) -> Option<u32> {
+        let wanted = ptr::from_ref(site).cast_mut();
         for _ in 0..MAX_PROBES {
             let seen = self.fast[at].load(Ordering::Acquire);
             if seen == wanted {
@@ -100,7 +120,6 @@ impl CreationSites {
     /// A site whose address is not in the table: an equal site's number if
     /// one has one, else a new number (the table's free entry `free`, if the
     /// search found one, else one from the locked map).
-    #[cold]
     fn number_slowly(&self, site: &'static Location<'static>, free: Option<usize>) -> Option<u32> {
         if let Some(number) = self.fast.iter().position(|entry| {
             let seen = entry.load(Ordering::Acquire);
@@ -171,13 +190,20 @@ mod tests {
         Location::caller()
     }
 
+    /// `site`'s number, checked to be one.
+    fn numbered(sites: &CreationSites, site: &'static Location<'static>) -> u32 {
+        let number = sites.number(site);
+        assert_ne!(number, UNNUMBERED, "the table has room");
+        number
+    }
+
     #[test]
     fn a_site_keeps_its_number_and_reads_back() {
         let sites = CreationSites::new(StoreAlloc::default_segments(), "T").unwrap();
         let (first, second) = (here(), here());
-        let (a, b) = (sites.number(first).unwrap(), sites.number(second).unwrap());
+        let (a, b) = (numbered(&sites, first), numbered(&sites, second));
         assert_ne!(a, b);
-        assert_eq!(sites.number(first), Some(a));
+        assert_eq!(sites.number(first), a);
         assert_eq!(sites.site(a).map(ptr::from_ref), Some(ptr::from_ref(first)));
         assert_eq!(sites.site(b).map(|s| s.line()), Some(second.line()));
         assert_eq!(sites.site(u32::MAX), None);
@@ -190,7 +216,7 @@ mod tests {
         let sites = CreationSites::new(StoreAlloc::default_segments(), "T").unwrap();
         // SAFETY: `storage` is declared before `sites`, so it outlives every use of the table.
         let numbers: std::vec::Vec<u32> =
-            storage.iter().map(|site| sites.number(unsafe { &*ptr::from_ref(site) }).unwrap()).collect();
+            storage.iter().map(|site| numbered(&sites, unsafe { &*ptr::from_ref(site) })).collect();
         assert_eq!(numbers, [numbers[0]; 3]);
     }
 
@@ -209,14 +235,14 @@ mod tests {
             here(), here(), here(), here(), here(), here(), here(), here(), here(), here(),
         ];
         let sites = CreationSites::new(StoreAlloc::default_segments(), "T").unwrap();
-        let numbers: std::vec::Vec<u32> = many.iter().map(|site| sites.number(site).unwrap()).collect();
+        let numbers: std::vec::Vec<u32> = many.iter().map(|site| numbered(&sites, site)).collect();
         let mut distinct = numbers.clone();
         distinct.sort_unstable();
         distinct.dedup();
         assert_eq!(distinct.len(), many.len(), "one number per site");
         assert!(distinct.last().is_some_and(|&n| n as usize >= FAST), "some past the fast table");
         for (site, &number) in many.iter().zip(&numbers) {
-            assert_eq!(sites.number(site), Some(number), "a site keeps its number");
+            assert_eq!(sites.number(site), number, "a site keeps its number");
             assert_eq!(sites.site(number), Some(*site));
         }
     }

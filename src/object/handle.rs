@@ -654,19 +654,27 @@ impl HandleTag {
     ///
     /// `slot` must be a slot of a published segment, with its provenance.
     #[inline]
-    #[allow(unused_variables)]
     pub(crate) unsafe fn of<T>(slot: NonNull<Slot<T>>) -> HandleTag {
+        // SAFETY: the caller's contract: the chunk header is initialised.
+        let chunk = unsafe { Chunks::header(slot) };
+        HandleTag::new(chunk.manager_id, chunk.cyclable, chunk.owner_thread)
+    }
+
+    /// The tag of a store whose chunk headers say `manager_id`, `cyclable`
+    /// and `owner_thread` (see `ChunkHeader`): what [`of`](Self::of) reads
+    /// from any of its slots, so a store can keep it.
+    #[inline]
+    #[allow(unused_variables)]
+    pub(crate) fn new(manager_id: u32, cyclable: bool, owner_thread: u64) -> HandleTag {
         #[cfg(target_pointer_width = "64")]
         {
-            // SAFETY: the caller's contract: the chunk header is initialised.
-            let chunk = unsafe { Chunks::header(slot) };
-            debug_assert!(chunk.manager_id <= MAX_MANAGER_ID, "manager ids are 16 bits");
-            let flag = match (chunk.cyclable, chunk.owner_thread != 0) {
+            debug_assert!(manager_id <= MAX_MANAGER_ID, "manager ids are 16 bits");
+            let flag = match (cyclable, owner_thread != 0) {
                 (true, _) => CYCLABLE_TAG,
                 (false, true) => OWNED_TAG,
                 (false, false) => 0,
             };
-            HandleTag(chunk.manager_id as usize | flag)
+            HandleTag(manager_id as usize | flag)
         }
         #[cfg(not(target_pointer_width = "64"))]
         HandleTag()

@@ -30,6 +30,8 @@
 //! for the owner would be slots another thread's `create` is refused while
 //! fewer objects than the limit exist.
 
+use std::ptr::NonNull;
+
 use crate::sync::{thread_token, AtomicU32, AtomicU64, Ordering, UnsafeCell};
 
 use super::slot::NIL;
@@ -46,13 +48,16 @@ const NOBODY: u64 = 0;
 ///
 /// # Invariants
 ///
-/// - `run`, the pair `(next, end)`, and `kept` are read and written only by
-///   the thread whose [`thread_token`] is `owner`, in `take`, `refill`,
-///   `run_left` and `take_kept` (which run no code of the user's), or under
-///   `&mut ObjectManager` (in `kept`, `set_kept` and `release`, which also
-///   moves `owner`): so never by two threads at once.
-/// - `next..end` are local indices below the store's `len`, in published
-///   segments, whose slots are vacant, never used, and on no list.
+/// - `run`, the pair `(next, end)`, `cursor` and `kept` are read and
+///   written only by the thread whose [`thread_token`] is `owner`, in
+///   `take`, `refill`, `run_left` and `take_kept` (which run no code of the
+///   user's), or under `&mut ObjectManager` (in `kept`, `set_kept` and
+///   `release`, which also moves `owner`): so never by two threads at once.
+/// - `next..end` are local indices below the store's `len`, in one
+///   published segment, whose slots are vacant, never used, and on no list.
+/// - `cursor`, the pair `(at, in_chunk)`: while `in_chunk > 0`, `at` is
+///   slot `next`'s address (with its segment's provenance) and `in_chunk`
+///   slots of the run lie contiguously from it, in one chunk.
 /// - `kept` is a chain of vacant slots linked through their words
 ///   (`LINK_FLAG | next`; the last one's `next` is not read), on no other
 ///   list.
@@ -65,6 +70,7 @@ pub(crate) struct OwnerSlots {
     holds: bool,
     owner: AtomicU64,
     run: UnsafeCell<(u32, u32)>,
+    cursor: UnsafeCell<(*mut u8, u32)>,
     kept: UnsafeCell<Chain>,
     left: AtomicU32,
 }
@@ -90,6 +96,7 @@ impl OwnerSlots {
             holds,
             owner: AtomicU64::new(if holds { thread_token() } else { NOBODY }),
             run: UnsafeCell::new((0, 0)),
+            cursor: UnsafeCell::new((std::ptr::null_mut(), 0)),
             kept: UnsafeCell::new(Chain::EMPTY),
             left: AtomicU32::new(0),
         }
@@ -129,20 +136,51 @@ impl OwnerSlots {
         self.run.with(|run| unsafe { (*run).1 - (*run).0 })
     }
 
-    /// The next slot of the run, if it has one. Only the owner calls it.
+    /// The next slot of the run and its address, if it has one. Only the
+    /// owner calls it.
+    ///
+    /// Inside a chunk the address is the last one plus `stride` (a slot's
+    /// size): finding it from the index costs a dozen instructions, which a
+    /// level load paid on every `create`. On entering a chunk,
+    /// `chunk_run(next, end)` gives slot `next`'s address and how many slots
+    /// of `next..end` lie contiguously from it (at least one), as
+    /// `Store::chunk_run` does.
     #[inline]
-    pub(crate) fn take(&self) -> Option<u32> {
+    pub(crate) fn take(
+        &self,
+        stride: usize,
+        chunk_run: impl FnOnce(u32, u32) -> (NonNull<u8>, u32),
+    ) -> Option<(u32, NonNull<u8>)> {
         debug_assert!(self.is_owner());
         // SAFETY: only the owner thread reaches here (caller), and it runs
-        // nothing else while it holds the pointer (type invariants).
+        // nothing else while it holds the pointers (type invariants;
+        // `chunk_run` only computes an address).
         self.run.with_mut(|run| unsafe {
             let (next, end) = *run;
             if next == end {
                 return None;
             }
+            let slot = self.cursor.with_mut(|cursor| {
+                let (mut at, mut in_chunk) = *cursor;
+                if in_chunk == 0 {
+                    let (first, contiguous) = chunk_run(next, end);
+                    debug_assert!(contiguous > 0, "a chunk run holds slot `next`");
+                    (at, in_chunk) = (first.as_ptr(), contiguous);
+                }
+                let slot = at;
+                in_chunk -= 1;
+                if in_chunk > 0 {
+                    // `in_chunk` more slots lie contiguously from `slot`
+                    // (invariant), so the next one is in the same allocation.
+                    at = at.add(stride);
+                }
+                *cursor = (at, in_chunk);
+                slot
+            });
             *run = (next + 1, end);
             self.adjust_left(0, 1);
-            Some(next)
+            // SAFETY: a slot's address (invariant), never null.
+            Some((next, NonNull::new_unchecked(slot)))
         })
     }
 
@@ -155,11 +193,14 @@ impl OwnerSlots {
             debug_assert!((*run).0 == (*run).1, "only an empty run is refilled");
             *run = (start, end);
         });
+        // SAFETY: as in `take`.
+        self.cursor.with_mut(|cursor| unsafe { *cursor = (std::ptr::null_mut(), 0) });
         self.adjust_left(end - start, 0);
     }
 
     /// The first slot of the kept chain, if it has one; `next_of` reads the
-    /// link of a kept slot. Only the owner calls it.
+    /// link of a kept slot, and is called on every slot taken (on the last
+    /// one too, whose link is not used). Only the owner calls it.
     #[inline]
     pub(crate) fn take_kept(&self, next_of: impl FnOnce(u32) -> u32) -> Option<u32> {
         debug_assert!(self.is_owner());
@@ -169,7 +210,8 @@ impl OwnerSlots {
             if len == 0 {
                 return None;
             }
-            *kept = if len == 1 { Chain::EMPTY } else { Chain { head: next_of(head), tail, len: len - 1 } };
+            let next = next_of(head);
+            *kept = if len == 1 { Chain::EMPTY } else { Chain { head: next, tail, len: len - 1 } };
             self.adjust_left(0, 1);
             Some(head)
         })
@@ -211,6 +253,8 @@ impl OwnerSlots {
         // ObjectManager` reached this thread through a synchronising hand-over.
         let held = self.run.with_mut(|run| unsafe { std::mem::take(&mut *run) });
         // SAFETY: as above.
+        self.cursor.with_mut(|cursor| unsafe { *cursor = (std::ptr::null_mut(), 0) });
+        // SAFETY: as above.
         let kept = unsafe { self.set_kept(Chain::EMPTY) };
         self.left.store(0, Ordering::Relaxed);
         if adopt && self.holds {
@@ -220,8 +264,13 @@ impl OwnerSlots {
     }
 }
 
-// `run` and `kept` are only touched by the owner thread or under `&mut
-// ObjectManager` (type invariants), and the rest is atomic.
-// SAFETY: no type parameter, so no bound: it holds only slot indices (no
-// `Rc`, no value), and its cells are never touched by two threads at once.
+// `run`, `cursor` and `kept` are only touched by the owner thread or under
+// `&mut ObjectManager` (type invariants), and the rest is atomic.
+// SAFETY: no type parameter, so no bound: it holds only slot indices and a
+// slot's address (no `Rc`, no value), and its cells are never touched by two
+// threads at once.
 unsafe impl Sync for OwnerSlots {}
+// SAFETY: no type parameter, so no bound. Only the cursor's pointer keeps
+// the type from being `Send` on its own; it points into the store's
+// segments, which belong to no thread.
+unsafe impl Send for OwnerSlots {}

@@ -11,6 +11,7 @@
 use std::any::TypeId;
 use std::hash::{Hash, Hasher};
 use std::panic::Location;
+use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
 use crate::sync::{AtomicUsize, Ordering, RwLock};
@@ -53,13 +54,34 @@ pub(crate) struct RegistryConfig {
     pub(crate) alloc_for: Vec<(TypeId, StoreAlloc)>,
 }
 
+/// One entry of the type table: a type and its store, so that a typed lookup (every `create`, every weak read through
+/// the manager) is one probe and one compare, with no second table.
+///
+/// # Invariants
+///
+/// `store` points at the `Store<T>` with `TypeId::of::<T>() == type_id`,
+/// boxed in the registry's `stores`, so it lives
+/// (and does not move) as long as the registry.
+struct TypeEntry {
+    type_id: TypeId,
+    store: NonNull<()>,
+}
+
+// SAFETY: `store` points at a `Store<T>` owned by the registry (invariant);
+// `ErasedStore: Send + Sync`, so sharing or sending the pointer with the
+// registry is what sharing `&dyn ErasedStore` is.
+unsafe impl Send for TypeEntry {}
+// SAFETY: as above; the entry itself is never written after it is set.
+unsafe impl Sync for TypeEntry {}
+
 /// A manager's type table and stores.
 ///
 /// # Invariants
 ///
-/// - `types` is an open-addressed map from `TypeId` to store index; `stores`
-///   holds the stores by index. Entries of both are set once, under
-///   `register_lock`, and `store_count` (`Release`) counts the stores set.
+/// - `types` is an open-addressed map from `TypeId` to store (see
+///   [`TypeEntry`]); `stores` holds the stores by index. Entries of both are
+///   set once, under `register_lock`, a store before its type entry, and
+///   `store_count` (`Release`) counts the stores set.
 /// - Stores are only ever borrowed shared. Changes that need the manager's
 ///   exclusive access go through `unsafe` store methods whose callers hold
 ///   `&mut ObjectManager`; loaders never call them.
@@ -68,7 +90,7 @@ pub(crate) struct RegistryConfig {
 ///   it, so no loader touches a store after shutdown began.
 pub(crate) struct Registry {
     pub(crate) id: u32,
-    types: Box<[OnceLock<(TypeId, u32)>]>,
+    types: Box<[OnceLock<TypeEntry>; TYPE_TABLE]>,
     stores: Box<[OnceLock<StoreEntry>]>,
     store_count: AtomicUsize,
     register_lock: NamedMutex<()>,
@@ -83,7 +105,11 @@ impl Registry {
             id,
             // On the heap, not inline: 22 KiB built on the stack would not
             // fit a small thread stack (loom's, or a job system's).
-            types: (0..TYPE_TABLE).map(|_| OnceLock::new()).collect(),
+            types: (0..TYPE_TABLE)
+                .map(|_| OnceLock::new())
+                .collect::<Box<[_]>>()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("the table has `TYPE_TABLE` entries")),
             stores: (0..MAX_TYPES).map(|_| OnceLock::new()).collect(),
             store_count: AtomicUsize::new(0),
             register_lock: NamedMutex::new((), "registering an object type", ""),
@@ -115,12 +141,12 @@ impl Registry {
     }
 
     #[inline]
-    fn store_index_of(&self, type_id: TypeId) -> Option<u32> {
+    fn type_entry(&self, type_id: TypeId) -> Option<&TypeEntry> {
         let mut at = Self::type_slot(type_id);
         loop {
             match self.types[at].get() {
                 None => return None,
-                Some(&(id, index)) if id == type_id => return Some(index),
+                Some(entry) if entry.type_id == type_id => return Some(entry),
                 Some(_) => at = (at + 1) % TYPE_TABLE,
             }
         }
@@ -129,8 +155,10 @@ impl Registry {
     /// `T`'s store, if it has one.
     #[inline]
     pub(crate) fn store<T: MMObject>(&self) -> Option<&Store<T>> {
-        let index = self.store_index_of(TypeId::of::<T>())?;
-        self.store_at::<T>(index)
+        let entry = self.type_entry(TypeId::of::<T>())?;
+        // SAFETY: the entry is `T`'s, so its pointer is to the registry's
+        // live `Store<T>`, borrowed for as long as `self` (`TypeEntry`).
+        Some(unsafe { entry.store.cast::<Store<T>>().as_ref() })
     }
 
     /// The store at `index`, if it is `T`'s.
@@ -192,13 +220,17 @@ impl Registry {
         if self.stores[index].set(StoreEntry { type_id: TypeId::of::<T>(), store }).is_err() {
             unreachable!("store entries are set once, under the register lock");
         }
+        let boxed = &self.stores[index].get().expect("just set").store;
+        let entry = TypeEntry { type_id: TypeId::of::<T>(), store: NonNull::from(&**boxed).cast::<()>() };
         let mut at = Self::type_slot(TypeId::of::<T>());
         while self.types[at].get().is_some() {
             at = (at + 1) % TYPE_TABLE;
         }
-        let _ = self.types[at].set((TypeId::of::<T>(), index as u32));
+        if self.types[at].set(entry).is_err() {
+            unreachable!("type entries are set once, under the register lock");
+        }
         self.store_count.store(index + 1, Ordering::Release);
-        Ok(self.store_at::<T>(index as u32).expect("just registered"))
+        Ok(self.store::<T>().expect("just registered"))
     }
 
     /// The stores registered so far, in index order.
@@ -223,9 +255,31 @@ impl Registry {
     /// Out of line, once per type: `create` is inlined at every call site,
     /// and this keeps each of them a call (inlined, the store lookup and the
     /// insert's fast path added a kilobyte of code per call site, for no
-    /// measured gain).
+    /// measured gain). The common case ([`Store::try_create_common`]) needs
+    /// no stack frame; the rest is in [`create_general`](Self::create_general).
     #[inline(never)]
     pub(crate) fn create_at<T: MMObject>(
+        &self,
+        value: T,
+        site: &'static Location<'static>,
+        strict_budget: bool,
+        source: SlotSource,
+    ) -> std::result::Result<Handle<T>, TryCreateError<T>> {
+        let value = match (source, self.store::<T>()) {
+            (SlotSource::Manager, Some(store)) => match store.try_create_common(value, site) {
+                Ok(handle) => return Ok(handle),
+                Err(value) => value,
+            },
+            _ => value,
+        };
+        self.create_general(value, site, strict_budget, source)
+    }
+
+    /// [`create_at`](Self::create_at) in every case: registering the type,
+    /// a tracker, a loader, an iterator running, a store to grow.
+    #[cold]
+    #[inline(never)]
+    fn create_general<T: MMObject>(
         &self,
         value: T,
         site: &'static Location<'static>,

@@ -33,6 +33,7 @@ use crate::Error;
 
 use self::collect::SlotChain;
 use super::creation_sites::CreationSites;
+use super::handle::HandleTag;
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
@@ -45,7 +46,7 @@ use super::shared::{StoreShared, DEAD_LANES};
 use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
-use super::{CollectStats, Destroyed, LeakEntry, MMObject, ObjectKey};
+use super::{CollectStats, Destroyed, Handle, HandleOrigin, LeakEntry, MMObject, ObjectKey};
 
 /// A store's configuration, fixed at creation.
 #[derive(Debug, Clone, Copy)]
@@ -140,9 +141,27 @@ pub(crate) struct Store<T> {
     on_destroy: Mutex<Option<DestroyHook<T>>>,
     alloc: StoreAlloc,
     leaked: AtomicBool,
+    /// What every handle to this store carries beside its slot's address:
+    /// [`HandleTag::of`] any of its slots (made from the values its chunk
+    /// headers copy), kept so that `create` does not read a chunk header.
+    tag: HandleTag,
 }
 
 /// A per-type destroy callback: see [`ObjectManager::on_destroy`](super::ObjectManager::on_destroy).
+/// A vacant slot this thread took for a `create`: its local index and its
+/// pointer.
+///
+/// # Invariants
+///
+/// `slot` is slot `local` of a published segment of the store that made it,
+/// with the segment's provenance, and the thread holding it took it from a
+/// list or from `len`: no other thread uses it until its generation is
+/// published.
+struct VacantSlot<T> {
+    local: u32,
+    slot: NonNull<Slot<T>>,
+}
+
 pub(crate) type DestroyHook<T> = Box<dyn FnMut(ObjectKey, &mut T) + Send>;
 
 /// Where `create` may take a used slot from.
@@ -202,6 +221,7 @@ impl<T: MMObject> Store<T> {
             bytes: layout.size(),
             allocator: alloc.name(),
         })?;
+        let shared_cyclable = shared.cyclable;
         let shared_ptr = memory.cast::<StoreShared>();
         // SAFETY: `memory` is fresh, valid for `layout` (size and alignment of
         // a `StoreShared`) and not aliased.
@@ -229,6 +249,8 @@ impl<T: MMObject> Store<T> {
             config,
             alloc,
             leaked: AtomicBool::new(false),
+            // What every chunk header of this store will say (`allocate_segment`).
+            tag: HandleTag::new(config.manager_id, shared_cyclable, config.owner),
         })
     }
 
@@ -298,43 +320,44 @@ impl<T: MMObject> Store<T> {
         self.config.base_bits
     }
 
-    /// Puts `value` in a free slot, with a count of one, and returns the slot.
+    /// `create`'s common case as one step: `value` in a slot taken without
+    /// any read-modify-write, and its first handle; or the value back, for
+    /// [`try_insert`](Self::try_insert).
+    ///
+    /// The common case: no tracker, no iterator running, a slot kept for
+    /// the owner, on the free list or in the owner's run of fresh ones.
+    /// Everything else is out of line in
+    /// [`try_insert`](Self::try_insert). With the rare
+    /// paths in the same function, their frame and spills weighed on every
+    /// `create` (a level load ran 12 % slower).
+    #[inline(always)]
+    pub(crate) fn try_create_common(&self, value: T, site: &'static Location<'static>) -> Result<Handle<T>, T> {
+        if self.tracking.is_some() || self.iterating.load(Ordering::Relaxed) != 0 {
+            return Err(value);
+        }
+        let owner = self.owner_slots.is_owner();
+        let vacant = match self.pop_reused(owner) {
+            Some(vacant) => vacant,
+            None if owner => match self.take_run() {
+                Some(vacant) => vacant,
+                None => return Err(value),
+            },
+            None => return Err(value),
+        };
+        let slot = self.place_vacant(vacant, value, site);
+        // SAFETY: `place_vacant` returns an occupied slot of this store with a count
+        // of one, which the new handle takes over; `tag` is this store's.
+        Ok(unsafe { Handle::from_counted_tagged(slot, self.tag, HandleOrigin::Created, site) })
+    }
+
+    /// Puts `value` in a free slot, with a count of one, and returns the
+    /// slot: every case, where [`try_create_common`](Self::try_create_common)
+    /// takes only the common one.
     ///
     /// With a tracker, the value's `size()` is charged to its tag first;
     /// `strict` refuses anything over the tag's budget (see [`Tracking::charge`]).
-    ///
-    /// The common case (no tracker, the manager's own `create`, no iterator
-    /// running, a slot kept for the owner, on the free list or in the owner's
-    /// run of fresh ones)
-    /// is a short path inlined into the caller; everything else is out of
-    /// line in [`try_insert_general`](Self::try_insert_general). With the
-    /// rare paths in the same function, their frame and spills weighed on
-    /// every `create` (a level load ran 12 % slower).
-    #[inline(always)]
-    pub(crate) fn try_insert(
-        &self,
-        value: T,
-        site: &'static Location<'static>,
-        strict: bool,
-        source: SlotSource,
-    ) -> Result<NonNull<Slot<T>>, (T, Error)> {
-        if self.tracking.is_none() && source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 {
-            let owner = self.owner_slots.is_owner();
-            let local = match self.pop_reused(owner) {
-                Some(local) => Some(local),
-                None if owner => self.owner_slots.take(),
-                None => None,
-            };
-            if let Some(local) = local {
-                return Ok(self.place(local, value, site));
-            }
-        }
-        self.try_insert_general(value, site, strict, source)
-    }
-
-    /// [`try_insert`](Self::try_insert) in every case.
     #[inline(never)]
-    fn try_insert_general(
+    pub(crate) fn try_insert(
         &self,
         value: T,
         site: &'static Location<'static>,
@@ -358,38 +381,36 @@ impl<T: MMObject> Store<T> {
                 self.pop_free()
             }
         };
-        let local = match reused {
-            Some(local) => local,
+        let vacant = match reused {
+            Some(vacant) => vacant,
             None => match self.take_fresh(source) {
-                Ok(local) => local,
+                Ok(vacant) => vacant,
                 Err(error) => return Err((value, error)),
             },
         };
         if let Some(charged) = charged {
-            charged.place(local);
+            charged.place(vacant.local);
         }
-        Ok(self.place(local, value, site))
+        Ok(self.place_vacant(vacant, value, site))
     }
 
-    /// Makes `value`, created at `site`, the object in slot `local`, with a
-    /// count of one, and returns the slot.
-    ///
-    /// The caller took `local` from the free list or a fresh run, so it owns
-    /// the slot until this publishes the generation.
+    /// Slot `local`, which the caller just took from the owner's run or from
+    /// `len`, with its pointer.
     #[inline(always)]
-    fn place(&self, local: u32, value: T, site: &'static Location<'static>) -> NonNull<Slot<T>> {
-        self.place_numbered(local, value, self.sites.number(site).unwrap_or(u32::MAX))
+    fn vacant(&self, local: u32) -> VacantSlot<T> {
+        VacantSlot { local, slot: self.slot_ptr(local).expect("an allocated slot's segment is published") }
     }
 
-    /// [`place`](Self::place) with the creation site's number already found.
+    /// Makes `value`, created at `site`, the object in the slot the caller
+    /// took, with a count of one, and returns the slot.
     #[inline(always)]
-    fn place_numbered(&self, local: u32, value: T, site_number: u32) -> NonNull<Slot<T>> {
-        let slot_ptr = self.slot_ptr(local).expect("an allocated slot's segment is published");
-        // SAFETY: the slot of `local`, which the caller popped or took (see `place`).
-        unsafe { self.place_at(slot_ptr, value, site_number) }
+    fn place_vacant(&self, vacant: VacantSlot<T>, value: T, site: &'static Location<'static>) -> NonNull<Slot<T>> {
+        // SAFETY: a `VacantSlot` is a slot of a published segment of this
+        // store, with its provenance, that this thread took (type invariants).
+        unsafe { self.place_at(vacant.slot, value, self.sites.number(site)) }
     }
 
-    /// [`place_numbered`](Self::place_numbered) with the slot's pointer.
+    /// [`place_vacant`](Self::place_vacant) with the creation site's number already found.
     ///
     /// # Safety
     ///
@@ -414,25 +435,31 @@ impl<T: MMObject> Store<T> {
 
     /// Takes a freed slot: on the owner thread (`owner`) one the last
     /// collection kept for it (plain loads and stores), else one from the
-    /// free list.
-    #[inline]
-    fn pop_reused(&self, owner: bool) -> Option<u32> {
-        let kept = if owner {
-            self.owner_slots.take_kept(|head| {
-                let slot = self.slot(head).expect("kept slots live in published segments");
-                slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG
-            })
-        } else {
-            None
-        };
-        kept.or_else(|| self.pop_free())
+    /// free list. Its pointer comes with it: finding it from the index is
+    /// a dozen instructions, which the pop has already spent.
+    #[inline(always)]
+    fn pop_reused(&self, owner: bool) -> Option<VacantSlot<T>> {
+        if owner {
+            let mut head_slot = None;
+            let kept = self.owner_slots.take_kept(|head| {
+                let slot = self.slot_ptr(head).expect("kept slots live in published segments");
+                head_slot = Some(slot);
+                // SAFETY: a published segment's slots are initialised and live as long as the store.
+                unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG
+            });
+            if let Some(local) = kept {
+                let slot = head_slot.expect("`take_kept` reads the link of the slot it takes");
+                return Some(VacantSlot { local, slot });
+            }
+        }
+        self.pop_free()
     }
 
     /// Pops the free list, decrementing its length in the same CAS.
     /// Concurrent callers only pop (see the type's invariants), so the head
     /// never returns to a value it held: a stale `next` read makes the CAS fail.
     #[inline]
-    fn pop_free(&self) -> Option<u32> {
+    fn pop_free(&self) -> Option<VacantSlot<T>> {
         let mut word = self.free_head.load(Ordering::Acquire);
         loop {
             let (head, free) = split_free(word);
@@ -440,11 +467,12 @@ impl<T: MMObject> Store<T> {
                 return None;
             }
             debug_assert!(free > 0, "a non-empty free list has a length");
-            let slot = self.slot(head).expect("free slots live in published segments");
-            let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
+            let slot = self.slot_ptr(head).expect("free slots live in published segments");
+            // SAFETY: a published segment's slots are initialised and live as long as the store.
+            let next = unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
             let popped = free_word(next, free - 1);
             match self.free_head.compare_exchange_weak(word, popped, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => return Some(head),
+                Ok(_) => return Some(VacantSlot { local: head, slot }),
                 Err(actual) => word = actual,
             }
         }
@@ -453,10 +481,10 @@ impl<T: MMObject> Store<T> {
     /// Takes a never-used slot: from the owner's run on the owner thread
     /// (refilling it from `len` when it is empty), else straight from `len`.
     #[inline]
-    fn take_fresh(&self, source: SlotSource) -> Result<u32, Error> {
+    fn take_fresh(&self, source: SlotSource) -> Result<VacantSlot<T>, Error> {
         if source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 && self.owner_slots.is_owner() {
-            if let Some(local) = self.owner_slots.take() {
-                return Ok(local);
+            if let Some(vacant) = self.take_run() {
+                return Ok(vacant);
             }
             // No growing here: that runs the allocator, which must not find
             // the run half refilled. `bump` grows, and the next call refills.
@@ -464,10 +492,23 @@ impl<T: MMObject> Store<T> {
                 if end - start > 1 {
                     self.owner_slots.refill(start + 1, end);
                 }
-                return Ok(start);
+                return Ok(self.vacant(start));
             }
         }
-        self.bump()
+        self.bump().map(|local| self.vacant(local))
+    }
+
+    /// The next slot of the owner's run, if it has one. Only the owner
+    /// thread calls it.
+    #[inline(always)]
+    fn take_run(&self) -> Option<VacantSlot<T>> {
+        let (local, slot) = self.owner_slots.take(std::mem::size_of::<Slot<T>>(), |next, end| {
+            let (first, contiguous) = self.chunk_run(next, end);
+            (first.cast::<u8>(), contiguous)
+        })?;
+        // The run's slots are this store's (`OwnerSlots` invariants), and its
+        // cursor steps by whole slots through a chunk's contiguous ones.
+        Some(VacantSlot { local, slot: slot.cast::<Slot<T>>() })
     }
 
     /// Takes one never-used slot from `len`, allocating its segment if needed.

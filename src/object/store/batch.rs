@@ -1,7 +1,7 @@
 //! Many objects of one type at once.
 //!
 //! [`ObjectManager::create_many`] (a level load): the creation site is
-//! numbered and the handles' tag read once, and never-used slots are taken
+//! numbered once, and never-used slots are taken
 //! from `len` a run at a time, then filled by stepping through each chunk,
 //! instead of one compare-exchange (or one owner's-run step) and one
 //! index-to-address lookup per object.
@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 use crate::sync::Ordering;
 use crate::Error;
 
-use super::super::handle::{HandleTag, ManagerTagged};
+use super::super::handle::ManagerTagged;
 use super::super::layout::{locate, Chunks};
 use super::super::owner_slots::Chain;
 use super::super::shared::DEAD_LANES;
@@ -103,15 +103,16 @@ impl<T: MMObject> Store<T> {
         strict: bool,
         handles: &mut Vec<Handle<T>>,
     ) -> Result<(), (T, Error)> {
-        let site_number = self.sites.number(site).unwrap_or(u32::MAX);
+        let site_number = self.sites.number(site);
         let mut taken = Taken { store: self, next: 0, end: 0, slot: NonNull::dangling(), in_chunk: 0 };
-        let mut tag = None;
         // The owner changes only under `&mut ObjectManager`, never during a batch.
         let owner = self.owner_slots.is_owner();
         while let Some(value) = values.next() {
             let slot = if self.tracking.is_none() && self.iterating.load(Ordering::Relaxed) == 0 {
                 match self.pop_reused(owner) {
-                    Some(local) => self.place_numbered(local, value, site_number),
+                    // SAFETY: a `VacantSlot` is a slot of this store's published
+                    // segment that this thread took (its invariants).
+                    Some(vacant) => unsafe { self.place_at(vacant.slot, value, site_number) },
                     // The hint only sizes the next run: a wrong one wastes or
                     // costs a step, never a slot (`Taken` gives the rest back).
                     None => match taken.next_slot(|| values.size_hint().0.saturating_add(1)) {
@@ -122,15 +123,12 @@ impl<T: MMObject> Store<T> {
                     },
                 }
             } else {
-                self.try_insert_general(value, site, strict, SlotSource::Manager)?
+                self.try_insert(value, site, strict, SlotSource::Manager)?
             };
-            // SAFETY: `slot` is a slot of this store's published segment.
-            let tag = *tag.get_or_insert_with(|| unsafe { HandleTag::of(slot) });
-            // SAFETY: `place_numbered`, `place_at` and `try_insert_general` return an
+            // SAFETY: `place_at` and `try_insert` return an
             // occupied slot of this store (a published segment's) with a
-            // count of one, which the new handle takes over; `tag` was read
-            // from a slot of this store.
-            handles.push(unsafe { Handle::from_counted_tagged(slot, tag, HandleOrigin::Created, site) });
+            // count of one, which the new handle takes over; `tag` is this store's.
+            handles.push(unsafe { Handle::from_counted_tagged(slot, self.tag, HandleOrigin::Created, site) });
         }
         Ok(())
     }
@@ -191,7 +189,7 @@ impl<T: MMObject> Store<T> {
     ///
     /// `local..end` must lie in one published segment, as a run from
     /// `raise_len` does.
-    fn chunk_run(&self, local: u32, end: u32) -> (NonNull<Slot<T>>, u32) {
+    pub(super) fn chunk_run(&self, local: u32, end: u32) -> (NonNull<Slot<T>>, u32) {
         let (segment, offset) = locate(local, self.config.base_bits);
         let base = NonNull::new(self.segments[segment].load(Ordering::Acquire)).expect("taken slots are published");
         // SAFETY: the segment is published, so it holds `segment_len` slots,
