@@ -300,7 +300,11 @@
 //! up to 64 slots at once, within one published segment, and keeps the run in
 //! the store (`owner_slots.rs`); its next creates take slots from the run with
 //! plain loads and stores, after comparing a thread token (a per-thread
-//! number that is never reused). Other threads, loaders, and the owner while
+//! number that is never reused). The run also keeps a cursor: the next
+//! slot's address and how many slots lie contiguously after it in its chunk,
+//! so a create steps to the next slot instead of mapping its index to an
+//! address; the cursor is the run's, reset whenever the run is refilled or
+//! handed over. Other threads, loaders, and the owner while
 //! an iterator is alive (iteration never yields an object made after it
 //! began) take slots from `len` as above. The owner never allocates a
 //! segment while refilling (that runs the allocator, user code): when the
@@ -339,9 +343,9 @@
 //! # Many objects at once
 //!
 //! [`create_many`](crate::ObjectManager::create_many) (a level load) finds
-//! the store and numbers the creation site once, reads the handles' tag (the
-//! manager id and counting flags, the same in every chunk header of a store)
-//! from the first slot, and then, per object, pops a free slot or takes the
+//! the store and numbers the creation site once (the handles' tag, the
+//! manager id and counting flags that every chunk header of a store repeats,
+//! is kept in the store for every `create`), and then, per object, pops a free slot or takes the
 //! next never-used one from a run it raised `len` by, sized by the
 //! iterator's `size_hint` (at most 4,096 slots, within one published
 //! segment), stepping through each chunk's contiguous slots instead of

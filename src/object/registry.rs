@@ -29,8 +29,8 @@ pub const MAX_TYPES: usize = 256;
 const TYPE_TABLE: usize = MAX_TYPES * 2;
 
 /// A registered store, with the `TypeId` of its object type kept inline so
-/// that a typed lookup (every weak-handle read) costs one compare instead of
-/// two virtual calls (`as_any`, then `Any::type_id`).
+/// that a typed lookup by store index (a key's store) costs one compare
+/// instead of two virtual calls (`as_any`, then `Any::type_id`).
 ///
 /// # Invariants
 ///
