@@ -453,3 +453,66 @@ fn a_manager_moved_to_another_thread_releases_there() {
     assert_eq!(mm.collect_garbage().objects, 0);
     assert_eq!(drops.load(Ordering::SeqCst), 100);
 }
+
+/// Every live handle reads its own object and names its own slot.
+fn assert_each_its_own(mm: &ObjectManager, made: &[(Handle<Unit>, u32)]) {
+    let mut keys = std::collections::HashSet::new();
+    for (h, id) in made {
+        assert_eq!(mm[h], unit(*id), "a handle reads the object it was made for");
+        assert!(keys.insert(h.key()), "two live objects share slot {:?}", h.key());
+    }
+    assert_eq!(mm.count::<Unit>(), made.len());
+}
+
+/// Creates `n` objects one `create` at a time, numbered on from `made`'s.
+fn create_more(mm: &ObjectManager, made: &mut Vec<(Handle<Unit>, u32)>, n: u32) {
+    let first = made.iter().map(|&(_, id)| id + 1).max().unwrap_or(0);
+    made.extend((first..first + n).map(|id| (mm.create(unit(id)), id)));
+}
+
+/// The owner's creates step a cursor through each chunk of its run of fresh
+/// slots instead of mapping each index to an address. Across chunk ends,
+/// refills, a batch's unfilled slots becoming the run, a collection on another
+/// thread (which takes the run over) and one back on this thread, each create
+/// still gets a slot of its own.
+#[test]
+fn the_owners_run_gives_each_create_its_own_slot_across_chunks_and_hand_overs() {
+    // Small segments, so the run crosses segment and chunk ends often.
+    let mut mm = ObjectManager::builder().segment_base(4).report_leaks(false).build();
+    let mut made = Vec::new();
+    create_more(&mm, &mut made, N);
+    assert_each_its_own(&mm, &made);
+
+    // A batch that promises more than it yields: its unfilled slots become the run.
+    let batch = mm.create_many(Liar { next: 0, yields: 3, promised: 200 });
+    made.extend(batch.into_iter().map(|h| {
+        let id = mm[&h].id;
+        (h, id)
+    }));
+    create_more(&mm, &mut made, N / 2);
+    assert_each_its_own(&mm, &made);
+
+    // Another thread collects and becomes the owner: the run goes to the free list.
+    mm = std::thread::scope(|s| {
+        s.spawn(move || {
+            let mut mm = mm;
+            mm.collect_garbage();
+            mm
+        })
+        .join()
+        .unwrap()
+    });
+    create_more(&mm, &mut made, N / 2);
+    assert_each_its_own(&mm, &made);
+
+    // Back on this thread, with a third of them dead: kept slots, then a new run.
+    let mut i = 0;
+    made.retain(|_| {
+        i += 1;
+        i % 3 != 0
+    });
+    mm.collect_garbage();
+    create_more(&mm, &mut made, N);
+    assert_each_its_own(&mm, &made);
+    assert_clean_shutdown(mm, made.into_iter().map(|(h, _)| h).collect());
+}
