@@ -252,12 +252,12 @@ impl Registry {
 
     /// Creates an object in `T`'s store, taking its slot from `source`.
     ///
-    /// Out of line, once per type: `create` is inlined at every call site,
-    /// and this keeps each of them a call (inlined, the store lookup and the
-    /// insert's fast path added a kilobyte of code per call site, for no
-    /// measured gain). The common case ([`Store::try_create_common`]) needs
-    /// no stack frame; the rest is in [`create_general`](Self::create_general).
-    #[inline(never)]
+    /// Inlined into every `create`: the store lookup and the owner's common
+    /// case ([`Store::try_create_common`]), about 600 bytes of code per call
+    /// site, for a level load's creates 30 % faster than through a call
+    /// (see `BENCHMARKS.md`, O1b); the rest is out of line, once per type,
+    /// in [`create_general`](Self::create_general).
+    #[inline(always)]
     pub(crate) fn create_at<T: MMObject>(
         &self,
         value: T,

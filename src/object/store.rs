@@ -320,25 +320,25 @@ impl<T: MMObject> Store<T> {
         self.config.base_bits
     }
 
-    /// `create`'s common case as one step: `value` in a slot taken without
-    /// any read-modify-write, and its first handle; or the value back, for
+    /// `create`'s common case as one step: `value` in a slot taken with
+    /// plain loads and stores, and its first handle; or the value back, for
     /// [`try_insert`](Self::try_insert).
     ///
-    /// The common case: no tracker, no iterator running, a slot kept for
-    /// the owner, on the free list or in the owner's run of fresh ones.
-    /// Everything else is out of line in
-    /// [`try_insert`](Self::try_insert). With the rare
-    /// paths in the same function, their frame and spills weighed on every
-    /// `create` (a level load ran 12 % slower).
+    /// The common case: the owner thread, no tracker, no iterator running,
+    /// and a slot kept for the owner, or, with the free list empty, one of
+    /// the owner's run of fresh ones. It is inlined into every `create`, so
+    /// it holds nothing else: popping the free list (a compare-exchange),
+    /// other threads' creates and refilling the run are in `try_insert`,
+    /// out of line.
     #[inline(always)]
     pub(crate) fn try_create_common(&self, value: T, site: &'static Location<'static>) -> Result<Handle<T>, T> {
-        if self.tracking.is_some() || self.iterating.load(Ordering::Relaxed) != 0 {
+        if self.tracking.is_some() || self.iterating.load(Ordering::Relaxed) != 0 || !self.owner_slots.is_owner() {
             return Err(value);
         }
-        let owner = self.owner_slots.is_owner();
-        let vacant = match self.pop_reused(owner) {
+        let vacant = match self.take_kept() {
             Some(vacant) => vacant,
-            None if owner => match self.take_run() {
+            // Freed slots first: the run only once the free list is empty.
+            None if split_free(self.free_head.load(Ordering::Relaxed)).0 == NIL => match self.take_run() {
                 Some(vacant) => vacant,
                 None => return Err(value),
             },
@@ -440,19 +440,26 @@ impl<T: MMObject> Store<T> {
     #[inline(always)]
     fn pop_reused(&self, owner: bool) -> Option<VacantSlot<T>> {
         if owner {
-            let mut head_slot = None;
-            let kept = self.owner_slots.take_kept(|head| {
-                let slot = self.slot_ptr(head).expect("kept slots live in published segments");
-                head_slot = Some(slot);
-                // SAFETY: a published segment's slots are initialised and live as long as the store.
-                unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG
-            });
-            if let Some(local) = kept {
-                let slot = head_slot.expect("`take_kept` reads the link of the slot it takes");
-                return Some(VacantSlot { local, slot });
+            if let Some(vacant) = self.take_kept() {
+                return Some(vacant);
             }
         }
         self.pop_free()
+    }
+
+    /// The first of the slots kept for the owner, if any. Only the owner
+    /// thread calls it.
+    #[inline(always)]
+    fn take_kept(&self) -> Option<VacantSlot<T>> {
+        let mut head_slot = None;
+        let local = self.owner_slots.take_kept(|head| {
+            let slot = self.slot_ptr(head).expect("kept slots live in published segments");
+            head_slot = Some(slot);
+            // SAFETY: a published segment's slots are initialised and live as long as the store.
+            unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG
+        })?;
+        let slot = head_slot.expect("`take_kept` reads the link of the slot it takes");
+        Some(VacantSlot { local, slot })
     }
 
     /// Pops the free list, decrementing its length in the same CAS.

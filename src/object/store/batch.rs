@@ -188,7 +188,9 @@ impl<T: MMObject> Store<T> {
     /// the first, and how many.
     ///
     /// `local..end` must lie in one published segment, as a run from
-    /// `raise_len` does.
+    /// `raise_len` does. Out of line: it runs once a chunk, for batches and
+    /// for the owner's run.
+    #[inline(never)]
     pub(super) fn chunk_run(&self, local: u32, end: u32) -> (NonNull<Slot<T>>, u32) {
         let (segment, offset) = locate(local, self.config.base_bits);
         let base = NonNull::new(self.segments[segment].load(Ordering::Acquire)).expect("taken slots are published");
