@@ -170,8 +170,8 @@ impl OwnerSlots {
                 let slot = at;
                 in_chunk -= 1;
                 if in_chunk > 0 {
-                    // `in_chunk` more slots lie contiguously from `slot`
-                    // (invariant), so the next one is in the same allocation.
+                    // SAFETY: `in_chunk` more slots lie contiguously from
+                    // `slot` (invariant), so the next one is in the same allocation.
                     at = at.add(stride);
                 }
                 *cursor = (at, in_chunk);

@@ -54,14 +54,15 @@ pub(crate) struct RegistryConfig {
     pub(crate) alloc_for: Vec<(TypeId, StoreAlloc)>,
 }
 
-/// One entry of the type table: a type and its store, so that a typed lookup (every `create`, every weak read through
-/// the manager) is one probe and one compare, with no second table.
+/// One entry of the type table: a type and its store, so that a typed
+/// lookup (every `create`, `count`, `reserve` and view) is one probe and one
+/// compare, with no second table.
 ///
 /// # Invariants
 ///
 /// `store` points at the `Store<T>` with `TypeId::of::<T>() == type_id`,
-/// boxed in the registry's `stores`, so it lives
-/// (and does not move) as long as the registry.
+/// boxed in the registry's `stores`, so it lives (and does not move) as long
+/// as the registry.
 struct TypeEntry {
     type_id: TypeId,
     store: NonNull<()>,
@@ -253,8 +254,8 @@ impl Registry {
     /// Creates an object in `T`'s store, taking its slot from `source`.
     ///
     /// Inlined into every `create`: the store lookup and the owner's common
-    /// case ([`Store::try_create_common`]), about 600 bytes of code per call
-    /// site, for a level load's creates 30 % faster than through a call
+    /// case ([`Store::try_create_common`]), about 0.75 KB of code per call
+    /// site, for a loop of creates 30 % faster than through a call
     /// (see `BENCHMARKS.md`, O1b); the rest is out of line, once per type,
     /// in [`create_general`](Self::create_general).
     #[inline(always)]

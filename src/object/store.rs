@@ -148,6 +148,8 @@ pub(crate) struct Store<T> {
 }
 
 /// A per-type destroy callback: see [`ObjectManager::on_destroy`](super::ObjectManager::on_destroy).
+pub(crate) type DestroyHook<T> = Box<dyn FnMut(ObjectKey, &mut T) + Send>;
+
 /// A vacant slot this thread took for a `create`: its local index and its
 /// pointer.
 ///
@@ -161,8 +163,6 @@ struct VacantSlot<T> {
     local: u32,
     slot: NonNull<Slot<T>>,
 }
-
-pub(crate) type DestroyHook<T> = Box<dyn FnMut(ObjectKey, &mut T) + Send>;
 
 /// Where `create` may take a used slot from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,6 +338,8 @@ impl<T: MMObject> Store<T> {
         let vacant = match self.take_kept() {
             Some(vacant) => vacant,
             // Freed slots first: the run only once the free list is empty.
+            // (`Relaxed`: nothing is read through it; a stale answer costs
+            // at most the general path or one fresh slot.)
             None if split_free(self.free_head.load(Ordering::Relaxed)).0 == NIL => match self.take_run() {
                 Some(vacant) => vacant,
                 None => return Err(value),

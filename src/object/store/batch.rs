@@ -1,10 +1,9 @@
 //! Many objects of one type at once.
 //!
 //! [`ObjectManager::create_many`] (a level load): the creation site is
-//! numbered once, and never-used slots are taken
-//! from `len` a run at a time, then filled by stepping through each chunk,
-//! instead of one compare-exchange (or one owner's-run step) and one
-//! index-to-address lookup per object.
+//! numbered once, and never-used slots are taken from `len` a run at a
+//! time, then filled by stepping through each chunk, instead of one
+//! compare-exchange (or one owner's-run step) per object.
 //!
 //! [`ObjectManager::release_many`] (an unload): under `&mut ObjectManager`,
 //! the objects the handles alone hold are given up with a plain load each
@@ -125,9 +124,9 @@ impl<T: MMObject> Store<T> {
             } else {
                 self.try_insert(value, site, strict, SlotSource::Manager)?
             };
-            // SAFETY: `place_at` and `try_insert` return an
-            // occupied slot of this store (a published segment's) with a
-            // count of one, which the new handle takes over; `tag` is this store's.
+            // SAFETY: `place_at` and `try_insert` return an occupied slot of
+            // this store (a published segment's) with a count of one, which
+            // the new handle takes over; `tag` is this store's.
             handles.push(unsafe { Handle::from_counted_tagged(slot, self.tag, HandleOrigin::Created, site) });
         }
         Ok(())
