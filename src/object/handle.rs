@@ -641,9 +641,9 @@ const OWNED_TAG: usize = 1 << 16;
 const CYCLABLE_TAG: usize = 1 << 17;
 
 /// What a [`Handle`] keeps beside its slot's address (the manager id and the
-/// counting flags), read from a slot's chunk header: the same for every slot
-/// of one store, since each chunk header copies its store's values (see
-/// `ChunkHeader`), so a batch of creates reads it once.
+/// counting flags): the same for every slot of one store, since each chunk
+/// header copies its store's values (see `ChunkHeader`), so the store keeps
+/// it for its creates.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HandleTag(#[cfg(target_pointer_width = "64")] usize);
 
