@@ -127,6 +127,31 @@ impl LastDrops {
         true
     }
 
+    /// [`record`](Self::record) when the ring has room: false, recording
+    /// nothing, if it is full.
+    ///
+    /// # Safety
+    ///
+    /// As for `record`.
+    #[inline(always)]
+    unsafe fn record_if_room(&self, entry: Entry) -> bool {
+        // Only this thread stores `recorded`.
+        let recorded = self.recorded.load(Ordering::Relaxed);
+        // `Acquire`: a drainer's reads of the cell about to be reused happen before the write.
+        if recorded - self.drained.load(Ordering::Acquire) == CAPACITY {
+            return false;
+        }
+        self.entries[recorded % CAPACITY].with_mut(|cell| {
+            // SAFETY: `drained > recorded - CAPACITY`, so no drainer reads
+            // this cell until `recorded` below publishes it (invariants).
+            unsafe { (*cell).write(entry) };
+        });
+        // `Release`: publishes the entry (and, through the caller's fence,
+        // every use of the object) to whoever drains it.
+        self.recorded.store(recorded + 1, Ordering::Release);
+        true
+    }
+
     /// Pushes every recorded slot onto its store's dead lanes. Any thread may
     /// call it; drainers take turns.
     fn drain(&self) {
@@ -307,10 +332,30 @@ pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, he
 /// happen before it is destroyed (the same pairing as `Arc`'s drop); the
 /// ring, then the dead list, carry that on to the collector.
 ///
-/// Out of line: every handle drop inlines the test that leads here.
+/// Out of line: every handle drop inlines the test that leads here. Its
+/// common case, a ring with room, needs no registers saved; a full ring, a
+/// thread with none and the push are in [`record_rest`].
 #[inline(never)]
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     fence(Ordering::Acquire);
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Dead(local) };
+    let recorded = MINE.try_with(|mine| match mine.ring.get() {
+        // SAFETY: `ring` is this thread's own, and the caller took the slot's
+        // count to zero (the entry is as the invariants ask).
+        Some(ring) => unsafe { ring.as_ref().record_if_room(entry) },
+        None => false,
+    });
+    if !matches!(recorded, Ok(true)) {
+        record_rest(shared, local, word);
+    }
+}
+
+/// The rest of [`record`]: the ring drained first if it is full (or made,
+/// if this is the thread's first last drop), else the slot pushed straight
+/// onto the dead list.
+#[cold]
+#[inline(never)]
+fn record_rest(shared: &StoreShared, local: u32, word: &AtomicU32) {
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Dead(local) };
     // SAFETY: the caller took the slot's count to zero.
     if !unsafe { record_mine(entry) } {
