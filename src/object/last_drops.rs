@@ -104,27 +104,20 @@ impl LastDrops {
     /// Only the ring's owning thread calls it, and the entry is as the type's
     /// invariants ask.
     unsafe fn record(&self, entry: Entry) -> bool {
-        // Only this thread stores `recorded`.
-        let recorded = self.recorded.load(Ordering::Relaxed);
-        // `Acquire`: a drainer's reads of the cell about to be reused happen before the write.
-        if recorded - self.drained.load(Ordering::Acquire) == CAPACITY {
-            if self.draining.held_here() {
-                // User code run by this thread's own drain (the store
-                // allocator or a logger, queueing a check) dropped a last
-                // handle: the caller pushes the slot itself.
-                return false;
-            }
-            self.drain();
+        // SAFETY: the caller's contract.
+        if unsafe { self.record_if_room(entry) } {
+            return true;
         }
-        self.entries[recorded % CAPACITY].with_mut(|cell| {
-            // SAFETY: `drained > recorded - CAPACITY` now, so no drainer reads
-            // this cell until `recorded` below publishes it (invariants).
-            unsafe { (*cell).write(entry) };
-        });
-        // `Release`: publishes the entry (and, through the caller's fence,
-        // every use of the object) to whoever drains it.
-        self.recorded.store(recorded + 1, Ordering::Release);
-        true
+        if self.draining.held_here() {
+            // User code run by this thread's own drain (the store allocator
+            // or a logger, queueing a check) dropped a last handle: the
+            // caller pushes the slot itself.
+            return false;
+        }
+        // Everything recorded so far is drained when this returns, so there is room.
+        self.drain();
+        // SAFETY: the caller's contract.
+        unsafe { self.record_if_room(entry) }
     }
 
     /// [`record`](Self::record) when the ring has room: false, recording
@@ -333,8 +326,8 @@ pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, he
 /// ring, then the dead list, carry that on to the collector.
 ///
 /// Out of line: every handle drop inlines the test that leads here. Its
-/// common case, a ring with room, needs no registers saved; a full ring, a
-/// thread with none and the push are in [`record_rest`].
+/// common case, a ring with room, is a dozen instructions; a full ring, a
+/// thread with none and the push are in [`record_rest`], out of line.
 #[inline(never)]
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     fence(Ordering::Acquire);
