@@ -57,7 +57,8 @@ const NOBODY: u64 = 0;
 ///   published segment, whose slots are vacant, never used, and on no list.
 /// - `cursor`, the pair `(at, in_chunk)`: while `in_chunk > 0`, `at` is
 ///   slot `next`'s address (with its segment's provenance) and `in_chunk`
-///   slots of the run lie contiguously from it, in one chunk.
+///   slots of the run lie contiguously from it, in one chunk; so
+///   `in_chunk <= end - next`, and an empty run's cursor is used up.
 /// - `kept` is a chain of vacant slots linked through their words
 ///   (`LINK_FLAG | next`; the last one's `next` is not read), on no other
 ///   list.
@@ -194,26 +195,27 @@ impl OwnerSlots {
             *run = (start, end);
         });
         // SAFETY: as in `take`.
-        self.cursor.with_mut(|cursor| unsafe { *cursor = (std::ptr::null_mut(), 0) });
+        debug_assert!(self.cursor.with(|cursor| unsafe { (*cursor).1 }) == 0, "an empty run's cursor is used up");
         self.adjust_left(end - start, 0);
     }
 
-    /// The first slot of the kept chain, if it has one; `next_of` reads the
-    /// link of a kept slot, and is called on every slot taken (on the last
-    /// one too, whose link is not used). Only the owner calls it.
+    /// The first slot of the kept chain, if it has one, with what `read`
+    /// found there. `read` loads a kept slot's link (and may return its
+    /// address with it); it is called on every slot taken, the last one too,
+    /// whose link is not used. Only the owner calls it.
     #[inline]
-    pub(crate) fn take_kept(&self, next_of: impl FnOnce(u32) -> u32) -> Option<u32> {
+    pub(crate) fn take_kept<R>(&self, read: impl FnOnce(u32) -> (u32, R)) -> Option<(u32, R)> {
         debug_assert!(self.is_owner());
-        // SAFETY: as in `take`; `next_of` only loads a slot's word.
+        // SAFETY: as in `take`; `read` only loads a slot's word.
         self.kept.with_mut(|kept| unsafe {
             let Chain { head, tail, len } = *kept;
             if len == 0 {
                 return None;
             }
-            let next = next_of(head);
+            let (next, found) = read(head);
             *kept = if len == 1 { Chain::EMPTY } else { Chain { head: next, tail, len: len - 1 } };
             self.adjust_left(0, 1);
-            Some(head)
+            Some((head, found))
         })
     }
 

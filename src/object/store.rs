@@ -453,14 +453,11 @@ impl<T: MMObject> Store<T> {
     /// thread calls it.
     #[inline(always)]
     fn take_kept(&self) -> Option<VacantSlot<T>> {
-        let mut head_slot = None;
-        let local = self.owner_slots.take_kept(|head| {
+        let (local, slot) = self.owner_slots.take_kept(|head| {
             let slot = self.slot_ptr(head).expect("kept slots live in published segments");
-            head_slot = Some(slot);
             // SAFETY: a published segment's slots are initialised and live as long as the store.
-            unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG
+            (unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG, slot)
         })?;
-        let slot = head_slot.expect("`take_kept` reads the link of the slot it takes");
         Some(VacantSlot { local, slot })
     }
 
