@@ -303,8 +303,8 @@
 //! number that is never reused). The run also keeps a cursor: the next
 //! slot's address and how many slots lie contiguously after it in its chunk,
 //! so a create steps to the next slot instead of mapping its index to an
-//! address; the cursor is the run's, reset whenever the run is refilled or
-//! handed over. Other threads, loaders, and the owner while
+//! address; the cursor is the run's, used up whenever the run is (so a
+//! refill finds it empty) and reset when the run is handed over. Other threads, loaders, and the owner while
 //! an iterator is alive (iteration never yields an object made after it
 //! began) take slots from `len` as above. The owner never allocates a
 //! segment while refilling (that runs the allocator, user code): when the

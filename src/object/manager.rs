@@ -157,13 +157,15 @@ impl ObjectManager {
     /// iterators made after this returns (an iterator already running never
     /// yields it).
     ///
-    /// The common case is inlined at each call site (about 0.75 KB of code):
-    /// on the thread that last collected (at first, the one that made the
+    /// The common case is part of this function, which is `#[inline]`: on
+    /// the thread that last collected (at first, the one that made the
     /// type's store), with no tracker and no iterator running, the object
     /// takes a slot the last collection freed, or the next fresh one, with
-    /// plain loads and stores. Other threads, a tracker, a running
-    /// iterator and a store that must grow take one out-of-line call. To keep
-    /// code small, call `create` from a function of your own.
+    /// plain loads and stores. Other threads, a tracker, a running iterator
+    /// and a store that must grow take one out-of-line call. Where the
+    /// compiler inlines `create` (a hot loop), that is about 0.75 KB of code
+    /// at the call site; where it does not, one copy per type, and a create
+    /// costs a call more (see `BENCHMARKS.md`, O1b).
     ///
     /// # Panics
     ///
