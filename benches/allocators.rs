@@ -484,6 +484,12 @@ fn a3_frame(c: &mut Criterion) {
 ///
 /// Peer: bumpalo `alloc` + `reset` (bumpalo has no markers; `reset` is its way back to a
 /// known point, and is the closest equivalent of freeing to the bottom marker).
+///
+/// Both lay their blocks out alike: an 8-byte block first (below the blocks in the stack,
+/// above them in bumpalo, which bumps downwards), so every 64-byte block starts 8 bytes
+/// into a cache line in both. Bumpalo's `reset` drops its 8 bytes, so it allocates them
+/// again each frame (one allocation in 1,001). Where the blocks sit moves both by 10–15 %
+/// on some hosts (BENCHMARKS.md, A4), so a peer laid out differently measures the layout.
 fn a4_stack(c: &mut Criterion) {
     let mut g = c.benchmark_group("A4_stack_alloc_64B_free_to_marker");
     g.throughput(Throughput::Elements(PER_FRAME as u64));
@@ -501,6 +507,7 @@ fn a4_stack(c: &mut Criterion) {
     let mut bump = Bump::with_capacity(PER_FRAME * 64 + 64);
     g.bench_function(BenchmarkId::new("bumpalo", PER_FRAME), |b| {
         b.iter(|| {
+            black_box(bump.alloc(0u64)); // the stack's 8 bytes, at the other end
             for i in 0..PER_FRAME {
                 black_box(bump.alloc([i as u64; 8]));
             }
