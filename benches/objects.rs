@@ -139,6 +139,12 @@ fn owned() -> ObjectManager {
     ObjectManager::builder().owner_thread(true).build()
 }
 
+/// A manager whose drops wait for its thread's ring to apply them in a
+/// batch (`deferred_drops`): the same objects, released later.
+fn deferring() -> ObjectManager {
+    ObjectManager::builder().deferred_drops(true).build()
+}
+
 /// Walks a precomputed pick table, wrapping around.
 struct Cursor<'a> {
     picks: &'a [u32],
@@ -255,6 +261,8 @@ slotmap::new_key_type! {
 /// refslots + `SecondaryMap` and bevy-style handles are the refcounted,
 /// frame-collected designs this crate competes with. The free-list pool is
 /// the physical limit (no refcount, no generation) and is shown for scale.
+/// `mmobject_deferred` is a manager built with `deferred_drops(true)`: its
+/// releases are applied by the frame's collection, in a batch.
 fn o1_frame(c: &mut Criterion) {
     let picks = picks(FRAME_LIVE);
     let mut group = c.benchmark_group("O1_frame");
@@ -264,6 +272,7 @@ fn o1_frame(c: &mut Criterion) {
     let managers = [
         ("mmobject", ObjectManager::new()),
         ("mmobject_owner", owned()),
+        ("mmobject_deferred", deferring()),
         ("mmobject_global_alloc", manager_on_global()),
     ];
     for (name, mut mm) in managers {
@@ -969,6 +978,7 @@ fn o1c_unload(c: &mut Criterion) {
     };
     group.bench_function("mmobject", |b| cpu_iter_with_setup(b, || loaded(ObjectManager::new()), unload));
     group.bench_function("mmobject_owner", |b| cpu_iter_with_setup(b, || loaded(owned()), unload));
+    group.bench_function("mmobject_deferred", |b| cpu_iter_with_setup(b, || loaded(deferring()), unload));
     group.bench_function("mmobject_release_many", |b| {
         cpu_iter_with_setup(
             b,

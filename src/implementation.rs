@@ -109,7 +109,8 @@
 //! - **Clone**: `fetch_add(1, Relaxed)`. A count past 2^29 panics (after
 //!   undoing the add), so the count never reaches the `PURPLE` flag (bit 30)
 //!   or the link flag (bit 31), even with one racing clone per thread.
-//! - **Drop**: `fetch_sub(1, Release)`. The thread that takes the count from
+//! - **Drop**: `fetch_sub(1, Release)` (on a manager that defers its drops,
+//!   later, by a ring's drain: see "Deferred drops"). The thread that takes the count from
 //!   1 to 0 issues an `Acquire` fence (so every other handle's use of the
 //!   object happens before its destruction), then records the slot in its
 //!   own thread's *ring of last drops*, which carries it to the store's
@@ -247,6 +248,39 @@
 //! could not be allocated pushes the slot itself. The protocol is in
 //! `object/last_drops.rs`; the loom model `a_full_ring_drains_while_the_owner_collects`
 //! races a thread draining its own full ring against the owner's drain.
+//!
+//! ## Deferred drops
+//!
+//! A manager built with `deferred_drops(true)` (never with an owner thread:
+//! the builder refuses both) records every drop in the ring, not only the
+//! last: a *release* entry, written without touching the slot. A drain
+//! applies each release entry in ring order with `fetch_sub(1, Release)`,
+//! prefetching for writing the count word of the entry 8 places ahead, and
+//! one that takes the count to zero takes the `Acquire` fence and is linked
+//! as a last drop recorded there would be. A frame's releases at random
+//! otherwise pay a locked decrement on a cold line each, and a locked
+//! operation that misses holds back the loads after it, so their misses do
+//! not overlap; in a batch with the look-ahead they do (a frame got 20–28 %
+//! faster, a level unload in slot order 7–10 % slower; `BENCHMARKS.md`,
+//! twenty-fourth session).
+//!
+//! A release entry keeps its count until it is applied, so it keeps its slot
+//! and store allocated exactly as the handle did: the drop is the handle's,
+//! later. What changes is only when: until the thread's ring drains (full,
+//! thread exit, any collection round, `dead_count`, shutdown), `ref_count`
+//! includes it and `upgrade` and weak reads find the object alive. Handles
+//! know the mode without a load of their chunk: a deferring manager's handles
+//! carry the owner flag, and a handle with that flag whose thread does not
+//! own its manager reads one bit per manager id from a global table, written
+//! by the builder before any store exists (ids are never reused, so the bit
+//! never changes while a handle exists). Clones stay one atomic add, and
+//! stores of types that may hold handles count every drop at once (their
+//! candidate marking needs the drop's own decrement). A ring with no room
+//! while its own thread drains it (user code under the drain) applies the
+//! decrement at once. The loom models `deferred_drops_race_the_collection`,
+//! `a_full_ring_of_deferred_drops_drains_while_collecting` and
+//! `upgrade_races_a_deferred_drop_and_its_collection` cover the drains and
+//! an `upgrade` racing a deferred last drop.
 //!
 //! Collection walks the taken chains: for each slot it reads `size()`, marks
 //! the slot vacant (generation + 1), keeps it for the owner's creates (see
@@ -509,6 +543,7 @@
 //! |---|---|---|
 //! | strong count | 2^29 | `clone` panics after undoing its add (the owner's batch of 8 as well); `upgrade`, `try_upgrade` and `add_ref_raw` refuse (`RefCountOverflow`), changing nothing |
 //! | owner reservation | 16 counts | a drop that would pass it gives all but 8 back to the word |
+//! | deferred drops waiting | 256 per thread (a ring) | the drop that finds the ring full applies it first; so the counts the rings hold never approach the strong count's bound |
 //! | creation-site numbers | 64 without a lock, then a locked map in the store's allocator | a site the allocator refuses room for shows as an "unknown" line in `object/store.rs` |
 //! | slot generation | below 2^31 | the slot is *retired*: it keeps the even generation 2^31, which no key carries, and is never reused. A stale key can therefore never validate again, and keys stay below slotmap's `SecondaryMap` version limit |
 //! | manager id | 2^16 - 1 (65,535) managers per process (handles carry the id in their low 16 bits, checked with one 16-bit compare) | `build` panics, and keeps panicking: ids are never reused, so a handle of a dropped manager never passes another manager's check |

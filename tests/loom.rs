@@ -13,7 +13,8 @@
 //!   of fresh slots and its kept freed slots racing another creator, a
 //!   refused segment racing a served one, loaders creating while the owner
 //!   collects or shuts down, and a candidate root's drop racing the cycle
-//!   collector;
+//!   collector; deferred drops applied by their thread and by a collection
+//!   at once, and `upgrade` racing a deferred last drop;
 //! - allocators: remote frees and double frees of the size-class pool and the
 //!   small-object allocator, and a thread exit handing its page or lane back;
 //! - the tracker's pending records: a free on another thread racing the
@@ -772,6 +773,94 @@ fn scattered_drops_drain_onto_several_lanes_while_the_owner_collects() {
         assert_eq!(first + mm.dead_count(), 3, "every drop is listed once");
         assert_eq!(first + mm.collect_garbage().objects, 3);
         assert_eq!(drops.load(Ordering::SeqCst), 3);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+fn deferring() -> ObjectManager {
+    ObjectManager::builder().report_leaks(false).segment_base(1).deferred_drops(true).build()
+}
+
+/// Deferred drops on two workers and the main thread, while the main thread
+/// collects: the drain that takes the count to zero lists the object once,
+/// it is never destroyed while a handle is left, and once every dropper is
+/// done the next collection destroys it (exactly once).
+#[test]
+fn deferred_drops_race_the_collection() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = deferring();
+        let h = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let (a, b) = (h.clone(), h.clone());
+        let t1 = thread::spawn(move || drop(a));
+        let t2 = thread::spawn(move || drop(b));
+        drop(h);
+        let first = mm.collect_garbage().objects;
+        t1.join().unwrap();
+        t2.join().unwrap();
+        let second = mm.collect_garbage().objects;
+        assert_eq!(first + second, 1, "destroyed once, once every drop is applied");
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(mm.collect_garbage().objects, 0);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// A worker's deferred drops fill its ring (two entries under loom), so it
+/// applies them itself while the main thread's collection drains the same
+/// ring: every decrement is applied once, nothing is destroyed twice or
+/// lost, and the counts are exact once the dropper is done.
+#[test]
+fn a_full_ring_of_deferred_drops_drains_while_collecting() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = deferring();
+        let token = || DropToken(Arc::clone(&drops));
+        let handles: Vec<_> = (0..3).map(|id| mm.create(Texture { id, token: token() })).collect();
+        let dropper = thread::spawn(move || drop(handles));
+        let first = mm.collect_garbage().objects;
+        dropper.join().unwrap();
+        assert_eq!(first + mm.dead_count(), 3, "every drop is applied and listed once");
+        assert_eq!(first + mm.collect_garbage().objects, 3);
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// `upgrade` on a worker races a deferred last drop and its application by
+/// a collection: the upgrade either wins (and the object lives on with its
+/// new handle) or fails; a destroyed object is never revived.
+#[test]
+fn upgrade_races_a_deferred_drop_and_its_collection() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = Arc::new(deferring());
+        let h = mm.create(Texture { id: 7, token: DropToken(Arc::clone(&drops)) });
+        let weak = h.downgrade();
+        let mm2 = Arc::clone(&mm);
+        let upgrader = thread::spawn(move || {
+            let up = mm2.upgrade(weak);
+            if let Some(up) = &up {
+                assert_eq!(mm2[up].id, 7);
+            }
+            up
+        });
+        drop(h);
+        // Applies the main thread's deferred drop (`dead_count` drains every ring).
+        let dead_before = mm.dead_count();
+        let up = upgrader.join().unwrap();
+        let mut mm = Arc::try_unwrap(mm).expect("the upgrader is done");
+        match up {
+            Some(up) => {
+                assert_eq!(dead_before, 0, "the upgrade came before the drop was applied");
+                assert_eq!(mm.collect_garbage().objects, 0, "alive while the upgraded handle is");
+                assert_eq!(drops.load(Ordering::SeqCst), 0);
+                drop(up);
+            }
+            None => assert_eq!(dead_before, 1, "an upgrade fails only once the drop is applied"),
+        }
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "destroyed exactly once");
         assert!(mm.shutdown().is_empty());
     });
 }

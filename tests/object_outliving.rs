@@ -157,6 +157,35 @@ fn handles_outlive_the_manager_on_another_thread() {
     assert_eq!(drops.count(), 4);
 }
 
+/// Deferred drops of handles that outlive their manager: those made before
+/// shutdown are applied by it; those made after (on worker threads) are
+/// applied by a later drain, on memory the outliving handles kept.
+#[test]
+fn deferred_drops_of_handles_that_outlive_the_manager() {
+    let drops = Drops::default();
+    let mm = ObjectManager::builder().report_leaks(false).segment_base(4).deferred_drops(true).build();
+    let handles: Vec<_> = (0..4).map(|w| mm.create(texture(w, &drops))).collect();
+    let copies: Vec<_> = handles.iter().map(Handle::clone).collect();
+    drop(copies);
+    assert_eq!(handles[0].ref_count(), 2, "the copies' drops wait");
+    let report = mm.shutdown();
+    assert_outliving(&report, 4);
+    assert_eq!(drops.count(), 4, "shutdown destroyed every value");
+    assert!(handles.iter().all(|h| h.ref_count() == 1), "shutdown applied the copies' drops");
+    std::thread::scope(|s| {
+        for handle in handles {
+            s.spawn(move || {
+                let copy = handle.clone();
+                drop(handle);
+                drop(copy);
+            });
+        }
+    });
+    // Any manager's collection drains every thread's drops.
+    assert_eq!(quiet().collect_garbage().objects, 0, "nothing of the gone manager is destroyed again");
+    assert_eq!(drops.count(), 4);
+}
+
 #[test]
 fn handle_moved_to_a_thread_that_outlives_the_manager() {
     let drops = Drops::default();

@@ -643,6 +643,9 @@ fn try_dealloc_racing_track_on_the_same_address_frees_with_the_right_layout() {
                 if TRACKER.try_track(std::ptr::without_provenance(addr), 1 << 12, tag).is_ok() {
                     TRACKER.untrack(std::ptr::without_provenance(addr));
                 }
+            } else {
+                // On one CPU the allocating thread needs the time.
+                std::thread::yield_now();
             }
         }
     });
@@ -656,8 +659,9 @@ fn try_dealloc_racing_track_on_the_same_address_frees_with_the_right_layout() {
         // Either the block's own record is taken and the block freed with its layout, or
         // the swapped-in record is left alone and the block stays allocated (leaked).
         let _ = TRACKER.try_dealloc(p);
+        // Yield, not spin: on one CPU the other thread needs it to take the address.
         while SHARED.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     }
     STOP.store(true, Ordering::Relaxed);

@@ -200,6 +200,8 @@ impl<T> Handle<T> {
                 Counting::Cyclable
             } else if super::owner_counts::owns(self.manager_id()) {
                 Counting::Owner
+            } else if super::deferred_drops::defers(self.manager_id()) {
+                Counting::Deferred
             } else {
                 Counting::Atomic
             }
@@ -209,10 +211,30 @@ impl<T> Handle<T> {
             let chunk = self.chunk();
             match chunk.owner_thread {
                 _ if chunk.cyclable => Counting::Cyclable,
+                0 if super::deferred_drops::defers(chunk.manager_id) => Counting::Deferred,
                 0 => Counting::Atomic,
                 owner if owner == crate::sync::thread_token() => Counting::Owner,
                 _ => Counting::Atomic,
             }
+        }
+    }
+
+    /// True if this thread counts the handle through the owner's reservation
+    /// ([`Counting::Owner`]): all a clone needs to know, since every other
+    /// way counts a clone with one atomic add. Kept apart from `counting` so
+    /// that the clone stays small enough to inline (its look at deferred
+    /// drops, a load, is for drops only).
+    #[inline]
+    fn counts_on_owner(&self) -> bool {
+        #[cfg(target_pointer_width = "64")]
+        {
+            let tag = self.tagged.as_ptr().addr();
+            tag & (CYCLABLE_TAG | OWNED_TAG) == OWNED_TAG && super::owner_counts::owns(self.manager_id())
+        }
+        #[cfg(not(target_pointer_width = "64"))]
+        {
+            let chunk = self.chunk();
+            !chunk.cyclable && chunk.owner_thread != 0 && chunk.owner_thread == crate::sync::thread_token()
         }
     }
 
@@ -371,7 +393,7 @@ impl<T> Clone for Handle<T> {
     #[inline]
     #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
-        if self.counting() == Counting::Owner {
+        if self.counts_on_owner() {
             if self.slot().header.owner_clone() {
                 super::last_drops::record_lease(self.shared(), self.local(), self.generation(), &self.slot().header);
             }
@@ -414,11 +436,19 @@ impl<T> Drop for Handle<T> {
                 }
             }
             Counting::Cyclable => self.drop_cyclable(),
+            Counting::Deferred => self.record_release(),
         }
     }
 }
 
 impl<T> Handle<T> {
+    /// A drop on a manager that defers its drops: recorded for the thread's
+    /// ring to apply (see `deferred_drops.rs`). Out of line, as below.
+    #[inline(never)]
+    fn record_release(&self) {
+        super::last_drops::record_release(self.shared(), self.local(), &self.slot().header.word);
+    }
+
     /// The end of a last drop: lists the slot as dead. Out of line, with
     /// the lookup of its store and index, so that the drop that inlines the
     /// test leading here needs no registers saved on its common paths.
@@ -439,6 +469,10 @@ enum Counting {
     Owner,
     /// A store whose objects may hold handles: drops mark candidate roots.
     Cyclable,
+    /// A manager that defers its drops: a drop is recorded in the thread's
+    /// ring and applied when it drains; clones count as `Atomic` does (see
+    /// `deferred_drops.rs`).
+    Deferred,
 }
 
 impl<T> Handle<T> {
@@ -633,7 +667,9 @@ pub(crate) const MAX_MANAGER_ID: u32 = (1 << 16) - 1;
 #[cfg(target_pointer_width = "64")]
 const TAG_BITS: u32 = 16;
 /// Set in a [`Handle`]'s `tagged` if its manager has an owner thread and
-/// its store counts through the owner's reservations (see `owner_counts.rs`).
+/// its store counts through the owner's reservations (see `owner_counts.rs`),
+/// or if its manager defers its drops (see `deferred_drops.rs`; the two
+/// exclude each other): either way, counting looks further than the tag.
 #[cfg(target_pointer_width = "64")]
 const OWNED_TAG: usize = 1 << 16;
 /// The store's `cyclable` flag in a [`Handle`]'s `tagged`.
@@ -669,7 +705,8 @@ impl HandleTag {
         #[cfg(target_pointer_width = "64")]
         {
             debug_assert!(manager_id <= MAX_MANAGER_ID, "manager ids are 16 bits");
-            let flag = match (cyclable, owner_thread != 0) {
+            let looks_further = owner_thread != 0 || super::deferred_drops::defers(manager_id);
+            let flag = match (cyclable, looks_further) {
                 (true, _) => CYCLABLE_TAG,
                 (false, true) => OWNED_TAG,
                 (false, false) => 0,

@@ -17,6 +17,9 @@
 //! Those calls drain every thread's ring, so they see every drop that
 //! happened before them, as before.
 //!
+//! A manager that defers its drops records every drop here, not only the
+//! last, and the drain applies the decrements (see `deferred_drops.rs`).
+//!
 //! Nothing else changes meaning: a recorded slot's count is already 0, so it
 //! is dead for every reader (`upgrade`, weak reads, iterators, `ref_count`)
 //! and only its place on the dead list waits. The store's shared part
@@ -43,7 +46,8 @@ pub(crate) const CAPACITY: usize = 256;
 pub(crate) const CAPACITY: usize = 2;
 
 /// One recorded slot: its store's shared part, its header word, and what
-/// was recorded: a drop that found a count of 0 (its local index), or the
+/// was recorded: a drop that found a count of 0 (its local index), a drop
+/// whose decrement the drain applies (see `deferred_drops.rs`), or the
 /// check of a lease the owner thread took, for its collection to decide
 /// (see `owner_counts.rs`).
 #[derive(Clone, Copy)]
@@ -57,6 +61,7 @@ struct Entry {
 #[derive(Clone, Copy)]
 enum Found {
     Dead(u32),
+    Release(u32),
     Check(Check),
 }
 
@@ -72,9 +77,10 @@ enum Found {
 ///   `drained <= recorded <= drained + CAPACITY`, so entry `i` lives in cell
 ///   `i % CAPACITY` from its write until `drained` passes it.
 /// - Every dead entry names a slot whose count its thread took to zero: no
-///   other thread writes that slot's word until the entry is drained. The
-///   store's shared part of every entry stays allocated until it is drained
-///   (module docs).
+///   other thread writes that slot's word until the entry is drained. Every
+///   release entry names a slot whose count still holds the one it will
+///   take away. The store's shared part of every entry stays allocated until
+///   it is drained (module docs).
 pub(crate) struct LastDrops {
     entries: Box<[UnsafeCell<MaybeUninit<Entry>>]>,
     recorded: AtomicUsize,
@@ -161,12 +167,28 @@ impl LastDrops {
         let mut progress = Progress { ring: self, next: drained, lanes: None };
         let mut checks = Checks::default();
         for i in drained..recorded {
+            if i + PREFETCH_AHEAD < recorded {
+                // SAFETY: as for `entry` below, for a later entry (only read).
+                let ahead = self.entries[(i + PREFETCH_AHEAD) % CAPACITY]
+                    .with(|cell| unsafe { (*cell).assume_init_ref().word });
+                super::deferred_drops::prefetch_for_write(ahead.as_ptr().cast());
+            }
             // SAFETY: `i` is below `recorded` (read with `Acquire`, so its
             // write is visible) and at or above `drained`, which only we may
             // move: the cell holds entry `i` and its thread does not touch it.
             let entry = self.entries[i % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() });
-            match entry.found {
-                Found::Dead(local) => match &mut progress.lanes {
+            let dead = match entry.found {
+                Found::Dead(local) => Some(local),
+                // SAFETY: the entry's count keeps the slot, and its store's
+                // shared part, allocated until this decrement (invariants).
+                Found::Release(local) => unsafe { release(entry.word) }.then_some(local),
+                Found::Check(check) => {
+                    checks.add(entry.shared, check);
+                    None
+                }
+            };
+            if let Some(local) = dead {
+                match &mut progress.lanes {
                     Some(open) if open.shared == entry.shared => open.link(local, entry.word),
                     other => {
                         if let Some(done) = other.take() {
@@ -176,8 +198,7 @@ impl LastDrops {
                         open.link(local, entry.word);
                         *other = Some(open);
                     }
-                },
-                Found::Check(check) => checks.add(entry.shared, check),
+                }
             }
             progress.next = i + 1;
         }
@@ -186,6 +207,28 @@ impl LastDrops {
         }
         checks.flush();
     }
+}
+
+/// How many entries ahead a drain prefetches the count of a release entry
+/// (the misses of that many decrements overlap).
+const PREFETCH_AHEAD: usize = 8;
+
+/// Applies a deferred drop: takes one count from `word`. True if that was
+/// the last, with the `Acquire` fence of a last drop (see [`record`]): the
+/// drainer then lists the slot as dead, as its thread would have.
+///
+/// # Safety
+///
+/// `word` is the header word of a slot whose count holds the one taken here.
+unsafe fn release(word: NonNull<AtomicU32>) -> bool {
+    // SAFETY: the caller's contract: the count keeps the slot allocated.
+    // `Release`, as a handle's drop: the dropping thread's uses of the
+    // object reach here through the ring's `Release` and `Acquire`.
+    if unsafe { word.as_ref() }.fetch_sub(1, Ordering::Release) == 1 {
+        fence(Ordering::Acquire);
+        return true;
+    }
+    false
 }
 
 /// A drain's progress: on drop (also when queueing a check panicked) it
@@ -340,6 +383,34 @@ pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     });
     if !matches!(recorded, Ok(true)) {
         record_rest(shared, local, word);
+    }
+}
+
+/// Records a handle's drop on a manager that defers its drops (see
+/// `deferred_drops.rs`): its decrement waits for the thread's ring to be
+/// drained. With no ring, or none with room, the drop counts at once, and
+/// is recorded as a last drop if it was one.
+///
+/// The caller's handle is gone after this: its count now belongs to the
+/// entry, which keeps the slot allocated until the drain applies it.
+///
+/// Out of line, like [`record`]: every handle drop inlines the test that
+/// leads here.
+#[inline(never)]
+pub(crate) fn record_release(shared: &StoreShared, local: u32, word: &AtomicU32) {
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Release(local) };
+    let recorded = MINE.try_with(|mine| match mine.ring.get() {
+        // SAFETY: `ring` is this thread's own, and the caller's count keeps
+        // the slot held until the entry is drained (the invariants).
+        Some(ring) => unsafe { ring.as_ref().record_if_room(entry) },
+        None => false,
+    });
+    // SAFETY: as above.
+    if !matches!(recorded, Ok(true)) && !unsafe { record_mine(entry) } {
+        // SAFETY: the caller's count is still in the word.
+        if unsafe { release(NonNull::from(word)) } {
+            shared.push_dead(local, word);
+        }
     }
 }
 

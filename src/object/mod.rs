@@ -26,6 +26,7 @@ mod builder;
 mod candidates;
 mod collect;
 mod creation_sites;
+mod deferred_drops;
 mod forensics;
 mod forensics_budget;
 mod forensics_graph;
