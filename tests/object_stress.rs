@@ -1,6 +1,7 @@
 //! A randomized, multi-threaded stress test of the object layer.
 //!
-//! Each run builds one to three managers (owner thread on or off, some with
+//! Each run builds one to three managers (owner thread on or off, deferred
+//! drops on or off where there is no owner, some with
 //! a per-type cap, tiny or default segments) and plays a few frames. In a
 //! frame, worker threads share the managers (`&ObjectManager`): they create,
 //! read, upgrade, clone, drop, make raw handles and pass handles to each
@@ -495,8 +496,10 @@ impl Drop for SeedGuard {
 
 fn build_world(index: usize, rng: &mut SmallRng, next_id: &Arc<AtomicU64>) -> World {
     let owner = rng.gen_bool(0.5);
+    // Deferred drops exclude an owner thread.
+    let deferred = !owner && rng.gen_bool(0.5);
     let capped = rng.gen_bool(0.25);
-    let mut builder = ObjectManager::builder().owner_thread(owner).report_leaks(false);
+    let mut builder = ObjectManager::builder().owner_thread(owner).deferred_drops(deferred).report_leaks(false);
     if capped {
         builder = builder.max_objects_per_type(rng.gen_range(8..200));
     }
