@@ -388,8 +388,8 @@ pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
 
 /// Records a handle's drop on a manager that defers its drops (see
 /// `deferred_drops.rs`): its decrement waits for the thread's ring to be
-/// drained. With no ring, or none with room, the drop counts at once, and
-/// is recorded as a last drop if it was one.
+/// drained. With no ring, or none with room (its own thread is draining it),
+/// the drop counts at once, and a last drop goes straight onto the dead list.
 ///
 /// The caller's handle is gone after this: its count now belongs to the
 /// entry, which keeps the slot allocated until the drain applies it.
