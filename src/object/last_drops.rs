@@ -394,9 +394,10 @@ pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
 /// The caller's handle is gone after this: its count now belongs to the
 /// entry, which keeps the slot allocated until the drain applies it.
 ///
-/// Out of line, like [`record`]: every handle drop inlines the test that
-/// leads here.
-#[inline(never)]
+/// Inlined into the handle's out-of-line drop path: its common case, a
+/// ring with room, is a dozen instructions; the rest is in
+/// [`record_release_rest`].
+#[inline]
 pub(crate) fn record_release(shared: &StoreShared, local: u32, word: &AtomicU32) {
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Release(local) };
     let recorded = MINE.try_with(|mine| match mine.ring.get() {
@@ -405,12 +406,24 @@ pub(crate) fn record_release(shared: &StoreShared, local: u32, word: &AtomicU32)
         Some(ring) => unsafe { ring.as_ref().record_if_room(entry) },
         None => false,
     });
-    // SAFETY: as above.
-    if !matches!(recorded, Ok(true)) && !unsafe { record_mine(entry) } {
-        // SAFETY: the caller's count is still in the word.
-        if unsafe { release(NonNull::from(word)) } {
-            shared.push_dead(local, word);
-        }
+    if !matches!(recorded, Ok(true)) {
+        record_release_rest(shared, local, word);
+    }
+}
+
+/// The rest of [`record_release`]: the ring drained first if it is full (or
+/// made, if this is the thread's first drop), else the drop counted at once.
+#[cold]
+#[inline(never)]
+fn record_release_rest(shared: &StoreShared, local: u32, word: &AtomicU32) {
+    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Release(local) };
+    // SAFETY: the caller's count keeps the slot held until the entry is drained.
+    if unsafe { record_mine(entry) } {
+        return;
+    }
+    // SAFETY: the caller's count is still in the word.
+    if unsafe { release(NonNull::from(word)) } {
+        shared.push_dead(local, word);
     }
 }
 
