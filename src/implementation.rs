@@ -255,7 +255,7 @@
 //! the builder refuses both) records every drop in the ring, not only the
 //! last: a *release* entry, written without touching the slot. A drain
 //! applies each release entry in ring order with `fetch_sub(1, Release)`,
-//! prefetching for writing the count word of the entry 8 places ahead, and
+//! prefetching the count word of the entry 8 places ahead, and
 //! one that takes the count to zero takes the `Acquire` fence and is linked
 //! as a last drop recorded there would be. A frame's releases at random
 //! otherwise pay a locked decrement on a cold line each, and a locked

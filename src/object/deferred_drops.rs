@@ -64,9 +64,10 @@ pub(crate) fn defers(manager_id: u32) -> bool {
     DEFERRING[manager_id as usize / 64].load(Ordering::Relaxed) & 1 << (manager_id % 64) != 0
 }
 
-/// Asks the CPU to bring the line at `addr` into its cache for writing:
-/// the drain's look-ahead (a no-op where there is no such hint, and under
-/// Miri and loom).
+/// Asks the CPU to bring the line at `addr` into its cache, with the hint
+/// that it will be written (`_MM_HINT_ET0`: `prefetchw` where the target
+/// has it, `prefetcht0` on baseline x86-64): the drain's look-ahead (a
+/// no-op on other targets, and under Miri and loom).
 #[inline(always)]
 pub(crate) fn prefetch_for_write(addr: *const u8) {
     #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
