@@ -375,15 +375,26 @@ pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, he
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     fence(Ordering::Acquire);
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Dead(local) };
+    // SAFETY: the caller took the slot's count to zero (the entry is as the invariants ask).
+    if !unsafe { record_if_room_here(entry) } {
+        record_rest(shared, local, word);
+    }
+}
+
+/// Writes `entry` into the calling thread's ring if it has one with room:
+/// the common case of every record, inlined. False otherwise.
+///
+/// # Safety
+///
+/// The entry is as the `LastDrops` invariants ask.
+#[inline(always)]
+unsafe fn record_if_room_here(entry: Entry) -> bool {
     let recorded = MINE.try_with(|mine| match mine.ring.get() {
-        // SAFETY: `ring` is this thread's own, and the caller took the slot's
-        // count to zero (the entry is as the invariants ask).
+        // SAFETY: `ring` is this thread's own, and the entry is as the invariants ask (caller).
         Some(ring) => unsafe { ring.as_ref().record_if_room(entry) },
         None => false,
     });
-    if !matches!(recorded, Ok(true)) {
-        record_rest(shared, local, word);
-    }
+    matches!(recorded, Ok(true))
 }
 
 /// Records a handle's drop on a manager that defers its drops (see
@@ -400,13 +411,8 @@ pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
 #[inline]
 pub(crate) fn record_release(shared: &StoreShared, local: u32, word: &AtomicU32) {
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Release(local) };
-    let recorded = MINE.try_with(|mine| match mine.ring.get() {
-        // SAFETY: `ring` is this thread's own, and the caller's count keeps
-        // the slot held until the entry is drained (the invariants).
-        Some(ring) => unsafe { ring.as_ref().record_if_room(entry) },
-        None => false,
-    });
-    if !matches!(recorded, Ok(true)) {
+    // SAFETY: the caller's count keeps the slot held until the entry is drained (the invariants).
+    if !unsafe { record_if_room_here(entry) } {
         record_release_rest(shared, local, word);
     }
 }
