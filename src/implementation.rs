@@ -261,7 +261,7 @@
 //! otherwise pay a locked decrement on a cold line each, and a locked
 //! operation that misses holds back the loads after it, so their misses do
 //! not overlap; in a batch with the look-ahead they do (a frame got 20–28 %
-//! faster, a level unload in slot order 7–10 % slower; `BENCHMARKS.md`,
+//! faster, a level unload in slot order up to 3 % slower; `BENCHMARKS.md`,
 //! twenty-fourth session).
 //!
 //! A release entry keeps its count until it is applied, so it keeps its slot

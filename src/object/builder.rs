@@ -339,7 +339,7 @@ impl ObjectManagerBuilder {
     /// each count a few entries ahead, so they do: a frame of 1,000 random
     /// releases and creates among 100k ran 20–28 % faster on the host
     /// measured (BENCHMARKS.md, O1). Unloading a level's handles in order ran
-    /// 7–10 % slower (they already overlap, and the buffer adds work): unload
+    /// up to 3 % slower (they already overlap, and the buffer adds work): unload
     /// with [`release_many`](crate::ObjectManager::release_many) instead.
     ///
     /// **What changes.** A deferred drop takes effect when its thread's
