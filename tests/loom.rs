@@ -98,6 +98,22 @@ fn last_drop_pushes_once() {
     });
 }
 
+/// Upgrades `weak` (texture 7) on a new thread, which reads the object if
+/// the upgrade won, and returns what it got.
+fn upgrade_on_a_worker(
+    mm: &Arc<ObjectManager>,
+    weak: mmobject::WeakHandle<Texture>,
+) -> thread::JoinHandle<Option<Handle<Texture>>> {
+    let mm = Arc::clone(mm);
+    thread::spawn(move || {
+        let up = mm.upgrade(weak);
+        if let Some(up) = &up {
+            assert_eq!(mm[up].id, 7);
+        }
+        up
+    })
+}
+
 /// `upgrade` racing the last drop either wins (and the object stays alive) or
 /// returns `None`; it never revives a dead object.
 #[test]
@@ -107,14 +123,7 @@ fn upgrade_never_revives() {
         let mm = Arc::new(quiet());
         let h = mm.create(Texture { id: 7, token: DropToken(Arc::clone(&drops)) });
         let weak = h.downgrade();
-        let mm2 = Arc::clone(&mm);
-        let upgrader = thread::spawn(move || {
-            let up = mm2.upgrade(weak);
-            if let Some(up) = &up {
-                assert_eq!(mm2[up].id, 7);
-            }
-            up
-        });
+        let upgrader = upgrade_on_a_worker(&mm, weak);
         drop(h);
         let up = upgrader.join().unwrap();
         match up {
@@ -191,14 +200,7 @@ fn a_worker_upgrade_races_the_owners_last_drop() {
         let h = mm.create(Texture { id: 7, token: DropToken(Arc::clone(&drops)) });
         drop(h.clone()); // gives the owner a reservation
         let weak = h.downgrade();
-        let mm2 = Arc::clone(&mm);
-        let upgrader = thread::spawn(move || {
-            let up = mm2.upgrade(weak);
-            if let Some(up) = &up {
-                assert_eq!(mm2[up].id, 7);
-            }
-            up
-        });
+        let upgrader = upgrade_on_a_worker(&mm, weak);
         drop(h);
         let up = upgrader.join().unwrap();
         let mut mm = Arc::try_unwrap(mm).expect("the upgrader is done");
@@ -837,14 +839,7 @@ fn upgrade_races_a_deferred_drop_and_its_collection() {
         let mm = Arc::new(deferring());
         let h = mm.create(Texture { id: 7, token: DropToken(Arc::clone(&drops)) });
         let weak = h.downgrade();
-        let mm2 = Arc::clone(&mm);
-        let upgrader = thread::spawn(move || {
-            let up = mm2.upgrade(weak);
-            if let Some(up) = &up {
-                assert_eq!(mm2[up].id, 7);
-            }
-            up
-        });
+        let upgrader = upgrade_on_a_worker(&mm, weak);
         drop(h);
         // Applies the main thread's deferred drop (`dead_count` drains every ring).
         let dead_before = mm.dead_count();
