@@ -167,21 +167,19 @@ impl LastDrops {
         let mut progress = Progress { ring: self, next: drained, lanes: None };
         let mut checks = Checks::default();
         for i in drained..recorded {
-            if i + PREFETCH_AHEAD < recorded {
-                // SAFETY: as for `entry` below, for a later entry (only read).
-                let ahead = self.entries[(i + PREFETCH_AHEAD) % CAPACITY]
-                    .with(|cell| unsafe { (*cell).assume_init_ref().word });
-                super::deferred_drops::prefetch_for_write(ahead.as_ptr().cast());
-            }
             // SAFETY: `i` is below `recorded` (read with `Acquire`, so its
             // write is visible) and at or above `drained`, which only we may
             // move: the cell holds entry `i` and its thread does not touch it.
             let entry = self.entries[i % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() });
             let dead = match entry.found {
                 Found::Dead(local) => Some(local),
-                // SAFETY: the entry's count keeps the slot, and its store's
-                // shared part, allocated until this decrement (invariants).
-                Found::Release(local) => unsafe { release(entry.word) }.then_some(local),
+                Found::Release(local) => {
+                    // Only here: a ring of last drops (no releases) pays nothing for it.
+                    self.prefetch_ahead(i, recorded);
+                    // SAFETY: the entry's count keeps the slot, and its store's
+                    // shared part, allocated until this decrement (invariants).
+                    unsafe { release(entry.word) }.then_some(local)
+                }
                 Found::Check(check) => {
                     checks.add(entry.shared, check);
                     None
@@ -212,6 +210,22 @@ impl LastDrops {
 /// How many entries ahead a drain prefetches the count of a release entry
 /// (the misses of that many decrements overlap).
 const PREFETCH_AHEAD: usize = 8;
+
+impl LastDrops {
+    /// Prefetches the count word of the entry `PREFETCH_AHEAD` places after
+    /// entry `i`, if it is below `recorded`: a drain's look-ahead, called
+    /// under `draining` with `i` and `recorded` as in [`drain`](Self::drain).
+    #[inline(always)]
+    fn prefetch_ahead(&self, i: usize, recorded: usize) {
+        if i + PREFETCH_AHEAD < recorded {
+            // SAFETY: as for the drain's read of entry `i`, for a later entry
+            // below `recorded` (only read).
+            let ahead =
+                self.entries[(i + PREFETCH_AHEAD) % CAPACITY].with(|cell| unsafe { (*cell).assume_init_ref().word });
+            super::deferred_drops::prefetch_for_write(ahead.as_ptr().cast());
+        }
+    }
+}
 
 /// Applies a deferred drop: takes one count from `word`. True if that was
 /// the last, with the `Acquire` fence of a last drop (see [`record`]): the
