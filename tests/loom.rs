@@ -448,6 +448,38 @@ fn concurrent_create_pop_and_bump() {
     });
 }
 
+/// A store writes the headers of never-used slots just before `len` covers
+/// them: a thread that creates in a reserved segment (whose slots nothing
+/// has written yet) races one that iterates over the store, which reads
+/// every slot below `len`. The iterator sees each header written, and an
+/// object only once it is complete.
+#[test]
+fn fresh_headers_are_published_with_len() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = quiet();
+        mm.reserve::<Texture>(4);
+        let mm = Arc::new(mm);
+        let creator = {
+            let mm = Arc::clone(&mm);
+            let drops = Arc::clone(&drops);
+            thread::spawn(move || {
+                let a = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+                let b = mm.create(Texture { id: 2, token: DropToken(drops) });
+                (a, b)
+            })
+        };
+        let seen: Vec<u32> = mm.iter::<Texture>().map(|(_, texture)| texture.id).collect();
+        assert!(seen.len() <= 2 && seen.iter().all(|&id| id == 1 || id == 2), "{seen:?}");
+        let (a, b) = creator.join().unwrap();
+        assert_eq!((mm[&a].id, mm[&b].id), (1, 2));
+        drop((a, b));
+        let mut mm = Arc::try_unwrap(mm).expect("the creator is done");
+        assert_eq!(mm.collect_garbage().objects, 2);
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
+    });
+}
+
 /// The owner takes fresh slots from its run (refilled from `len` with one
 /// compare-exchange) while another thread takes one straight from `len`:
 /// every slot is handed out once, and the count is exact. A collection on a

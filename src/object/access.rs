@@ -228,7 +228,7 @@ impl ObjectManager {
             let found = self.registry().store_by_index(store_index).map_or("?", |s| s.type_name());
             return Err(Error::WrongType { expected: T::TYPE_NAME, found });
         };
-        let slot = store.slot(local).ok_or(Error::UnknownKey { index: key.index() })?;
+        let slot = store.used_slot(local).ok_or(Error::UnknownKey { index: key.index() })?;
         if !slot.header.is_live(key.generation()) {
             return Err(Error::StaleHandle {
                 type_name: T::TYPE_NAME,

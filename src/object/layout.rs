@@ -271,15 +271,17 @@ pub(crate) struct SegmentOwner {
     pub(crate) first_local: u32,
 }
 
-/// Allocates a segment of `len` vacant slots at `first_generation` from
-/// `alloc`, with its chunk headers written.
+/// Allocates a segment of `len` slots from `alloc`, with its chunk headers
+/// written and its slots not: the store writes a slot's vacant header with
+/// [`init_vacant`] just before it first hands the slot out, so a level load
+/// writes each new slot's lines once, while they are in cache, instead of
+/// once here for the whole segment and again in `create`.
 ///
 /// A refusal (by the allocator, or a layout too large for the address space)
 /// is an [`Error::StoreOutOfMemory`], never an abort; nothing stays allocated.
 pub(crate) fn allocate_segment<T: MMObject>(
     alloc: &StoreAlloc,
     len: u32,
-    first_generation: u32,
     owner: &SegmentOwner,
 ) -> Result<Segment<T>, Error> {
     let refused = |part| Error::StoreOutOfMemory {
@@ -317,37 +319,57 @@ pub(crate) fn allocate_segment<T: MMObject>(
             start.add(offset).cast::<ChunkHeader>().write(header);
         }
     }
-    for offset in 0..len {
-        // SAFETY: `offset < len`, so the header is inside the new
-        // allocation. Only the header is written of the slot: the value
-        // is a `MaybeUninit`, and building a whole `Slot<T>` on the stack
-        // would cost a `T`-sized frame.
-        unsafe {
-            let slot = Chunks::<T>::slot(base, offset).as_ptr();
-            ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
-            // Loom's cell keeps state of its own (std's is plain memory).
-            #[cfg(loom)]
-            Slot::<T>::value_ptr(slot).write(Slot::<T>::empty_value());
-        }
-    }
     Ok(Segment { base, _type: PhantomData })
 }
 
-/// Drops and frees a segment made by [`allocate_segment`].
+/// Writes vacant headers at `first_generation` into slots `from..to` of the
+/// segment at `base`, whose slots there were never written.
 ///
 /// # Safety
 ///
-/// `base` must be a segment from `allocate_segment::<T>(alloc, len, ..)`, no
-/// slot value may be initialised any more, and nothing may use the segment
-/// afterwards.
-pub(crate) unsafe fn free_segment<T>(alloc: &StoreAlloc, base: NonNull<u8>, len: u32) {
+/// `base` is a segment from [`allocate_segment`] whose length is at least
+/// `to`, and no other thread reads or writes slots `from..to` until the
+/// caller publishes them.
+pub(crate) unsafe fn init_vacant<T>(base: NonNull<u8>, from: u32, to: u32, first_generation: u32) {
+    let mut offset = from;
+    while offset < to {
+        // SAFETY: `offset < to <=` the segment's length (caller).
+        let (run, run_len) = unsafe { Chunks::<T>::run(base, offset, to) };
+        for i in 0..run_len as usize {
+            // SAFETY: the run's slots are contiguous, inside the allocation,
+            // and only this thread touches them (caller). Only the header is
+            // written of the slot: the value is a `MaybeUninit`, and building
+            // a whole `Slot<T>` on the stack would cost a `T`-sized frame.
+            unsafe {
+                let slot = run.as_ptr().add(i);
+                ptr::addr_of_mut!((*slot).header).write(SlotHeader::vacant(first_generation));
+                // Loom's cell keeps state of its own (std's is plain memory).
+                #[cfg(loom)]
+                Slot::<T>::value_ptr(slot).write(Slot::<T>::empty_value());
+            }
+        }
+        offset += run_len;
+    }
+}
+
+/// Drops and frees a segment made by [`allocate_segment`], whose first
+/// `initialized` slots had their headers written by [`init_vacant`].
+///
+/// # Safety
+///
+/// `base` must be a segment from `allocate_segment::<T>(alloc, len, ..)`,
+/// `initialized <= len`, no slot value may be initialised any more, and
+/// nothing may use the segment afterwards.
+pub(crate) unsafe fn free_segment<T>(alloc: &StoreAlloc, base: NonNull<u8>, len: u32, initialized: u32) {
+    debug_assert!(initialized <= len);
     let layout = Chunks::<T>::segment_layout(len).expect("the layout was valid when the segment was allocated");
     // SAFETY: the caller guarantees the segment holds `len` slots from
-    // `alloc` with these layouts that nothing else uses; a slot's drop glue
-    // only drops its header (the value is a `MaybeUninit`, destroyed earlier
-    // by the manager), and the chunk headers need no drop.
+    // `alloc` with these layouts that nothing else uses, of which the first
+    // `initialized` were written; a slot's drop glue only drops its header
+    // (the value is a `MaybeUninit`, destroyed earlier by the manager), and
+    // the chunk headers need no drop.
     unsafe {
-        for offset in 0..len {
+        for offset in 0..initialized {
             ptr::drop_in_place(Chunks::<T>::slot(base, offset).as_ptr());
         }
         alloc.deallocate(base, layout);

@@ -157,15 +157,18 @@ impl ObjectManager {
     /// iterators made after this returns (an iterator already running never
     /// yields it).
     ///
-    /// The common case is part of this function, which is `#[inline]`: on
-    /// the thread that last collected (at first, the one that made the
+    /// The common case is part of this function, which is always inlined:
+    /// on the thread that last collected (at first, the one that made the
     /// type's store), with no tracker and no iterator running, the object
     /// takes a slot the last collection freed, or the next fresh one, with
-    /// plain loads and stores. Other threads, a tracker, a running iterator
-    /// and a store that must grow take one out-of-line call. Where the
-    /// compiler inlines `create` (a hot loop), that is about 0.75 KB of code
-    /// at the call site; where it does not, one copy per type, and a create
-    /// costs a call more (see `BENCHMARKS.md`, O1b).
+    /// plain loads and stores, and the value is written straight into it.
+    /// Other threads, a tracker, a running iterator and a store that must
+    /// grow take one out-of-line call. That is about 1 KB of code at each
+    /// call site. Out of line, a create cost half as much again: the value
+    /// went through the stack, and the call's own stores queued behind
+    /// the new slot's (see `BENCHMARKS.md`, O1b). Where many objects are
+    /// made at once, [`create_many`](Self::create_many) is faster still,
+    /// from one call site.
     ///
     /// # Panics
     ///
@@ -173,7 +176,7 @@ impl ObjectManager {
     /// type's store is full; with a [tracker](ObjectManagerBuilder::tracker),
     /// also if the type's tag goes over budget under the `Error` or `Panic`
     /// policy (the `Log` and `Callback` policies let the object be created).
-    #[inline]
+    #[inline(always)]
     #[track_caller]
     pub fn create<T: MMObject>(&self, value: T) -> Handle<T> {
         match self.create_at(value, Location::caller(), false) {

@@ -253,11 +253,12 @@ impl Registry {
 
     /// Creates an object in `T`'s store, taking its slot from `source`.
     ///
-    /// Inlined into `ObjectManager::create`: the store lookup and the
-    /// owner's common case ([`Store::try_create_common`]), about 0.75 KB of
-    /// code, so a loop of creates the compiler inlines runs 30 % faster than
-    /// through a call (see `BENCHMARKS.md`, O1b); the rest is out of line,
-    /// once per type, in [`create_general`](Self::create_general).
+    /// Inlined into `ObjectManager::create`, and with it into its caller:
+    /// the store lookup and the owner's common case
+    /// ([`Store::try_create_common`]), about 1 KB of code, so that a loop of
+    /// creates writes each value straight into its slot (see `BENCHMARKS.md`,
+    /// O1b); the rest is out of line, once per type, in
+    /// [`create_general`](Self::create_general).
     #[inline(always)]
     pub(crate) fn create_at<T: MMObject>(
         &self,

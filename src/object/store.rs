@@ -36,7 +36,7 @@ use super::creation_sites::CreationSites;
 use super::handle::HandleTag;
 use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
-    allocate_segment, free_segment, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
+    allocate_segment, free_segment, init_vacant, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
 use super::owner_counts::RESERVE_COUNT;
 use super::owner_slots::{Chain, OwnerSlots, RUN};
@@ -47,6 +47,12 @@ use super::slot::{Slot, SlotHeader, SlotState, GENERATION_LIMIT, LINK_FLAG, NIL}
 use super::store_alloc::StoreAlloc;
 use super::tracking::Tracking;
 use super::{CollectStats, Destroyed, Handle, HandleOrigin, LeakEntry, MMObject, ObjectKey};
+
+/// About how many bytes of never-used slots get their headers written at a
+/// time (see `Store::initialize_to`): small enough to stay in a core's cache
+/// until `create` writes the objects, large enough that the lock it takes
+/// is rare.
+const INIT_BYTES: usize = 2 << 10;
 
 /// A store's configuration, fixed at creation.
 #[derive(Debug, Clone, Copy)]
@@ -73,10 +79,17 @@ pub(crate) struct StoreConfig {
 ///   until `settle` finds no handle left, and before shutdown the registry
 ///   (which the manager holds) keeps the store.
 /// - `segments[k]` is null or the base of a segment of `segment_len(k)`
-///   initialised slots, with chunk headers naming this store, allocated from
-///   `alloc` by [`allocate_segment`]; once published it never changes.
-///   Everything the store allocates goes back to `alloc`, the same
-///   allocator, unless `leaked` is set.
+///   slots, with chunk headers naming this store, allocated from `alloc` by
+///   [`allocate_segment`]; once published it never changes. Everything the
+///   store allocates goes back to `alloc`, the same allocator, unless
+///   `leaked` is set.
+/// - The slots below `initialized` have headers (written vacant by
+///   [`init_vacant`], under `grow_lock`, published by its `Release` store);
+///   the others were never written and nothing reads them. `len <=
+///   initialized`, both only grow, and `initialized` lies in the segment of
+///   `len` or at its end. So a slot below `len` (read with `Acquire`) is
+///   initialised: every reader of a slot it did not take itself checks its
+///   index against `len` first ([`used_slot`](Store::used_slot)).
 /// - Every local index below `len` names a slot that is occupied, on the dead
 ///   list, on the free list (or is about to be, inside `create`), retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
@@ -113,6 +126,8 @@ pub(crate) struct Store<T> {
     /// Low 32 bits: the free list's head (a local index, or [`NIL`]); high 32 bits: its length.
     free_head: AtomicU64,
     len: AtomicU32,
+    /// Slots whose headers are written (see the invariants).
+    initialized: AtomicU32,
     /// The slots held for the owner thread: a run of never-used ones and
     /// those the last collection kept (see `owner_slots.rs`).
     owner_slots: OwnerSlots,
@@ -233,6 +248,7 @@ impl<T: MMObject> Store<T> {
             _type: std::marker::PhantomData,
             free_head: AtomicU64::new(free_word(NIL, 0)),
             len: AtomicU32::new(0),
+            initialized: AtomicU32::new(0),
             owner_slots: OwnerSlots::new(config.max_objects >= MAX_INDEX),
             destroyed: AtomicU64::new(0),
             destroyed_in_place: AtomicU64::new(0),
@@ -260,11 +276,26 @@ impl<T: MMObject> Store<T> {
         unsafe { self.shared.as_ref() }
     }
 
-    /// The slot `local`, if its segment exists.
+    /// The slot `local`, if its segment exists. Only for a slot this store
+    /// handed out (below `len`, as every slot on its lists is); an index
+    /// from outside, such as a key's, goes through [`used_slot`](Self::used_slot).
     #[inline]
     pub(crate) fn slot(&self, local: u32) -> Option<&Slot<T>> {
-        // SAFETY: a published segment's slots are initialised and live as long as the store.
+        debug_assert!(local >= MAX_INDEX || local < self.initialized.load(Ordering::Relaxed));
+        // SAFETY: slots below `len` are initialised (invariants; the caller),
+        // and a published segment lives as long as the store.
         self.slot_ptr(local).map(|slot| unsafe { slot.as_ref() })
+    }
+
+    /// The slot `local`, if the store ever handed it out: an index from
+    /// outside (a key's, a raw handle's), checked against `len`.
+    #[inline]
+    pub(crate) fn used_slot(&self, local: u32) -> Option<&Slot<T>> {
+        // `Acquire`: pairs with `raise_len`'s `Release`, so the slot's header is visible.
+        if local >= self.len.load(Ordering::Acquire) {
+            return None;
+        }
+        self.slot(local)
     }
 
     /// A pointer to the slot `local`, if its segment exists. It carries the
@@ -278,8 +309,8 @@ impl<T: MMObject> Store<T> {
         }
         let (segment, offset) = locate(local, self.config.base_bits);
         let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
-        // SAFETY: a published segment holds `segment_len(segment)` initialised
-        // slots and `offset` is below that by construction of `locate`.
+        // SAFETY: a published segment holds `segment_len(segment)` slots and
+        // `offset` is below that by construction of `locate`.
         Some(unsafe { Chunks::slot(base, offset) })
     }
 
@@ -293,8 +324,8 @@ impl<T: MMObject> Store<T> {
         }
         let (segment, offset) = locate(local, self.config.base_bits);
         let base = NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
-        // SAFETY: a published segment holds `segment_len(segment)` initialised
-        // slots and `offset` is below that by construction of `locate`.
+        // SAFETY: a published segment holds `segment_len(segment)` slots and
+        // `offset` is below that by construction of `locate`.
         Some(unsafe { Chunks::run_back(base, offset) })
     }
 
@@ -545,11 +576,46 @@ impl<T: MMObject> Store<T> {
             }
             let room = segment_len(segment, self.config.base_bits) - offset;
             let end = len + want.min(room).min(max - len);
-            match self.len.compare_exchange_weak(len, end, Ordering::Relaxed, Ordering::Relaxed) {
+            // `Acquire`: pairs with `initialize_to`'s `Release`.
+            if end > self.initialized.load(Ordering::Acquire) {
+                self.initialize_to(segment, end);
+            }
+            // `Release` (and the `Acquire` above): a thread that reads the new
+            // `len` with `Acquire` sees the headers of the slots below it.
+            match self.len.compare_exchange_weak(len, end, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return Ok(Some((len, end))),
                 Err(actual) => len = actual,
             }
         }
+    }
+
+    /// Writes vacant headers into the never-written slots of published
+    /// segment `segment` up to at least `end` (a batch of about
+    /// [`INIT_BYTES`] at a time, so that the slots' lines are still in
+    /// cache when their objects are written), and publishes them.
+    #[cold]
+    #[inline(never)]
+    fn initialize_to(&self, segment: usize, end: u32) {
+        let _guard = self.grow_lock.lock();
+        let from = self.initialized.load(Ordering::Relaxed);
+        if from >= end {
+            return;
+        }
+        let base_bits = self.config.base_bits;
+        let first = segment_first(segment, base_bits);
+        let batch = (INIT_BYTES / std::mem::size_of::<Slot<T>>()).max(1) as u32;
+        let to = end.max(from.saturating_add(batch)).min(first + segment_len(segment, base_bits));
+        // `initialized` is at or past `len`, which lies in this segment, and
+        // never past its end (invariants); `end` lies in it too (the caller).
+        debug_assert!(first <= from && end <= to);
+        let base = NonNull::new(self.segments[segment].load(Ordering::Acquire)).expect("the caller grew the segment");
+        // SAFETY: the segment is published and holds `segment_len` slots,
+        // `from - first..to - first` lies inside it, and its slots were never
+        // written: nothing reads a slot at or past `initialized`, and only
+        // this function (under `grow_lock`) writes there.
+        unsafe { init_vacant::<T>(base, from - first, to - first, self.config.first_generation) };
+        // `Release`: publishes the headers to `raise_len`.
+        self.initialized.store(to, Ordering::Release);
     }
 
     /// Puts the owner's run of fresh slots and its kept ones on the free
@@ -618,7 +684,7 @@ impl<T: MMObject> Store<T> {
             owner_thread: self.config.owner,
             first_local,
         };
-        let memory = allocate_segment::<T>(&self.alloc, len, self.config.first_generation, &owner)?;
+        let memory = allocate_segment::<T>(&self.alloc, len, &owner)?;
         let slots = first_local as usize + len as usize;
         let tables = match &self.tracking {
             Some(tracking) => tracking.reserve_slots(slots).map_err(|()| Error::StoreOutOfMemory {
@@ -635,14 +701,15 @@ impl<T: MMObject> Store<T> {
             Ok(start) => start,
             Err(error) => {
                 // SAFETY: `memory` was just allocated from `alloc` with this
-                // length and was never published. (A charge table that grew
-                // stays: it only covers slots that do not exist yet.)
-                unsafe { free_segment::<T>(&self.alloc, memory.base, len) };
+                // length and was never published, so none of its slots were
+                // written. (A charge table that grew stays: it only covers
+                // slots that do not exist yet.)
+                unsafe { free_segment::<T>(&self.alloc, memory.base, len, 0) };
                 return Err(error);
             }
         };
         self.shared().set_segment_start(segment, start);
-        // Release: publishes the initialised slots and the segment start.
+        // Release: publishes the chunk headers and the segment start.
         self.segments[segment].store(memory.base.as_ptr(), Ordering::Release);
         Ok(())
     }
@@ -750,6 +817,13 @@ impl<T: MMObject> Store<T> {
 }
 
 impl<T> Store<T> {
+    /// How many of segment `segment`'s slots have headers (see the invariants).
+    fn initialized_in(&self, segment: usize) -> u32 {
+        let first = segment_first(segment, self.config.base_bits);
+        let len = segment_len(segment, self.config.base_bits);
+        self.initialized.load(Ordering::Acquire).saturating_sub(first).min(len)
+    }
+
     /// Counts a new iterator over the store (see the invariants).
     pub(crate) fn begin_iteration(&self) {
         self.iterating.fetch_add(1, Ordering::Relaxed);
@@ -907,7 +981,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     }
 
     fn header(&self, local: u32) -> Option<&SlotHeader> {
-        self.slot(local).map(|s| &s.header)
+        self.used_slot(local).map(|s| &s.header)
     }
 
     fn shared(&self) -> &StoreShared {
@@ -987,7 +1061,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
     }
 
     unsafe fn live_object_mut(&self, local: u32, generation: u32) -> Option<&mut dyn ErasedObject> {
-        let slot = self.slot(local)?;
+        let slot = self.used_slot(local)?;
         if !slot.header.is_live(generation) {
             return None;
         }
@@ -1161,10 +1235,10 @@ impl<T> Drop for Store<T> {
             if let Some(base) = NonNull::new(base) {
                 let len = segment_len(segment, self.config.base_bits);
                 // SAFETY: a published segment came from `allocate_segment` with
-                // `self.alloc` and this length; the manager's shutdown destroyed
-                // every value, and `leaked` is false, so no handle into the
-                // store is left.
-                unsafe { free_segment::<T>(&self.alloc, base, len) };
+                // `self.alloc` and this length, and its first `initialized_in`
+                // slots were written; the manager's shutdown destroyed every
+                // value, and `leaked` is false, so no handle into the store is left.
+                unsafe { free_segment::<T>(&self.alloc, base, len, self.initialized_in(segment)) };
             }
         }
         // SAFETY: `shared` was allocated from `self.alloc` with this layout

@@ -315,6 +315,48 @@ fn forged_raw_handles_are_refused() {
     assert_eq!(live.ref_count(), 1);
 }
 
+/// A store writes a slot's header only when it first hands the slot out, so
+/// the rest of a new segment is memory nothing has written. Keys and raw
+/// handles forged to name such slots (same manager, same store, an index
+/// past every slot used) are unknown to every call that takes one: none of
+/// them reads such a header, which holds whatever the memory held before
+/// (with the check removed, the lookup by key reads one and calls the key
+/// stale instead).
+#[test]
+fn keys_to_slots_never_handed_out_are_unknown() {
+    let mut mm = ObjectManager::new();
+    let live = mm.create(item(1));
+    let key = live.key();
+    let raw = live.clone().into_raw();
+    let raw_bits = u64::from(raw);
+    // Under Miri a few indices, spread over the first segment (slow there).
+    let aheads: Vec<u64> = if cfg!(miri) { vec![1, 2, 31, 79] } else { (1..80).collect() };
+    for ahead in aheads {
+        for generation in [key.generation(), key.generation() - 1, key.generation() + 1] {
+            let index = u64::from(key.index()) + ahead;
+            let forged: ObjectKey = slotmap::KeyData::from_ffi(index | u64::from(generation) << 32).into();
+            assert_eq!(mm.get_by_key::<Item>(forged), None, "{forged:?}");
+            assert!(
+                matches!(mm.try_get_by_key::<Item>(forged), Err(Error::UnknownKey { .. })),
+                "{forged:?}: {:?}",
+                mm.try_get_by_key::<Item>(forged)
+            );
+            assert!(mm.holders(forged).is_empty(), "{forged:?}");
+            assert!(mm.retention_path(forged).is_none(), "{forged:?}");
+            let forged_raw = RawHandle(raw_bits & !(0xff_ffff << 32) | index << 32);
+            assert!(mm.add_ref_raw(forged_raw).is_err(), "{forged_raw:?}");
+            assert!(mm.release_raw(forged_raw).is_err(), "{forged_raw:?}");
+            assert!(mm.try_get_raw::<Item>(forged_raw).is_err(), "{forged_raw:?}");
+            assert!(mm.handle_from_raw::<Item>(forged_raw).is_err(), "{forged_raw:?}");
+        }
+    }
+    assert_eq!(mm.get_by_key::<Item>(key).map(|i| i.id), Some(1), "the real key still reads");
+    assert_eq!(live.ref_count(), 2, "failed calls change no count");
+    mm.release_raw(raw).unwrap();
+    drop(live);
+    assert_eq!(mm.collect_garbage().objects, 1);
+}
+
 /// Handles are `Send + Sync` for every object type: clones and drops on
 /// other threads, with the last drop racing the collector.
 #[test]
