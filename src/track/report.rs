@@ -15,7 +15,7 @@ use crate::Error;
 
 /// Every tag's numbers at one moment, plus the tracker's overhead and error counts.
 ///
-/// `Display` writes a text table; with the `serde` feature, [`MemoryReport::to_json`]
+/// `Display` writes a text table; with the `serde` feature, `MemoryReport::to_json`
 /// writes JSON.
 ///
 /// # Examples
