@@ -21,8 +21,10 @@
 //!
 //! A new segment's slots are not written when it is allocated. The store
 //! writes vacant headers a batch at a time (about 2 KiB of slots, or the
-//! owner's run of 64, whichever is more), under the same lock, just before
-//! `len` first covers them; `len`'s `Release` publishes them. So a level
+//! owner's run of 64, whichever is more), under a lock of their own (no
+//! user code runs under it, so a store allocator may create objects of the
+//! type whose segment it is allocating), just before `len` first covers
+//! them; `len`'s `Release` publishes them. So a level
 //! load writes each new slot while its lines are still in cache, instead of
 //! once at allocation for the whole segment and again in `create` (a loop
 //! of 100k creates 6 % faster, `create_many` 25 %; see `BENCHMARKS.md`,

@@ -185,6 +185,36 @@ fn allocator_growing_other_stores_while_the_index_table_grows_works() {
     });
 }
 
+/// A large object: a 2 KiB batch of slot headers covers only a few of them.
+#[derive(MMObject)]
+struct Boulder {
+    id: u32,
+    _mass: [u64; 64],
+}
+
+#[test]
+fn allocator_creating_the_type_while_its_next_segment_grows_works() {
+    within_10s(|| {
+        let mm = ObjectManager::builder().report_leaks(false).segment_base(64).allocator(HookAlloc).build();
+        let loader = mm.loader();
+        // Made one at a time through the loader, so segment 0's headers are
+        // written a few slots ahead only: the nested create writes the next ones.
+        let first = loader.create(Boulder { id: 0, _mass: [0; 64] });
+        let made = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let keep = std::rc::Rc::clone(&made);
+        arm(move |_| {
+            for id in 1..8 {
+                keep.borrow_mut().push(loader.create(Boulder { id, _mass: [0; 64] }));
+            }
+        });
+        mm.reserve::<Boulder>(100); // grows segment 1: the allocator runs
+        disarm();
+        assert_eq!(made.borrow().len(), 7);
+        assert_eq!(mm.count::<Boulder>(), 8);
+        assert_eq!(mm[&first].id, 0);
+    });
+}
+
 #[test]
 fn allocator_creating_the_type_while_its_charge_table_grows_works() {
     static TRACKER: mmobject::track::Tracker = mmobject::track::Tracker::new();

@@ -84,7 +84,7 @@ pub(crate) struct StoreConfig {
 ///   store allocates goes back to `alloc`, the same allocator, unless
 ///   `leaked` is set.
 /// - The slots below `initialized` have headers (written vacant by
-///   [`init_vacant`], under `grow_lock`, published by its `Release` store);
+///   [`init_vacant`], under `init_lock`, published by its `Release` store);
 ///   the others were never written and nothing reads them. `len <=
 ///   initialized`, both only grow, and `initialized` lies in the segment of
 ///   `len` or at its end. So a slot below `len` (read with `Acquire`) is
@@ -145,6 +145,11 @@ pub(crate) struct Store<T> {
     returned: AtomicU64,
     peak_resident: AtomicU64,
     grow_lock: NamedMutex<()>,
+    /// Taken to write never-used slots' headers (see the invariants). Not
+    /// `grow_lock`, which is held while the store allocator runs: an
+    /// allocator that creates objects of this type while the next segment
+    /// grows still can.
+    init_lock: Mutex<()>,
     /// Taken by loaders to pop, and by collection to push (see the invariants).
     free_lock: Mutex<()>,
     /// Live iterators over this store (see the invariants).
@@ -257,6 +262,7 @@ impl<T: MMObject> Store<T> {
             returned: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
             grow_lock: NamedMutex::new((), "growing the store of", T::TYPE_NAME),
+            init_lock: Mutex::new(()),
             free_lock: Mutex::new(()),
             iterating: AtomicU32::new(0),
             index_space,
@@ -596,7 +602,7 @@ impl<T: MMObject> Store<T> {
     #[cold]
     #[inline(never)]
     fn initialize_to(&self, segment: usize, end: u32) {
-        let _guard = self.grow_lock.lock();
+        let _guard = self.init_lock.lock();
         let from = self.initialized.load(Ordering::Relaxed);
         if from >= end {
             return;
@@ -612,7 +618,7 @@ impl<T: MMObject> Store<T> {
         // SAFETY: the segment is published and holds `segment_len` slots,
         // `from - first..to - first` lies inside it, and its slots were never
         // written: nothing reads a slot at or past `initialized`, and only
-        // this function (under `grow_lock`) writes there.
+        // this function (under `init_lock`, running no user code) writes there.
         unsafe { init_vacant::<T>(base, from - first, to - first, self.config.first_generation) };
         // `Release`: publishes the headers to `raise_len`.
         self.initialized.store(to, Ordering::Release);
