@@ -248,8 +248,11 @@
 //! before it joining that slot's lane and any other slot taking the next
 //! lane; each chain is pushed with one CAS, and `drained` is stored
 //! (`Release`). The thread drains its ring when it is full and when
-//! it exits (a thread-local destructor: drain, then leave the registry, then
-//! free the ring). Every `collect_garbage` round, `dead_count` (and the
+//! it exits (a thread-local destructor: first take the ring out of the
+//! destructor-free thread-local through which every record reaches it, so
+//! later drops push their slots themselves; then drain, leave the registry,
+//! and free the ring; tested with handles in a worker's thread-local,
+//! dropped before and after the ring). Every `collect_garbage` round, `dead_count` (and the
 //! counts derived from it, `len` and `report`), and `settle` at shutdown
 //! drain every thread's ring through a global registry, so they see every
 //! last drop that happened before them: collection, counts and reports are

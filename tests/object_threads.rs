@@ -490,3 +490,70 @@ fn last_drops_of_two_managers_share_a_ring() {
     assert_eq!(drops.count(), 2 * n);
     assert!(a.shutdown().is_empty() && b.shutdown().is_empty());
 }
+
+thread_local! {
+    /// Handles a worker keeps in a thread-local cache, as engines do, dropped
+    /// by the thread-local destructors when the worker exits.
+    static CACHED: std::cell::RefCell<Vec<Handle<Texture>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A worker's thread-local cache of handles goes at its exit, before or
+/// after the thread's own ring of last drops (thread-local destructors run
+/// in reverse order of first use): every last drop reaches the dead list,
+/// through the ring or (once the ring is gone) straight, and the next
+/// collection destroys each object once.
+#[test]
+fn handles_in_a_workers_thread_local_are_collected_after_it_exits() {
+    let n = if cfg!(miri) { 6 } else { 300 };
+    for ring_first in [false, true] {
+        let drops = Drops::default();
+        let mut mm = quiet_with(2);
+        let handles: Vec<Handle<Texture>> = (0..n).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+        let early = mm.create(Texture { id: n, token: drops.token() });
+        std::thread::spawn(move || {
+            if ring_first {
+                // A last drop makes the thread's ring before the cache exists,
+                // so the cache's destructor runs first, into the live ring.
+                drop(early);
+                CACHED.with(|cache| cache.borrow_mut().extend(handles));
+            } else {
+                // The cache first: its destructor runs after the ring's, so
+                // these last drops find the ring gone.
+                CACHED.with(|cache| cache.borrow_mut().extend(handles));
+                drop(early);
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(mm.collect_garbage().objects, n + 1, "ring first: {ring_first}");
+        assert_eq!(drops.count(), n + 1);
+        assert_eq!(mm.collect_garbage().objects, 0, "each listed once");
+        assert!(mm.shutdown().is_empty());
+    }
+}
+
+/// A ring's last drops in runs of neighbours, each run broken by a slot from
+/// elsewhere: a run follows its first slot onto one dead lane, a stray moves
+/// to the next, and every slot reaches the dead list once.
+#[test]
+fn runs_of_neighbouring_last_drops_broken_by_strays_are_all_listed() {
+    let n = if cfg!(miri) { 24 } else { 600 };
+    let drops = Drops::default();
+    let mut mm = quiet_with(2);
+    let mut handles: Vec<Option<Handle<Texture>>> =
+        (0..n).map(|id| Some(mm.create(Texture { id, token: drops.token() }))).collect();
+    let mut order = Vec::new();
+    for (run, start) in (0..n / 2).step_by(5).enumerate() {
+        order.extend(start..(start + 5).min(n / 2));
+        order.push(n - 1 - run);
+    }
+    let rest: Vec<usize> = (0..n).filter(|i| !order.contains(i)).collect();
+    order.extend(rest);
+    for i in order {
+        drop(handles[i].take().expect("each dropped once"));
+    }
+    assert_eq!(mm.dead_count(), n, "every last drop is listed");
+    assert_eq!(mm.collect_garbage().objects, n);
+    assert_eq!(drops.count(), n);
+    assert!(mm.shutdown().is_empty());
+}

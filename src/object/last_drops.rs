@@ -82,7 +82,7 @@ enum Found {
 ///   take away. The store's shared part of every entry stays allocated until
 ///   it is drained (module docs).
 pub(crate) struct LastDrops {
-    entries: Box<[UnsafeCell<MaybeUninit<Entry>>]>,
+    entries: Box<[UnsafeCell<MaybeUninit<Entry>>; CAPACITY]>,
     recorded: AtomicUsize,
     drained: AtomicUsize,
     draining: NamedMutex<()>,
@@ -277,42 +277,59 @@ impl Drop for Progress<'_> {
 /// loads their links side by side.
 struct Lanes {
     shared: NonNull<StoreShared>,
-    /// Each lane's chain: its first slot and its last slot's word.
-    chains: [Option<(u32, NonNull<AtomicU32>)>; DEAD_LANES],
-    /// The lane and local index of the slot linked last.
+    /// Each lane's first slot ([`NIL`] while the lane is empty). The current
+    /// lane's is `last` instead, which `link` keeps there and writes back
+    /// only when it moves to another lane (and in `push`).
+    firsts: [u32; DEAD_LANES],
+    /// Each lane's last slot's word, once the lane has a slot.
+    tails: [Option<NonNull<AtomicU32>>; DEAD_LANES],
+    /// The current lane, which the slot linked last went onto.
     lane: usize,
+    /// The local index of the slot linked last ([`NIL`] before the first).
     last: u32,
 }
 
 impl Lanes {
     fn new(shared: NonNull<StoreShared>) -> Self {
-        Lanes { shared, chains: [None; DEAD_LANES], lane: 0, last: NIL }
+        Lanes { shared, firsts: [NIL; DEAD_LANES], tails: [None; DEAD_LANES], lane: 0, last: NIL }
     }
 
     /// Puts the slot `local`, whose header word is `word`, in front of its lane's chain.
+    #[inline]
     fn link(&mut self, local: u32, word: NonNull<AtomicU32>) {
-        if self.last != NIL && local != self.last.wrapping_add(1) {
-            self.lane = (self.lane + 1) % DEAD_LANES;
-        }
-        self.last = local;
-        let chain = &mut self.chains[self.lane];
-        *chain = Some(match *chain {
-            Some((first, last)) => {
+        if self.last != NIL {
+            let first = if local == self.last.wrapping_add(1) {
+                // The neighbour of the slot linked last follows it onto the
+                // current lane, whose first slot that one is: a level's
+                // unload, in index order, takes only this path.
+                self.last
+            } else {
+                self.firsts[self.lane] = self.last;
+                self.lane = (self.lane + 1) % DEAD_LANES;
+                self.firsts[self.lane]
+            };
+            if first != NIL {
                 // SAFETY: the word of a recorded slot stays valid, and only
                 // its drainer writes it (`LastDrops` invariants). `Relaxed`:
                 // the push's `Release` publishes the link.
                 unsafe { word.as_ref() }.store(LINK_FLAG | first, Ordering::Relaxed);
-                (local, last)
+                self.last = local;
+                return;
             }
-            None => (local, word),
-        });
+        }
+        // The first slot of an empty lane: also its last.
+        self.tails[self.lane] = Some(word);
+        self.last = local;
     }
 
-    fn push(self) {
-        for (lane, chain) in self.chains.into_iter().enumerate() {
-            if let Some((first, last)) = chain {
+    fn push(mut self) {
+        if self.last != NIL {
+            self.firsts[self.lane] = self.last;
+        }
+        for (lane, (first, tail)) in self.firsts.into_iter().zip(self.tails).enumerate() {
+            if let Some(tail) = tail {
                 // SAFETY: as in `link`, for the store's shared part and the last word.
-                unsafe { self.shared.as_ref().push_dead_chain(lane, first, last.as_ref()) };
+                unsafe { self.shared.as_ref().push_dead_chain(lane, first, tail.as_ref()) };
             }
         }
     }
@@ -382,10 +399,11 @@ pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, he
 /// happen before it is destroyed (the same pairing as `Arc`'s drop); the
 /// ring, then the dead list, carry that on to the collector.
 ///
-/// Out of line: every handle drop inlines the test that leads here. Its
-/// common case, a ring with room, is a dozen instructions; a full ring, a
-/// thread with none and the push are in [`record_rest`], out of line.
-#[inline(never)]
+/// Every handle drop inlines the test that leads to its out-of-line caller
+/// (`Handle::record_last_drop`), which inlines this. Its common case, a
+/// ring with room, is a dozen instructions; a full ring, a thread with none
+/// and the push are in [`record_rest`], out of line.
+#[inline(always)]
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
     fence(Ordering::Acquire);
     let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Dead(local) };
@@ -403,12 +421,12 @@ pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
 /// The entry is as the `LastDrops` invariants ask.
 #[inline(always)]
 unsafe fn record_if_room_here(entry: Entry) -> bool {
-    let recorded = MINE.try_with(|mine| match mine.ring.get() {
-        // SAFETY: `ring` is this thread's own, and the entry is as the invariants ask (caller).
-        Some(ring) => unsafe { ring.as_ref().record_if_room(entry) },
-        None => false,
-    });
-    matches!(recorded, Ok(true))
+    match RING.try_with(Cell::get) {
+        // SAFETY: a ring in `RING` is this thread's own and still allocated
+        // (`ThreadRing` invariants), and the entry is as the invariants ask (caller).
+        Ok(Some(ring)) => unsafe { ring.as_ref().record_if_room(entry) },
+        _ => false,
+    }
 }
 
 /// Records a handle's drop on a manager that defers its drops (see
@@ -523,7 +541,8 @@ fn registry() -> &'static NamedMutex<Vec<RingPtr>> {
 /// # Invariants
 ///
 /// `ring`, once set, is a `Box<LastDrops>`'s allocation and listed in the
-/// registry; `drop` drains it, takes it out of the registry and frees it.
+/// registry, and [`RING`] holds it too; `drop` empties `RING`, then drains
+/// the ring, takes it out of the registry and frees it.
 struct ThreadRing {
     ring: Cell<Option<NonNull<LastDrops>>>,
 }
@@ -532,6 +551,16 @@ struct ThreadRing {
 std::thread_local!(static MINE: ThreadRing = const { ThreadRing { ring: Cell::new(None) } });
 #[cfg(loom)]
 loom::thread_local!(static MINE: ThreadRing = ThreadRing { ring: Cell::new(None) });
+
+// The thread's ring again, for the common case of a record: a thread-local
+// without a destructor, so reaching it tests no state (`MINE`, which owns
+// the ring, must check on every access whether its destructor is
+// registered or has run: a dozen instructions on every last drop). Set
+// with `MINE.ring`, emptied by `MINE`'s drop before the ring goes.
+#[cfg(not(loom))]
+std::thread_local!(static RING: Cell<Option<NonNull<LastDrops>>> = const { Cell::new(None) });
+#[cfg(loom)]
+loom::thread_local!(static RING: Cell<Option<NonNull<LastDrops>>> = Cell::new(None));
 
 impl ThreadRing {
     /// The ring, made and registered if this is the thread's first last
@@ -559,11 +588,12 @@ impl ThreadRing {
         let mut entries = Vec::new();
         entries.try_reserve_exact(CAPACITY).ok()?;
         entries.extend((0..CAPACITY).map(|_| UnsafeCell::new(MaybeUninit::uninit())));
+        let entries: Box<[_; CAPACITY]> = entries.into_boxed_slice().try_into().ok()?;
         let layout = std::alloc::Layout::new::<LastDrops>();
         // SAFETY: `LastDrops` is not zero-sized.
         let raw = NonNull::new(unsafe { std::alloc::alloc(layout) }.cast::<LastDrops>())?;
         let ring = LastDrops {
-            entries: entries.into_boxed_slice(),
+            entries,
             recorded: AtomicUsize::new(0),
             drained: AtomicUsize::new(0),
             draining: NamedMutex::new((), "draining the last drops of a thread", ""),
@@ -579,6 +609,9 @@ impl ThreadRing {
         }
         rings.push(RingPtr(raw));
         self.ring.set(Some(raw));
+        // Only fails while this thread's thread-locals are destroyed, when
+        // `MINE` could not be reached either.
+        let _ = RING.try_with(|fast| fast.set(Some(raw)));
         Some(raw)
     }
 }
@@ -590,6 +623,9 @@ impl ThreadRing {
 impl Drop for ThreadRing {
     fn drop(&mut self) {
         let Some(ring) = self.ring.take() else { return };
+        // First out of the common path: a drop the drain below leads to (user
+        // code) pushes its slot itself, as every drop from now on does.
+        let _ = RING.try_with(|fast| fast.set(None));
         // Drained while still listed: a thread that saw this one finish
         // (a scoped join can return before thread-local destructors ran)
         // and drains every ring either finds these slots pushed already or

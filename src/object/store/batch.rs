@@ -27,7 +27,7 @@ use super::super::slot::{Slot, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed};
 use super::super::{Handle, HandleOrigin, MMObject};
 use super::collect::{Requeue, SlotChain};
-use super::{SlotSource, Store};
+use super::{DestroyHook, SlotSource, Store};
 
 /// The most never-used slots one step of a batch takes from `len`.
 const MAX_TAKE: u32 = 1 << 12;
@@ -155,6 +155,37 @@ impl<T: MMObject> Store<T> {
         let mut hook = self.on_destroy.lock();
         let mut requeue = Requeue { store: self, rest: [NIL; DEAD_LANES], current: NIL, freed: SlotChain::default() };
         let owner_here = self.reads_reservations_here();
+        // Unswitched as a collection's walk is (see `Store::collect`).
+        if hook.is_none() && events.is_none() && self.tracking.is_none() {
+            // SAFETY: the caller's contract; none of the three is there.
+            unsafe { self.release_each::<true>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut stats) };
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe {
+                self.release_each::<false>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut stats)
+            };
+        }
+        stats.rounds = usize::from(stats.objects > 0);
+        stats
+    }
+
+    /// The loop of [`release_many`](Self::release_many) over `handles`.
+    /// `PLAIN`: there is no hook, no events and no tracker.
+    ///
+    /// # Safety
+    ///
+    /// As for `release_many`, and with `PLAIN`, `hook` and `events` are
+    /// `None` and the store has no tracker.
+    #[inline(always)]
+    unsafe fn release_each<const PLAIN: bool>(
+        &self,
+        handles: impl Iterator<Item = Handle<T>>,
+        owner_here: bool,
+        requeue: &mut Requeue<'_, T>,
+        hook: &mut Option<DestroyHook<T>>,
+        events: &mut Option<&mut Vec<Destroyed>>,
+        stats: &mut CollectStats,
+    ) {
         for handle in handles {
             if !handle.belongs_to(self.config.manager_id) {
                 drop(handle);
@@ -175,12 +206,10 @@ impl<T: MMObject> Store<T> {
                 slot.header.word.store(LINK_FLAG | NIL, Ordering::Relaxed);
                 // SAFETY: the object is dead (its last reference was the
                 // handle just given up) and on no list; the caller holds
-                // `&mut ObjectManager`.
-                unsafe { self.destroy_dead(local, slot, &mut requeue, &mut hook, events.as_deref_mut(), &mut stats) };
+                // `&mut ObjectManager` (and the caller's `PLAIN` contract).
+                unsafe { self.destroy_dead::<PLAIN>(local, slot, requeue, hook, events.as_deref_mut(), stats) };
             }
         }
-        stats.rounds = usize::from(stats.objects > 0);
-        stats
     }
 
     /// The slots from `local` to the end of its chunk (or `end`, if sooner):

@@ -138,6 +138,42 @@ impl<T: MMObject> Store<T> {
         super::super::candidates::compact(self);
         let mut hook = self.on_destroy.lock();
         let mut requeue = Requeue { store: self, rest: heads, current: NIL, freed: SlotChain::default() };
+        // The budget and the counts in locals, so that the loop keeps them in
+        // registers (the caller's are behind references), and the loop
+        // unswitched on what most collections have none of: a hook, events
+        // to record and a tracker to credit (a dozen instructions per object).
+        let mut left = *budget;
+        let mut counted = CollectStats::default();
+        if hook.is_none() && events.is_none() && self.tracking.is_none() {
+            // SAFETY: the caller's contract; none of the three is there.
+            unsafe { self.collect_lanes::<true>(&mut requeue, &mut hook, &mut events, &mut left, &mut counted) };
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { self.collect_lanes::<false>(&mut requeue, &mut hook, &mut events, &mut left, &mut counted) };
+        }
+        *budget = left;
+        stats.objects += counted.objects;
+        stats.bytes = stats.bytes.saturating_add(counted.bytes);
+        requeue.freed.destroyed as usize
+    }
+
+    /// The walk of [`collect`](Self::collect) over the dead lanes taken in
+    /// `requeue`, until they are empty or `budget` runs out. `PLAIN`: there
+    /// is no hook, no events and no tracker (`destroy_dead` then skips them).
+    ///
+    /// # Safety
+    ///
+    /// As for `collect`, and with `PLAIN`, `hook` and `events` are `None`
+    /// and the store has no tracker.
+    #[inline(always)]
+    unsafe fn collect_lanes<const PLAIN: bool>(
+        &self,
+        requeue: &mut Requeue<'_, T>,
+        hook: &mut Option<DestroyHook<T>>,
+        events: &mut Option<&mut std::vec::Vec<Destroyed>>,
+        budget: &mut usize,
+        stats: &mut CollectStats,
+    ) {
         // One slot of each lane in turn while two or more have slots left:
         // the lanes' links are independent loads, so the CPU waits for one
         // of each at once (see `shared.rs`).
@@ -149,7 +185,7 @@ impl<T: MMObject> Store<T> {
                 }
                 *budget -= 1;
                 // SAFETY: the caller's contract; `lane` has slots left.
-                unsafe { self.collect_next(lane, step, &mut requeue, &mut hook, &mut events, stats) };
+                unsafe { self.collect_next::<PLAIN>(lane, step, requeue, hook, events, stats) };
             }
         }
         // Then the last lane alone (a level's unload, released in index
@@ -159,10 +195,9 @@ impl<T: MMObject> Store<T> {
             while requeue.rest[lane] != NIL && *budget > 0 {
                 *budget -= 1;
                 // SAFETY: as above.
-                unsafe { self.collect_next(lane, &mut step, &mut requeue, &mut hook, &mut events, stats) };
+                unsafe { self.collect_next::<PLAIN>(lane, &mut step, requeue, hook, events, stats) };
             }
         }
-        requeue.freed.destroyed as usize
     }
 
     /// Destroys the next dead object of `lane` (reached through `step`),
@@ -173,7 +208,7 @@ impl<T: MMObject> Store<T> {
     /// As for [`destroy_dead`](Self::destroy_dead), for the slot
     /// `requeue.rest[lane]`, which is not [`NIL`].
     #[inline(always)]
-    unsafe fn collect_next(
+    unsafe fn collect_next<const PLAIN: bool>(
         &self,
         lane: usize,
         step: &mut NeighbourStep<T>,
@@ -188,13 +223,14 @@ impl<T: MMObject> Store<T> {
         requeue.rest[lane] = next;
         // SAFETY: a slot taken off the dead list holds a dead object that
         // nothing references; the caller holds `&mut ObjectManager`.
-        unsafe { self.destroy_dead(local, slot, requeue, hook, events.as_deref_mut(), stats) };
+        unsafe { self.destroy_dead::<PLAIN>(local, slot, requeue, hook, events.as_deref_mut(), stats) };
         next
     }
 
     /// Destroys the dead object in slot `local`: its `size()` and the destroy
     /// hook, its event, the slot freed into `requeue`'s chain, its value
-    /// dropped, its tracker charge credited.
+    /// dropped, its tracker charge credited. `PLAIN`: there is no hook, no
+    /// events and no tracker, and the tests for them are left out.
     ///
     /// If `size()`, the hook or the value's `Drop` panics, the object is
     /// destroyed all the same (its value counts as dropped, as after any
@@ -205,9 +241,10 @@ impl<T: MMObject> Store<T> {
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager, and the
     /// slot holds a dead object (occupied, its count gone, on no list) that
-    /// nothing references.
+    /// nothing references. With `PLAIN`, `hook` and `events` are `None` and
+    /// the store has no tracker.
     #[inline(always)]
-    pub(super) unsafe fn destroy_dead(
+    pub(super) unsafe fn destroy_dead<const PLAIN: bool>(
         &self,
         local: u32,
         slot: &Slot<T>,
@@ -216,6 +253,7 @@ impl<T: MMObject> Store<T> {
         events: Option<&mut Vec<Destroyed>>,
         stats: &mut CollectStats,
     ) {
+        debug_assert!(!PLAIN || (hook.is_none() && events.is_none() && self.tracking.is_none()));
         requeue.current = local;
         let generation = slot.header.generation.load(Ordering::Relaxed);
         // A panicking `size()` or hook must not keep the object queued
@@ -226,7 +264,7 @@ impl<T: MMObject> Store<T> {
             // `&mut ObjectManager` excludes every other reference to it.
             let value = unsafe { slot.value_mut() };
             let bytes = value.size();
-            if let Some(hook) = hook.as_mut() {
+            if let Some(hook) = hook.as_mut().filter(|_| !PLAIN) {
                 hook(self.key_of(local, generation), value);
                 // The hook may have created objects (through a `Loader`) while this
                 // one is still resident: the peak must see both.
@@ -235,7 +273,7 @@ impl<T: MMObject> Store<T> {
             bytes
         }));
         requeue.current = NIL;
-        if let Some(events) = events {
+        if let Some(events) = events.filter(|_| !PLAIN) {
             events.push(Destroyed::new::<T>(self.key_of(local, generation)));
         }
         requeue.freed.destroyed += 1;
@@ -244,7 +282,7 @@ impl<T: MMObject> Store<T> {
         }
         // Credited before the value drops: a panicking `Drop` still destroys
         // the object, so its charge must not stay on the tag.
-        if let Some(tracking) = &self.tracking {
+        if let Some(tracking) = self.tracking.as_ref().filter(|_| !PLAIN) {
             tracking.release(local);
         }
         stats.objects += 1;
