@@ -401,7 +401,7 @@ pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, he
 ///
 /// Every handle drop inlines the test that leads to its out-of-line caller
 /// (`Handle::record_last_drop`), which inlines this. Its common case, a
-/// ring with room, is a dozen instructions; a full ring, a thread with none
+/// ring with room, is about twenty instructions; a full ring, a thread with none
 /// and the push are in [`record_rest`], out of line.
 #[inline(always)]
 pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
