@@ -423,7 +423,7 @@ pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
 unsafe fn record_if_room_here(entry: Entry) -> bool {
     match RING.try_with(Cell::get) {
         // SAFETY: a ring in `RING` is this thread's own and still allocated
-        // (`ThreadRing` invariants), and the entry is as the invariants ask (caller).
+        // (`RING`'s invariant), and the entry is as the invariants ask (caller).
         Ok(Some(ring)) => unsafe { ring.as_ref().record_if_room(entry) },
         _ => false,
     }
@@ -536,31 +536,29 @@ fn registry() -> &'static NamedMutex<Vec<RingPtr>> {
     &RINGS
 }
 
-/// The calling thread's ring, made on its first last drop.
-///
-/// # Invariants
-///
-/// `ring`, once set, is a `Box<LastDrops>`'s allocation and listed in the
-/// registry, and [`RING`] holds it too; `drop` empties `RING`, then drains
-/// the ring, takes it out of the registry and frees it.
-struct ThreadRing {
-    ring: Cell<Option<NonNull<LastDrops>>>,
-}
-
-#[cfg(not(loom))]
-std::thread_local!(static MINE: ThreadRing = const { ThreadRing { ring: Cell::new(None) } });
-#[cfg(loom)]
-loom::thread_local!(static MINE: ThreadRing = ThreadRing { ring: Cell::new(None) });
-
-// The thread's ring again, for the common case of a record: a thread-local
-// without a destructor, so reaching it tests no state (`MINE`, which owns
-// the ring, must check on every access whether its destructor is
-// registered or has run: a dozen instructions on every last drop). Set
-// with `MINE.ring`, emptied by `MINE`'s drop before the ring goes.
+// The calling thread's ring, made on its first last drop: a thread-local
+// without a destructor, so that reaching it tests no state (one with a
+// destructor checks on every access whether it is registered or has run:
+// a dozen instructions on every last drop). `MINE`'s destructor frees it.
+//
+// Invariant: once set, it is a `Box<LastDrops>`'s allocation, listed in
+// the registry; only `ThreadRing::register` sets it, and only
+// `ThreadRing`'s drop empties it (then drains the ring, takes it out of
+// the registry and frees it).
 #[cfg(not(loom))]
 std::thread_local!(static RING: Cell<Option<NonNull<LastDrops>>> = const { Cell::new(None) });
 #[cfg(loom)]
 loom::thread_local!(static RING: Cell<Option<NonNull<LastDrops>>> = Cell::new(None));
+
+/// The destructor of the calling thread's ring ([`RING`]): reached before a
+/// ring is made, so the thread's exit frees it, and unreachable once the
+/// thread-locals are being destroyed, when no ring is made any more.
+struct ThreadRing;
+
+#[cfg(not(loom))]
+std::thread_local!(static MINE: ThreadRing = const { ThreadRing });
+#[cfg(loom)]
+loom::thread_local!(static MINE: ThreadRing = ThreadRing);
 
 impl ThreadRing {
     /// The ring, made and registered if this is the thread's first last
@@ -568,7 +566,7 @@ impl ThreadRing {
     /// the slot itself, and the next drop tries again).
     #[inline]
     fn ring(&self) -> Option<NonNull<LastDrops>> {
-        if let Some(ring) = self.ring.get() {
+        if let Some(ring) = RING.try_with(Cell::get).ok().flatten() {
             return Some(ring);
         }
         self.register()
@@ -607,11 +605,15 @@ impl ThreadRing {
             drop(unsafe { Box::from_raw(raw.as_ptr()) });
             return None;
         }
+        if RING.try_with(|ring| ring.set(Some(raw))).is_err() {
+            // Never for a thread-local without a destructor; but a ring
+            // nobody can reach must not stay listed.
+            drop(rings);
+            // SAFETY: written above, and shared with no one.
+            drop(unsafe { Box::from_raw(raw.as_ptr()) });
+            return None;
+        }
         rings.push(RingPtr(raw));
-        self.ring.set(Some(raw));
-        // Only fails while this thread's thread-locals are destroyed, when
-        // `MINE` could not be reached either.
-        let _ = RING.try_with(|fast| fast.set(Some(raw)));
         Some(raw)
     }
 }
@@ -622,10 +624,9 @@ impl ThreadRing {
 #[cfg(not(loom))]
 impl Drop for ThreadRing {
     fn drop(&mut self) {
-        let Some(ring) = self.ring.take() else { return };
-        // First out of the common path: a drop the drain below leads to (user
-        // code) pushes its slot itself, as every drop from now on does.
-        let _ = RING.try_with(|fast| fast.set(None));
+        // First out of reach: a drop the drain below leads to (user code)
+        // pushes its slot itself, as every drop from now on does.
+        let Some(ring) = RING.try_with(Cell::take).ok().flatten() else { return };
         // Drained while still listed: a thread that saw this one finish
         // (a scoped join can return before thread-local destructors ran)
         // and drains every ring either finds these slots pushed already or

@@ -156,7 +156,7 @@ impl<T: MMObject> Store<T> {
         let mut requeue = Requeue { store: self, rest: [NIL; DEAD_LANES], current: NIL, freed: SlotChain::default() };
         let owner_here = self.reads_reservations_here();
         // Unswitched as a collection's walk is (see `Store::collect`).
-        if hook.is_none() && events.is_none() && self.tracking.is_none() {
+        if self.destroys_plainly(&hook, &events) {
             // SAFETY: the caller's contract; none of the three is there.
             unsafe { self.release_each::<true>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut stats) };
         } else {

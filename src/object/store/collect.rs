@@ -144,7 +144,7 @@ impl<T: MMObject> Store<T> {
         // to record and a tracker to credit (a dozen instructions per object).
         let mut left = *budget;
         let mut counted = CollectStats::default();
-        if hook.is_none() && events.is_none() && self.tracking.is_none() {
+        if self.destroys_plainly(&hook, &events) {
             // SAFETY: the caller's contract; none of the three is there.
             unsafe { self.collect_lanes::<true>(&mut requeue, &mut hook, &mut events, &mut left, &mut counted) };
         } else {
@@ -155,6 +155,14 @@ impl<T: MMObject> Store<T> {
         stats.objects += counted.objects;
         stats.bytes = stats.bytes.saturating_add(counted.bytes);
         requeue.freed.destroyed as usize
+    }
+
+    /// True if there is no destroy hook (`hook`, held locked), no `events`
+    /// to record and no tracker: a collection's and `release_many`'s steps
+    /// then leave out their tests (`destroy_dead`'s `PLAIN`).
+    #[inline]
+    pub(super) fn destroys_plainly(&self, hook: &Option<DestroyHook<T>>, events: &Option<&mut Vec<Destroyed>>) -> bool {
+        hook.is_none() && events.is_none() && self.tracking.is_none()
     }
 
     /// The walk of [`collect`](Self::collect) over the dead lanes taken in
@@ -253,7 +261,7 @@ impl<T: MMObject> Store<T> {
         events: Option<&mut Vec<Destroyed>>,
         stats: &mut CollectStats,
     ) {
-        debug_assert!(!PLAIN || (hook.is_none() && events.is_none() && self.tracking.is_none()));
+        debug_assert!(!PLAIN || self.destroys_plainly(hook, &events), "a plain step has nothing to skip");
         requeue.current = local;
         let generation = slot.header.generation.load(Ordering::Relaxed);
         // A panicking `size()` or hook must not keep the object queued
