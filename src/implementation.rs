@@ -236,18 +236,42 @@
 //!
 //! ## Rings of last drops
 //!
-//! The drop that takes a count to zero does not push: it writes the slot
-//! (store, local index, header word) into a ring of 256 entries owned by its
-//! thread, with plain stores, and publishes it with a `Release` store of the
-//! ring's `recorded` counter. That takes the push's locked instruction on the
-//! store's shared line off every last drop (a level unload got 15 % faster;
-//! see `BENCHMARKS.md`, O1c). A ring is
-//! *drained* under its own lock: its entries are read, consecutive slots of
-//! one store are linked through their words (which nobody else writes while
-//! the count is zero) into one chain per lane, a slot next to the one
-//! before it joining that slot's lane and any other slot taking the next
-//! lane; each chain is pushed with one CAS, and `drained` is stored
-//! (`Release`). The thread drains its ring when it is full and when
+//! The drop that takes a count to zero does not push: it records the slot
+//! in a ring owned by its thread, with plain stores, and publishes it with a
+//! `Release` store of the ring's `recorded` counter. That takes the push's
+//! locked instruction on the store's shared line off every last drop (a
+//! level unload got 15 % faster; see `BENCHMARKS.md`, O1c).
+//!
+//! A ring has 256 cells, *entries* (store, first slot's local index and
+//! header word, slot size, and the number of the ring's first drop the
+//! entry holds), and counts drops and entries apart. A last drop of the slot
+//! right after the one its thread recorded last (a level's unload, in index
+//! order) does not take an entry: it joins that entry's *run*, with one
+//! store of `recorded` and one of `next_word`, the address the next
+//! neighbour's header word would have. An address match is enough: chunks
+//! begin with a 2 KiB prefix and end after their last slot, so no slot of
+//! another chunk, segment or store has its word right after a chunk's last
+//! slot. A run's drops are its entry's up to the next entry's first, or up
+//! to `recorded` for the last entry, which its thread may still extend; so
+//! a drainer takes what `recorded` counts, keeps the last entry, and
+//! clears `next_word` (every drain does), so no run outlives the drain that
+//! may precede its store's end: after a manager is gone, a slot of another
+//! store at that address starts an entry of its own (tested with a store
+//! allocator that hands the next manager the same block). A run's entry is
+//! written with its first drop's handle pointer, which carries the
+//! segment's provenance, so the drain reaches the run's later slots from it.
+//!
+//! A ring holds at most 255 drops before its thread drains it, however
+//! few entries they took, so a run is linked while its slots are still in
+//! the thread's caches (leaving a level's 100k to the next collection cost
+//! that collection a pass over all their slots). A drain runs under the
+//! ring's own lock: it reads the entries, links consecutive slots of one
+//! store through their words (which nobody else writes while the count is
+//! zero) into one chain per lane, a slot next to the one before it joining
+//! that slot's lane (a run's slots in a loop of one store each) and any
+//! other slot taking the next lane, pushes each chain with one CAS, and
+//! stores `done` and `drained` (`Release`). The thread drains its ring when
+//! it is full and when
 //! it exits (a thread-local destructor: first take the ring out of the
 //! destructor-free thread-local through which every record reaches it, so
 //! later drops push their slots themselves; then drain, leave the registry,
@@ -262,8 +286,10 @@
 //! `upgrade`, weak reads, iterators and `ref_count` treat it as dead at once.
 //! A thread whose ring is gone (its thread-locals are being destroyed) or
 //! could not be allocated pushes the slot itself. The protocol is in
-//! `object/last_drops.rs`; the loom model `a_full_ring_drains_while_the_owner_collects`
-//! races a thread draining its own full ring against the owner's drain.
+//! `object/last_drops.rs`; the loom models `a_full_ring_drains_while_the_owner_collects`
+//! (a run that grows while the owner's collection drains it) and
+//! `a_run_and_strays_fill_a_ring_while_the_owner_collects` race a thread
+//! draining its own ring against the owner's drain.
 //!
 //! ## Deferred drops
 //!

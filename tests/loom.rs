@@ -57,6 +57,14 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     loom::model::Builder::new().check(f);
 }
 
+/// The preemption bound of the models of a ring that fills (three cells
+/// under loom): unbounded, each takes over ten minutes; with five forced
+/// switches, seconds. The races they look for are between a few steps (a
+/// record that grows a run, the thread's own drain, the collector's drain),
+/// and a mutant that lets a drain free the entry a run still grows fails
+/// within the bound.
+const RING_PREEMPTIONS: usize = 5;
+
 /// Runs `f` under every interleaving with at most `preemptions` forced
 /// switches per execution: for the small-object models, whose thread caches
 /// and class locks make the full space too large to finish (bugs of this
@@ -768,13 +776,14 @@ fn drop_races_budgeted_collect() {
     });
 }
 
-/// A thread's last drops wait in its ring (two entries under loom), which
-/// it drains itself when full while the owner's collection drains it too:
-/// every slot reaches the dead list once, nothing is destroyed twice or
-/// lost, and the counts are exact once the dropper is done.
+/// A thread's last drops wait in its ring (two drops under loom; in index
+/// order, one entry's run), which it drains itself when full while the
+/// owner's collection drains it too: every slot reaches the dead list once,
+/// nothing is destroyed twice or lost, and the counts are exact once the
+/// dropper is done.
 #[test]
 fn a_full_ring_drains_while_the_owner_collects() {
-    model(|| {
+    model_bounded(RING_PREEMPTIONS, || {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut mm = quiet();
         let token = || DropToken(Arc::clone(&drops));
@@ -789,12 +798,35 @@ fn a_full_ring_drains_while_the_owner_collects() {
     });
 }
 
+/// A run of neighbours, then a stray, then the slot between them, dropped by
+/// a worker whose ring (two drops under loom) fills and drains itself while
+/// the owner's collection drains it too: the run's entry is extended, kept
+/// by a drain, and closed by the stray; every slot is destroyed once.
+#[test]
+fn a_run_and_strays_fill_a_ring_while_the_owner_collects() {
+    model_bounded(RING_PREEMPTIONS, || {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        let token = || DropToken(Arc::clone(&drops));
+        let mut handles: Vec<_> = (0..4).map(|id| Some(mm.create(Texture { id, token: token() }))).collect();
+        // 0 and 1 a run, 3 a stray, 2 neither.
+        let order = [handles[0].take(), handles[1].take(), handles[3].take(), handles[2].take()];
+        let dropper = thread::spawn(move || order.into_iter().for_each(drop));
+        let first = mm.collect_garbage().objects;
+        dropper.join().unwrap();
+        assert_eq!(first + mm.dead_count(), 4, "every drop is listed once");
+        assert_eq!(first + mm.collect_garbage().objects, 4);
+        assert_eq!(drops.load(Ordering::SeqCst), 4);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
 /// The same with slots dropped out of index order, so a drain spreads them
 /// over several dead lanes (each its own stack) while the owner's
 /// collection takes the lanes: every slot is destroyed once, none is lost.
 #[test]
 fn scattered_drops_drain_onto_several_lanes_while_the_owner_collects() {
-    model(|| {
+    model_bounded(RING_PREEMPTIONS, || {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut mm = quiet();
         let token = || DropToken(Arc::clone(&drops));
@@ -846,7 +878,7 @@ fn deferred_drops_race_the_collection() {
 /// lost, and the counts are exact once the dropper is done.
 #[test]
 fn a_full_ring_of_deferred_drops_drains_while_collecting() {
-    model(|| {
+    model_bounded(RING_PREEMPTIONS, || {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut mm = deferring();
         let token = || DropToken(Arc::clone(&drops));

@@ -2,9 +2,13 @@
 //! reads and (between phases) collects; objects created by several asset
 //! loaders at once.
 
+use std::alloc::{Layout, System};
 use std::collections::HashSet;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
 
-use mmobject::{Handle, MMObject, WeakHandle};
+use mmobject::allocator_api2::alloc::{AllocError, Allocator};
+use mmobject::{Handle, MMObject, ObjectManager, WeakHandle};
 
 mod support;
 use support::{quiet_with, DropToken, Drops};
@@ -556,4 +560,122 @@ fn runs_of_neighbouring_last_drops_broken_by_strays_are_all_listed() {
     assert_eq!(mm.collect_garbage().objects, n);
     assert_eq!(drops.count(), n);
     assert!(mm.shutdown().is_empty());
+}
+
+/// A plain object, for the tests of runs of last drops below.
+#[derive(MMObject)]
+struct Particle {
+    id: usize,
+}
+
+/// A run of last drops left open while more of its slots drop after a
+/// drain (here `dead_count`'s): the drain takes what the run held and keeps
+/// it open, the later drops join it, and every slot is listed once.
+#[test]
+fn a_run_of_last_drops_goes_on_after_a_drain() {
+    let n = if cfg!(miri) { 12 } else { 300 };
+    let drops = Drops::default();
+    let mut mm = quiet_with(2);
+    let mut handles: Vec<Handle<Texture>> = (0..n).map(|id| mm.create(Texture { id, token: drops.token() })).collect();
+    let later = handles.split_off(n / 3);
+    drop(handles);
+    assert_eq!(mm.dead_count(), n / 3, "the run so far is listed");
+    drop(later);
+    assert_eq!(mm.dead_count(), n, "the rest of the run is listed too");
+    assert_eq!(mm.collect_garbage().objects, n);
+    assert_eq!(drops.count(), n);
+    assert!(mm.shutdown().is_empty());
+}
+
+/// A level's unload in index order over more than one chunk and segment
+/// (natively, a segment of several 4 MiB chunks): a run of neighbours in the
+/// ring ends where the next slot does not follow in memory, and every slot
+/// is listed once.
+#[test]
+fn an_unload_in_index_order_across_chunks_and_segments_lists_every_slot() {
+    let n = if cfg!(miri) { 40 } else { 150_000 };
+    let mut mm = quiet_with(if cfg!(miri) { 2 } else { 1 << 16 });
+    let handles: Vec<Handle<Particle>> = (0..n).map(|id| mm.create(Particle { id })).collect();
+    drop(handles);
+    assert_eq!(mm.dead_count(), n);
+    assert_eq!(mm.collect_garbage().objects, n);
+    assert_eq!(mm.len(), 0);
+    assert!(mm.shutdown().is_empty());
+}
+
+/// A store allocator that hands out one block whenever it is free, so that
+/// the segments of managers made one after another land at one address.
+#[derive(Clone, Default)]
+struct OneBlock(Arc<Mutex<OneBlockState>>);
+
+#[derive(Default)]
+struct OneBlockState {
+    block: Option<NonNull<u8>>,
+    in_use: bool,
+    handed_out: usize,
+}
+
+// SAFETY: the pointer is a block of `System`'s, owned by no thread; only
+// the mutex around the state reaches it.
+unsafe impl Send for OneBlockState {}
+
+const ONE_BLOCK: Layout = match Layout::from_size_align(8 << 20, 8 << 20) {
+    Ok(layout) => layout,
+    Err(_) => panic!("a valid layout"),
+};
+
+// SAFETY: the block is handed out to one allocation at a time and is large
+// and aligned enough for it (asserted); anything else comes from `System`.
+unsafe impl Allocator for OneBlock {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let mut state = self.0.lock().unwrap();
+        if state.in_use || layout.size() > ONE_BLOCK.size() || layout.align() > ONE_BLOCK.align() {
+            return System.allocate(layout);
+        }
+        let block = match state.block {
+            Some(block) => block,
+            None => *state.block.insert(System.allocate(ONE_BLOCK)?.cast()),
+        };
+        state.in_use = true;
+        state.handed_out += 1;
+        Ok(NonNull::slice_from_raw_parts(block, layout.size()))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        let mut state = self.0.lock().unwrap();
+        if state.block == Some(ptr) {
+            state.in_use = false;
+        } else {
+            // SAFETY: not the block, so it came from `System` with this layout.
+            unsafe { System.deallocate(ptr, layout) }
+        }
+    }
+}
+
+/// A run of last drops ends with its store: after a manager whose last
+/// drop left this thread's ring expecting the slot after it is gone, a
+/// slot of the next manager's store at that very address starts its own
+/// entry, and is listed in its own store (continuing the old run would list
+/// it in the freed store's dead list).
+#[test]
+fn a_run_of_last_drops_ends_with_its_store() {
+    let block = OneBlock::default();
+    let build = || ObjectManager::builder().report_leaks(false).segment_base(2).allocator(block.clone()).build();
+    let first = build();
+    drop(first.create(Particle { id: 0 }));
+    drop(first);
+    let mut second = build();
+    let keep = second.create(Particle { id: 1 });
+    let next = second.create(Particle { id: 2 });
+    assert_eq!(block.0.lock().unwrap().handed_out, 2, "both managers' first segments took the block");
+    drop(next);
+    assert_eq!(second.dead_count(), 1, "the drop is listed in its own store");
+    assert_eq!(second.collect_garbage().objects, 1);
+    drop(keep);
+    assert_eq!(second.collect_garbage().objects, 1);
+    assert!(second.shutdown().is_empty());
+    let state = block.0.lock().unwrap();
+    assert!(!state.in_use);
+    // SAFETY: allocated from `System` with `ONE_BLOCK`, and no longer in use.
+    unsafe { System.deallocate(state.block.expect("handed out"), ONE_BLOCK) };
 }

@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::sync::Ordering as AtomicOrdering;
+use crate::sync::{AtomicU32, Ordering as AtomicOrdering};
 
 use super::handle_sites::HandleOrigin;
 #[cfg(feature = "handle-sites")]
@@ -173,6 +173,15 @@ impl<T> Handle<T> {
         let slot = self.tagged.as_ptr();
         // SAFETY: the address bits are a slot's address, never zero.
         unsafe { NonNull::new_unchecked(slot.cast()) }
+    }
+
+    /// The slot's header word, with the handle's provenance (its segment's).
+    #[inline]
+    fn word_ptr(&self) -> NonNull<AtomicU32> {
+        let slot = self.slot_ptr().as_ptr();
+        // SAFETY: only computes the field's address in the slot, which is
+        // never null; no reference is made, so the provenance stays the segment's.
+        unsafe { NonNull::new_unchecked(std::ptr::addr_of_mut!((*slot).header.word)) }
     }
 
     #[inline]
@@ -454,7 +463,10 @@ impl<T> Handle<T> {
     /// test leading here needs no registers saved on its common paths.
     #[inline(never)]
     fn record_last_drop(&self) {
-        super::last_drops::record(self.shared(), self.local(), &self.slot().header.word);
+        // SAFETY: the caller took the count to zero; the word carries the
+        // handle's provenance, the segment's, and the store's slots lie
+        // `Slot<T>`'s size apart within a chunk (`layout.rs`).
+        unsafe { super::last_drops::record(self.word_ptr(), size_of::<Slot<T>>(), || (self.shared(), self.local())) };
     }
 }
 
@@ -485,7 +497,10 @@ impl<T> Handle<T> {
         let header = &self.slot().header;
         let old = header.release_marking(Some(&|| self.shared().note_candidate(self.local())));
         if old & COUNT_MASK == 1 {
-            super::last_drops::record(self.shared(), self.local(), &header.word);
+            // SAFETY: as in `record_last_drop`.
+            unsafe {
+                super::last_drops::record(self.word_ptr(), size_of::<Slot<T>>(), || (self.shared(), self.local()))
+            };
         }
     }
 }

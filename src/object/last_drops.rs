@@ -9,10 +9,16 @@
 //! miss, and the change there is inside this machine's noise (see
 //! `BENCHMARKS.md`, O1 and O1c).
 //!
+//! A last drop of the slot right after the one its thread recorded last (a
+//! level's unload, in index order) joins that record's *run* instead of
+//! taking an entry of its own: one compare and two stores (see
+//! [`LastDrops`]). Dropping 100k handles in index order got 30–40 % faster
+//! (`BENCHMARKS.md`, O1c).
+//!
 //! A ring is *drained* (its slots linked into chains, one compare-exchange
 //! per dead lane that a run of slots of one store reaches, see [`Lanes`])
-//! when it fills, when its thread exits, and by every call that reads a
-//! dead list: `collect_garbage` (every round, so cascades still finish in
+//! when it fills (255 drops, however few entries), when its thread exits,
+//! and by every call that reads a dead list: `collect_garbage` (every round, so cascades still finish in
 //! one call), `dead_count` and the counts derived from it, and shutdown.
 //! Those calls drain every thread's ring, so they see every drop that
 //! happened before them, as before.
@@ -38,59 +44,100 @@ use super::reentry::NamedMutex;
 use super::shared::{StoreShared, DEAD_LANES};
 use super::slot::{SlotHeader, LINK_FLAG, NIL};
 
-/// Slots a ring holds before its thread drains it (small under loom, so the
-/// models reach a full ring).
+/// A ring's cells. It holds up to one drop fewer (see [`LastDrops`]) before
+/// its thread drains it (small under loom, so the models reach a full ring).
 #[cfg(not(loom))]
 pub(crate) const CAPACITY: usize = 256;
 #[cfg(loom)]
-pub(crate) const CAPACITY: usize = 2;
+pub(crate) const CAPACITY: usize = 3;
 
-/// One recorded slot: its store's shared part, its header word, and what
-/// was recorded: a drop that found a count of 0 (its local index), a drop
-/// whose decrement the drain applies (see `deferred_drops.rs`), or the
-/// check of a lease the owner thread took, for its collection to decide
-/// (see `owner_counts.rs`).
+/// One entry of a ring: its store's shared part, the first slot's header
+/// word, the number of the ring's first drop it holds (see [`LastDrops`]),
+/// and what was recorded: drops that found a count of 0 (a run of
+/// neighbouring slots from `local`, `stride` bytes apart), a drop whose
+/// decrement the drain applies (see `deferred_drops.rs`), or the check of
+/// a lease the owner thread took, for its collection to decide (see
+/// `owner_counts.rs`). Only a dead run holds more than one drop.
 #[derive(Clone, Copy)]
 struct Entry {
     shared: NonNull<StoreShared>,
+    /// For a dead run, with the whole segment's provenance (a handle's), so
+    /// that the drain can reach the run's later slots from it.
     word: NonNull<AtomicU32>,
+    start: usize,
     found: Found,
+}
+
+impl Entry {
+    /// An entry to record; its `start` is set as it is written.
+    fn new(shared: &StoreShared, word: NonNull<AtomicU32>, found: Found) -> Self {
+        Entry { shared: NonNull::from(shared), word, start: 0, found }
+    }
 }
 
 /// What was recorded.
 #[derive(Clone, Copy)]
 enum Found {
-    Dead(u32),
+    Dead { local: u32, stride: usize },
     Release(u32),
     Check(Check),
 }
 
 /// One thread's ring of last drops.
 ///
+/// A ring counts *drops* (`recorded`, `drained`) and *entries* (`written`,
+/// `done`) apart: a last drop of the slot right after the one its thread
+/// recorded last (a level's unload, in index order) joins that entry's run
+/// instead of taking an entry, with two stores: `next_word` (which says
+/// which slot that is) and `recorded`. A run's drops are the entry's
+/// `start` up to the next entry's `start`, or up to `recorded` for the last
+/// entry, which its thread may still extend; a drain that empties it keeps
+/// it (`done` stays at it).
+///
 /// # Invariants
 ///
-/// - `recorded` counts the entries ever written and is stored only by the
-///   owning thread, after it wrote the entry (`Release`); `drained` counts
-///   the entries ever drained and is stored only under `draining`, after the
-///   drainer read them and pushed their slots (`Release`); their checks are
+/// - `written` and `recorded` are stored only by the owning thread: a new
+///   entry's cell first, then `written` (`Release`), then `recorded`
+///   (`Release`), which also publishes every drop added to a run. `done`
+///   and `drained` are stored only under `draining`, after the drainer read
+///   the entries and pushed their slots (`Release`); their checks are
 ///   queued, or lost if queueing them panicked (see [`Progress`]).
-///   `drained <= recorded <= drained + CAPACITY`, so entry `i` lives in cell
-///   `i % CAPACITY` from its write until `drained` passes it.
-/// - Every dead entry names a slot whose count its thread took to zero: no
-///   other thread writes that slot's word until the entry is drained. Every
-///   release entry names a slot whose count still holds the one it will
-///   take away. The store's shared part of every entry stays allocated until
-///   it is drained (module docs).
+///   `done <= written <= done + CAPACITY` and `drained <= recorded`, so entry
+///   `i` lives in cell `i % CAPACITY` from its write until `done` passes it,
+///   and never changes meanwhile; `drained` lies in entry `done`'s drops
+///   (or equals `recorded`).
+/// - Every dead entry names slots whose counts its thread took to zero: no
+///   other thread writes those slots' words until the entry's drops are
+///   drained. Every release entry names a slot whose count still holds the
+///   one it will take away. The store's shared part of every entry stays
+///   allocated until it is drained (module docs).
+/// - `next_word` is stored by the owning thread, and set to 0 by every
+///   drain. It is 0, or the address the header word of the slot after the
+///   last entry's run would have if that slot lay in the same chunk; the
+///   last entry is then that run's, and its store is alive (the drain that
+///   precedes a store's end clears it). A slot whose word has that address
+///   is that slot: chunks begin with a prefix and end after their last
+///   slot, so no other slot's word sits right after a chunk's last slot
+///   (see `layout.rs`). A drain's clearing can race a run's growth; the
+///   drop that grows it is then its thread's, after the drain: counted by
+///   `recorded`, in a store still alive, and taken by the next drain.
+/// - The ring holds at most `CAPACITY - 1` drops not yet drained
+///   (`recorded - drained`), so at most `CAPACITY` entries: every entry
+///   after `done` holds a drop not yet drained.
 pub(crate) struct LastDrops {
     entries: Box<[UnsafeCell<MaybeUninit<Entry>>; CAPACITY]>,
     recorded: AtomicUsize,
+    written: AtomicUsize,
     drained: AtomicUsize,
+    done: AtomicUsize,
     draining: NamedMutex<()>,
+    next_word: AtomicUsize,
 }
 
 // The cells are written only by the owning thread, in cells no drainer reads
-// (`drained` has passed them, read with `Acquire`), and read by a drainer only
-// under `draining` after the `Acquire` load of `recorded` that publishes them.
+// (`done` has passed them, read with `Acquire`), and read by a drainer only
+// under `draining` after the `Acquire` loads of `recorded` and `written`
+// that publish them. `next_word` is the owning thread's alone.
 // SAFETY: no type parameter, no bound (no `Rc` inside); as above, and the entries
 // point at atomics and a `Sync` `StoreShared`, valid until drained.
 unsafe impl Sync for LastDrops {}
@@ -100,10 +147,9 @@ unsafe impl Sync for LastDrops {}
 unsafe impl Send for LastDrops {}
 
 impl LastDrops {
-    /// Records a slot whose count the calling thread just took to zero,
-    /// draining the ring first if it is full. Returns false, recording
-    /// nothing, if it is full while this thread drains it (user code that
-    /// the drain ran): the caller then pushes the slot itself.
+    /// Records `entry`, draining the ring first if it is full. Returns
+    /// false, recording nothing, if it is full while this thread drains it
+    /// (user code that the drain ran): the caller then pushes the slot itself.
     ///
     /// # Safety
     ///
@@ -120,10 +166,53 @@ impl LastDrops {
             // caller pushes the slot itself.
             return false;
         }
-        // Everything recorded so far is drained when this returns, so there is room.
+        // Everything recorded so far is drained when this returns, and at
+        // most the last entry kept, so there is room.
         self.drain();
         // SAFETY: the caller's contract.
         unsafe { self.record_if_room(entry) }
+    }
+
+    /// True if the ring holds `CAPACITY - 1` drops not yet drained, given
+    /// `recorded`: it then takes no more until drained. That bounds its
+    /// entries too (only the entry `done` may hold no drop waiting), and it
+    /// has its thread drain a run while the run's slots are still in its
+    /// caches, instead of leaving a level's 100k to the next collection (a
+    /// pass over all their slots). `Acquire`: a drainer's reads of the cells
+    /// it frees happen before their reuse.
+    #[inline(always)]
+    fn is_full(&self, recorded: usize) -> bool {
+        recorded - self.drained.load(Ordering::Acquire) >= CAPACITY - 1
+    }
+
+    /// Records a last drop of the slot whose header word is at `word`, in a
+    /// ring that is not full (`recorded` is its count of drops): as one
+    /// more of the last entry's run if it is the slot after that run's
+    /// (`stride` bytes further), which is one store of `next_word` and one
+    /// of `recorded`; else as a new entry, with the store's shared part and
+    /// local index from `place`.
+    ///
+    /// # Safety
+    ///
+    /// As for `record`, and the caller took that slot's count to zero.
+    #[inline(always)]
+    unsafe fn record_dead<'s>(
+        &self,
+        recorded: usize,
+        word: NonNull<AtomicU32>,
+        stride: usize,
+        place: impl FnOnce() -> (&'s StoreShared, u32),
+    ) {
+        if self.next_word.load(Ordering::Relaxed) == word.as_ptr().addr() {
+            self.next_word.store(word.as_ptr().addr() + stride, Ordering::Relaxed);
+            // `Release`: publishes the drop (and, through the caller's
+            // fence, every use of the object) to whoever drains it.
+            self.recorded.store(recorded + 1, Ordering::Release);
+        } else {
+            let (shared, local) = place();
+            // SAFETY: the caller's contract; the ring is not full.
+            unsafe { self.write(recorded, Entry::new(shared, word, Found::Dead { local, stride })) };
+        }
     }
 
     /// [`record`](Self::record) when the ring has room: false, recording
@@ -136,19 +225,40 @@ impl LastDrops {
     unsafe fn record_if_room(&self, entry: Entry) -> bool {
         // Only this thread stores `recorded`.
         let recorded = self.recorded.load(Ordering::Relaxed);
-        // `Acquire`: a drainer's reads of the cell about to be reused happen before the write.
-        if recorded - self.drained.load(Ordering::Acquire) == CAPACITY {
+        if self.is_full(recorded) {
             return false;
         }
-        self.entries[recorded % CAPACITY].with_mut(|cell| {
-            // SAFETY: `drained > recorded - CAPACITY`, so no drainer reads
-            // this cell until `recorded` below publishes it (invariants).
+        // SAFETY: the caller's contract; the ring is not full.
+        unsafe { self.write(recorded, entry) };
+        true
+    }
+
+    /// Writes `entry` as the ring's next entry, holding drop `recorded`.
+    ///
+    /// # Safety
+    ///
+    /// As for `record`, and the ring is not full, given `recorded`.
+    #[inline(always)]
+    unsafe fn write(&self, recorded: usize, mut entry: Entry) {
+        // Only this thread stores `written`.
+        let written = self.written.load(Ordering::Relaxed);
+        entry.start = recorded;
+        let next_word = match entry.found {
+            Found::Dead { stride, .. } => entry.word.as_ptr().addr() + stride,
+            Found::Release(_) | Found::Check(_) => 0,
+        };
+        self.next_word.store(next_word, Ordering::Relaxed);
+        self.entries[written % CAPACITY].with_mut(|cell| {
+            // SAFETY: the ring is not full, so `done > written - CAPACITY`
+            // (read by `is_full` with `Acquire`): no drainer reads this cell
+            // until `written` below publishes it (invariants).
             unsafe { (*cell).write(entry) };
         });
-        // `Release`: publishes the entry (and, through the caller's fence,
+        // `Release`: publishes the entry before its drop is counted.
+        self.written.store(written + 1, Ordering::Release);
+        // `Release`: publishes the drop (and, through the caller's fence,
         // every use of the object) to whoever drains it.
         self.recorded.store(recorded + 1, Ordering::Release);
-        true
     }
 
     /// Pushes every recorded slot onto its store's dead lanes. Any thread may
@@ -159,51 +269,91 @@ impl LastDrops {
             return;
         }
         let _turn = self.draining.lock();
-        let drained = self.drained.load(Ordering::Relaxed);
         let recorded = self.recorded.load(Ordering::Acquire);
+        // After `recorded`: every entry that holds a counted drop is visible.
+        let written = self.written.load(Ordering::Acquire);
         // Queueing a check runs user code (the store allocator, a logger),
         // which may panic: the guard then still pushes the open lanes and
-        // marks what was read as drained, so no entry is linked twice.
-        let mut progress = Progress { ring: self, next: drained, lanes: None };
+        // marks what was read as drained, so no slot is linked twice.
+        let mut progress = Progress {
+            ring: self,
+            drained: self.drained.load(Ordering::Relaxed),
+            done: self.done.load(Ordering::Relaxed),
+            lanes: Lanes::new(None),
+        };
         let mut checks = Checks::default();
-        for i in drained..recorded {
-            // SAFETY: `i` is below `recorded` (read with `Acquire`, so its
-            // write is visible) and at or above `drained`, which only we may
-            // move: the cell holds entry `i` and its thread does not touch it.
-            let entry = self.entries[i % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() });
-            let dead = match entry.found {
-                Found::Dead(local) => Some(local),
-                Found::Release(local) => {
+        while progress.drained < recorded {
+            let at = progress.done;
+            // SAFETY: drop `drained` is below `recorded` (read with `Acquire`),
+            // so the entry holding it, `done`, is below `written` (read after
+            // it) and its write is visible; `done` only moves under our turn,
+            // so the cell holds entry `at` and its thread does not touch it.
+            let entry = unsafe { self.entry(at) };
+            // An entry's drops end where the next entry's begin. The last
+            // entry's run may still grow: only what `recorded` counts is
+            // taken, and the entry is kept (any other kind is one drop).
+            let closed = at + 1 < written;
+            // SAFETY: as above, for an entry below `written`.
+            let end = if closed { unsafe { self.start_of(at + 1) } } else { recorded };
+            let taken = end.min(recorded);
+            let count = taken - progress.drained;
+            match entry.found {
+                // The common entry of drops at random: one slot, not read before.
+                Found::Dead { local, .. } if count == 1 && progress.drained == entry.start => {
+                    progress.lanes_for(entry.shared).link(local, entry.word);
+                }
+                Found::Dead { local, stride } if count > 0 => {
+                    let skip = progress.drained - entry.start;
+                    // SAFETY: drops `drained..taken` of the entry are slots
+                    // `skip..` of its run, which lie `stride` apart from its
+                    // first in one chunk (`LastDrops` invariants), recorded and
+                    // not yet drained.
+                    unsafe { progress.lanes_for(entry.shared).link_run(local, entry.word, skip, stride, count) };
+                }
+                Found::Release(local) if count > 0 => {
                     // Only here: a ring of last drops (no releases) pays nothing for it.
-                    self.prefetch_ahead(i, recorded);
+                    self.prefetch_ahead(at, written);
                     // SAFETY: the entry's count keeps the slot, and its store's
                     // shared part, allocated until this decrement (invariants).
-                    unsafe { release(entry.word) }.then_some(local)
-                }
-                Found::Check(check) => {
-                    checks.add(entry.shared, check);
-                    None
-                }
-            };
-            if let Some(local) = dead {
-                match &mut progress.lanes {
-                    Some(open) if open.shared == entry.shared => open.link(local, entry.word),
-                    other => {
-                        if let Some(done) = other.take() {
-                            done.push();
-                        }
-                        let mut open = Lanes::new(entry.shared);
-                        open.link(local, entry.word);
-                        *other = Some(open);
+                    if unsafe { release(entry.word) } {
+                        progress.lanes_for(entry.shared).link(local, entry.word);
                     }
                 }
+                Found::Check(check) if count > 0 => checks.add(entry.shared, check),
+                // An entry kept by the last drain, with nothing new.
+                Found::Dead { .. } | Found::Release(_) | Found::Check(_) => {}
             }
-            progress.next = i + 1;
+            progress.drained = taken;
+            if closed && taken == end {
+                progress.done = at + 1;
+            }
         }
-        if let Some(done) = progress.lanes.take() {
-            done.push();
-        }
+        progress.push_lanes(None);
         checks.flush();
+    }
+
+    /// The number of the first drop entry `at` holds.
+    ///
+    /// # Safety
+    ///
+    /// As for [`entry`](Self::entry).
+    #[inline(always)]
+    unsafe fn start_of(&self, at: usize) -> usize {
+        // SAFETY: as in `entry`, only reading the one field.
+        self.entries[at % CAPACITY].with(|cell| unsafe { (*cell).assume_init_ref().start })
+    }
+
+    /// Entry `at`, read.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `draining`, and `done <= at < written` with
+    /// `written` read with `Acquire`.
+    #[inline(always)]
+    unsafe fn entry(&self, at: usize) -> Entry {
+        // SAFETY: the caller's contract: the cell holds entry `at`, written
+        // and published, and unchanged until `done` passes it.
+        self.entries[at % CAPACITY].with(|cell| unsafe { (*cell).assume_init_read() })
     }
 }
 
@@ -213,13 +363,13 @@ const PREFETCH_AHEAD: usize = 8;
 
 impl LastDrops {
     /// Prefetches the count word of the entry `PREFETCH_AHEAD` places after
-    /// entry `i`, if it is below `recorded`: a drain's look-ahead, called
-    /// under `draining` with `i` and `recorded` as in [`drain`](Self::drain).
+    /// entry `i`, if it is below `written`: a drain's look-ahead, called
+    /// under `draining` with `i` and `written` as in [`drain`](Self::drain).
     #[inline(always)]
-    fn prefetch_ahead(&self, i: usize, recorded: usize) {
-        if i + PREFETCH_AHEAD < recorded {
+    fn prefetch_ahead(&self, i: usize, written: usize) {
+        if i + PREFETCH_AHEAD < written {
             // SAFETY: as for the drain's read of entry `i`, for a later entry
-            // below `recorded` (only read).
+            // below `written` (only read).
             let ahead =
                 self.entries[(i + PREFETCH_AHEAD) % CAPACITY].with(|cell| unsafe { (*cell).assume_init_ref().word });
             super::deferred_drops::prefetch_for_write(ahead.as_ptr().cast());
@@ -246,25 +396,50 @@ unsafe fn release(word: NonNull<AtomicU32>) -> bool {
 }
 
 /// A drain's progress: on drop (also when queueing a check panicked) it
-/// pushes the lanes still open and stores `drained` past the entries read.
-/// Checks of entries read but not yet queued are then lost: their
+/// pushes the lanes still open and stores `drained` and `done` past what
+/// was read. Checks of entries read but not yet queued are then lost: their
 /// reservations stay, and an object whose count is all the owner's
 /// reservation waits for shutdown, which is a leak, never a double destroy.
 struct Progress<'a> {
     ring: &'a LastDrops,
-    /// The first entry not read yet.
-    next: usize,
-    lanes: Option<Lanes>,
+    /// The first drop not read yet.
+    drained: usize,
+    /// The entry that holds it.
+    done: usize,
+    lanes: Lanes,
+}
+
+impl Progress<'_> {
+    /// The open lanes, for slots of the store whose shared part is
+    /// `shared`: those open now if they are that store's, else new ones
+    /// (the others pushed first).
+    #[inline(always)]
+    fn lanes_for(&mut self, shared: NonNull<StoreShared>) -> &mut Lanes {
+        if self.lanes.shared != Some(shared) {
+            self.push_lanes(Some(shared));
+        }
+        &mut self.lanes
+    }
+
+    /// Pushes the open lanes, and opens empty ones for the store whose
+    /// shared part is `shared` (or none).
+    #[inline(never)]
+    fn push_lanes(&mut self, shared: Option<NonNull<StoreShared>>) {
+        std::mem::replace(&mut self.lanes, Lanes::new(shared)).push();
+    }
 }
 
 impl Drop for Progress<'_> {
     fn drop(&mut self) {
-        if let Some(done) = self.lanes.take() {
-            done.push();
-        }
+        self.push_lanes(None);
+        // No run drained here grows any more: the store of a drained slot
+        // may be freed once its drops are drained, and a slot of another
+        // store may then lie where the run's next would have.
+        self.ring.next_word.store(0, Ordering::Relaxed);
         // `Release`: the pushes above, and the reads of the cells, happen
         // before the owner reuses them.
-        self.ring.drained.store(self.next, Ordering::Release);
+        self.ring.done.store(self.done, Ordering::Release);
+        self.ring.drained.store(self.drained, Ordering::Release);
     }
 }
 
@@ -276,7 +451,8 @@ impl Drop for Progress<'_> {
 /// the next lane, so slots released at random spread evenly and collection
 /// loads their links side by side.
 struct Lanes {
-    shared: NonNull<StoreShared>,
+    /// The store's shared part (`None` before the drain reaches a dead slot).
+    shared: Option<NonNull<StoreShared>>,
     /// Each lane's first slot ([`NIL`] while the lane is empty). The current
     /// lane's is `last` instead, which `link` keeps there and writes back
     /// only when it moves to another lane (and in `push`).
@@ -290,7 +466,7 @@ struct Lanes {
 }
 
 impl Lanes {
-    fn new(shared: NonNull<StoreShared>) -> Self {
+    fn new(shared: Option<NonNull<StoreShared>>) -> Self {
         Lanes { shared, firsts: [NIL; DEAD_LANES], tails: [None; DEAD_LANES], lane: 0, last: NIL }
     }
 
@@ -322,14 +498,41 @@ impl Lanes {
         self.last = local;
     }
 
+    /// Links `count` slots of a run (see [`LastDrops`]) whose first is
+    /// `local` with its header word at `word`, from its `skip`th: slot
+    /// `local + skip + i` with its word `(skip + i) * stride` bytes past
+    /// `word`. All but the first follow their predecessor onto its lane.
+    ///
+    /// # Safety
+    ///
+    /// Those slots are recorded dead, not yet drained, and lie `stride`
+    /// bytes apart in one chunk; `word` carries its segment's provenance.
+    #[inline]
+    unsafe fn link_run(&mut self, local: u32, word: NonNull<AtomicU32>, skip: usize, stride: usize, count: usize) {
+        let mut local = local + skip as u32;
+        // SAFETY: the caller's contract: the slot lies in `word`'s chunk.
+        let mut word = unsafe { word.byte_add(skip * stride) };
+        self.link(local, word);
+        for _ in 1..count {
+            // SAFETY: as above, for the next slot of the run.
+            word = unsafe { word.byte_add(stride) };
+            // SAFETY: as in `link`; `Relaxed` as there. The slot before is
+            // `last`, the current lane's first.
+            unsafe { word.as_ref() }.store(LINK_FLAG | local, Ordering::Relaxed);
+            local += 1;
+        }
+        self.last = local;
+    }
+
     fn push(mut self) {
+        let Some(shared) = self.shared else { return };
         if self.last != NIL {
             self.firsts[self.lane] = self.last;
         }
         for (lane, (first, tail)) in self.firsts.into_iter().zip(self.tails).enumerate() {
             if let Some(tail) = tail {
                 // SAFETY: as in `link`, for the store's shared part and the last word.
-                unsafe { self.shared.as_ref().push_dead_chain(lane, first, tail.as_ref()) };
+                unsafe { shared.as_ref().push_dead_chain(lane, first, tail.as_ref()) };
             }
         }
     }
@@ -380,7 +583,7 @@ impl Checks {
 #[inline(never)]
 pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, header: &SlotHeader) {
     let check = Check { local, generation };
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(&header.word), found: Found::Check(check) };
+    let entry = Entry::new(shared, NonNull::from(&header.word), Found::Check(check));
     // SAFETY: the caller, the owner thread, holds a handle to the object, so
     // its count (or the lease's, until the check gives it back) keeps the
     // slot held and the store's shared part allocated until the entry is
@@ -390,27 +593,49 @@ pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, he
     }
 }
 
-/// Queues the slot `local`, whose count the caller just took to zero with a
-/// `Release` decrement, for collection: through the calling thread's ring,
-/// or straight onto the dead list if the thread has none (it is exiting, or
-/// the ring could not be allocated).
+/// Queues the slot whose header word is `word`, whose count the caller just
+/// took to zero with a `Release` decrement, for collection: through the
+/// calling thread's ring, or straight onto the dead list if the thread has
+/// none (it is exiting, or the ring could not be allocated). `stride` is
+/// the size of the store's slots; `place` gives the store's shared part and
+/// the slot's local index, which a drop that joins a run does not need.
 ///
 /// The `Acquire` fence makes every other reference's use of the object
 /// happen before it is destroyed (the same pairing as `Arc`'s drop); the
 /// ring, then the dead list, carry that on to the collector.
 ///
 /// Every handle drop inlines the test that leads to its out-of-line caller
-/// (`Handle::record_last_drop`), which inlines this. Its common case, a
-/// ring with room, is about twenty instructions; a full ring, a thread with none
-/// and the push are in [`record_rest`], out of line.
+/// (`Handle::record_last_drop`), which inlines this. Its common cases, a
+/// drop that joins the last entry's run (a handful of instructions) and a
+/// ring with room, are here; a full ring, a thread with none and the push
+/// are in [`record_rest`], out of line.
+///
+/// # Safety
+///
+/// `word` is the header word of a slot whose count the caller took to
+/// zero, with its segment's provenance, and slots of its store lie `stride`
+/// bytes apart within a chunk.
 #[inline(always)]
-pub(crate) fn record(shared: &StoreShared, local: u32, word: &AtomicU32) {
+pub(crate) unsafe fn record<'s>(
+    word: NonNull<AtomicU32>,
+    stride: usize,
+    place: impl FnOnce() -> (&'s StoreShared, u32),
+) {
     fence(Ordering::Acquire);
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Dead(local) };
-    // SAFETY: the caller took the slot's count to zero (the entry is as the invariants ask).
-    if !unsafe { record_if_room_here(entry) } {
-        record_rest(shared, local, word);
+    if let Ok(Some(ring)) = RING.try_with(Cell::get) {
+        // SAFETY: a ring in `RING` is this thread's own and still allocated
+        // (`RING`'s invariant).
+        let ring = unsafe { ring.as_ref() };
+        // Only this thread stores `recorded`.
+        let recorded = ring.recorded.load(Ordering::Relaxed);
+        if !ring.is_full(recorded) {
+            // SAFETY: the caller took the slot's count to zero (its contract).
+            unsafe { ring.record_dead(recorded, word, stride, place) };
+            return;
+        }
     }
+    let (shared, local) = place();
+    record_rest(shared, local, word, stride);
 }
 
 /// Writes `entry` into the calling thread's ring if it has one with room:
@@ -442,7 +667,7 @@ unsafe fn record_if_room_here(entry: Entry) -> bool {
 /// [`record_release_rest`].
 #[inline]
 pub(crate) fn record_release(shared: &StoreShared, local: u32, word: &AtomicU32) {
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Release(local) };
+    let entry = Entry::new(shared, NonNull::from(word), Found::Release(local));
     // SAFETY: the caller's count keeps the slot held until the entry is drained (the invariants).
     if !unsafe { record_if_room_here(entry) } {
         record_release_rest(shared, local, word);
@@ -454,7 +679,7 @@ pub(crate) fn record_release(shared: &StoreShared, local: u32, word: &AtomicU32)
 #[cold]
 #[inline(never)]
 fn record_release_rest(shared: &StoreShared, local: u32, word: &AtomicU32) {
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Release(local) };
+    let entry = Entry::new(shared, NonNull::from(word), Found::Release(local));
     // SAFETY: the caller's count keeps the slot held until the entry is drained.
     if unsafe { record_mine(entry) } {
         return;
@@ -470,11 +695,11 @@ fn record_release_rest(shared: &StoreShared, local: u32, word: &AtomicU32) {
 /// onto the dead list.
 #[cold]
 #[inline(never)]
-fn record_rest(shared: &StoreShared, local: u32, word: &AtomicU32) {
-    let entry = Entry { shared: NonNull::from(shared), word: NonNull::from(word), found: Found::Dead(local) };
+fn record_rest(shared: &StoreShared, local: u32, word: NonNull<AtomicU32>, stride: usize) {
     // SAFETY: the caller took the slot's count to zero.
-    if !unsafe { record_mine(entry) } {
-        shared.push_dead(local, word);
+    if !unsafe { record_mine(Entry::new(shared, word, Found::Dead { local, stride })) } {
+        // SAFETY: the slot's word outlives a dead slot's record.
+        shared.push_dead(local, unsafe { word.as_ref() });
     }
 }
 
@@ -593,8 +818,11 @@ impl ThreadRing {
         let ring = LastDrops {
             entries,
             recorded: AtomicUsize::new(0),
+            written: AtomicUsize::new(0),
             drained: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             draining: NamedMutex::new((), "draining the last drops of a thread", ""),
+            next_word: AtomicUsize::new(0),
         };
         // SAFETY: `raw` is a fresh allocation of `LastDrops`'s layout.
         unsafe { raw.as_ptr().write(ring) };
