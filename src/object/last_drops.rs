@@ -12,14 +12,16 @@
 //! A last drop of the slot right after the one its thread recorded last (a
 //! level's unload, in index order) joins that record's *run* instead of
 //! taking an entry of its own: one compare and two stores (see
-//! [`LastDrops`]). Dropping 100k handles in index order got 30–40 % faster
-//! (`BENCHMARKS.md`, O1c).
+//! [`LastDrops`]). Dropping 100k handles in index order got about 30 %
+//! faster, and a frame's releases at random 5–9 % slower, their entries
+//! being larger (`BENCHMARKS.md`, twenty-seventh session).
 //!
 //! A ring is *drained* (its slots linked into chains, one compare-exchange
 //! per dead lane that a run of slots of one store reaches, see [`Lanes`])
 //! when it fills (255 drops, however few entries), when its thread exits,
-//! and by every call that reads a dead list: `collect_garbage` (every round, so cascades still finish in
-//! one call), `dead_count` and the counts derived from it, and shutdown.
+//! and by every call that reads a dead list: `collect_garbage` (every
+//! round, so cascades still finish in one call), `dead_count` and the
+//! counts derived from it, and shutdown.
 //! Those calls drain every thread's ring, so they see every drop that
 //! happened before them, as before.
 //!
@@ -137,7 +139,8 @@ pub(crate) struct LastDrops {
 // The cells are written only by the owning thread, in cells no drainer reads
 // (`done` has passed them, read with `Acquire`), and read by a drainer only
 // under `draining` after the `Acquire` loads of `recorded` and `written`
-// that publish them. `next_word` is the owning thread's alone.
+// that publish them. `next_word` is an atomic: its thread stores it, drains
+// clear it.
 // SAFETY: no type parameter, no bound (no `Rc` inside); as above, and the entries
 // point at atomics and a `Sync` `StoreShared`, valid until drained.
 unsafe impl Sync for LastDrops {}
