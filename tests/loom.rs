@@ -776,71 +776,49 @@ fn drop_races_budgeted_collect() {
     });
 }
 
-/// A thread's last drops wait in its ring (two drops under loom; in index
-/// order, one entry's run), which it drains itself when full while the
-/// owner's collection drains it too: every slot reaches the dead list once,
-/// nothing is destroyed twice or lost, and the counts are exact once the
-/// dropper is done.
+/// A worker drops one handle to each of `order.len()` objects, in `order`
+/// (indices into the creation order), while the owner collects: its ring
+/// (two drops under loom) fills and drains itself while the owner's
+/// collection drains it too. Every slot reaches the dead list once, nothing
+/// is destroyed twice or lost, and the counts are exact once the worker is done.
+fn worker_drops_while_the_owner_collects(order: &'static [usize]) {
+    model_bounded(RING_PREEMPTIONS, move || {
+        let n = order.len();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        let token = || DropToken(Arc::clone(&drops));
+        let mut handles: Vec<_> = (0..n as u32).map(|id| Some(mm.create(Texture { id, token: token() }))).collect();
+        let ordered: Vec<_> = order.iter().map(|&i| handles[i].take()).collect();
+        let dropper = thread::spawn(move || ordered.into_iter().for_each(drop));
+        let first = mm.collect_garbage().objects;
+        dropper.join().unwrap();
+        assert_eq!(first + mm.dead_count(), n, "every drop is listed once");
+        assert_eq!(first + mm.collect_garbage().objects, n);
+        assert_eq!(drops.load(Ordering::SeqCst), n);
+        assert!(mm.shutdown().is_empty());
+    });
+}
+
+/// In index order: one entry's run, extended while the drains race.
 #[test]
 fn a_full_ring_drains_while_the_owner_collects() {
-    model_bounded(RING_PREEMPTIONS, || {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let mut mm = quiet();
-        let token = || DropToken(Arc::clone(&drops));
-        let handles: Vec<_> = (0..3).map(|id| mm.create(Texture { id, token: token() })).collect();
-        let dropper = thread::spawn(move || drop(handles));
-        let first = mm.collect_garbage().objects;
-        dropper.join().unwrap();
-        assert_eq!(first + mm.dead_count(), 3, "every drop is listed once");
-        assert_eq!(first + mm.collect_garbage().objects, 3);
-        assert_eq!(drops.load(Ordering::SeqCst), 3);
-        assert!(mm.shutdown().is_empty());
-    });
+    worker_drops_while_the_owner_collects(&[0, 1, 2]);
 }
 
-/// A run of neighbours, then a stray, then the slot between them, dropped by
-/// a worker whose ring (two drops under loom) fills and drains itself while
-/// the owner's collection drains it too: the run's entry is extended, kept
-/// by a drain, and closed by the stray; every slot is destroyed once.
+/// A run of neighbours (0 and 1), then a stray (3), then the slot between
+/// them (2): the run's entry is extended, kept by a drain, and closed by the
+/// stray.
 #[test]
 fn a_run_and_strays_fill_a_ring_while_the_owner_collects() {
-    model_bounded(RING_PREEMPTIONS, || {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let mut mm = quiet();
-        let token = || DropToken(Arc::clone(&drops));
-        let mut handles: Vec<_> = (0..4).map(|id| Some(mm.create(Texture { id, token: token() }))).collect();
-        // 0 and 1 a run, 3 a stray, 2 neither.
-        let order = [handles[0].take(), handles[1].take(), handles[3].take(), handles[2].take()];
-        let dropper = thread::spawn(move || order.into_iter().for_each(drop));
-        let first = mm.collect_garbage().objects;
-        dropper.join().unwrap();
-        assert_eq!(first + mm.dead_count(), 4, "every drop is listed once");
-        assert_eq!(first + mm.collect_garbage().objects, 4);
-        assert_eq!(drops.load(Ordering::SeqCst), 4);
-        assert!(mm.shutdown().is_empty());
-    });
+    worker_drops_while_the_owner_collects(&[0, 1, 3, 2]);
 }
 
-/// The same with slots dropped out of index order, so a drain spreads them
-/// over several dead lanes (each its own stack) while the owner's
-/// collection takes the lanes: every slot is destroyed once, none is lost.
+/// Out of index order (no slot right after the one before it), so a drain
+/// spreads the slots over several dead lanes (each its own stack) while the
+/// owner's collection takes the lanes.
 #[test]
 fn scattered_drops_drain_onto_several_lanes_while_the_owner_collects() {
-    model_bounded(RING_PREEMPTIONS, || {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let mut mm = quiet();
-        let token = || DropToken(Arc::clone(&drops));
-        let mut handles: Vec<_> = (0..3).map(|id| Some(mm.create(Texture { id, token: token() }))).collect();
-        // 2, then 0, then 1: no slot right after the one before it.
-        let order = [handles[2].take(), handles[0].take(), handles[1].take()];
-        let dropper = thread::spawn(move || order.into_iter().for_each(drop));
-        let first = mm.collect_garbage().objects;
-        dropper.join().unwrap();
-        assert_eq!(first + mm.dead_count(), 3, "every drop is listed once");
-        assert_eq!(first + mm.collect_garbage().objects, 3);
-        assert_eq!(drops.load(Ordering::SeqCst), 3);
-        assert!(mm.shutdown().is_empty());
-    });
+    worker_drops_while_the_owner_collects(&[2, 0, 1]);
 }
 
 fn deferring() -> ObjectManager {
