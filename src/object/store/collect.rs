@@ -387,7 +387,9 @@ impl<T: MMObject> Store<T> {
         let mut dead = DeadChains::default();
         let mut given_back = 0usize;
         self.for_each_slot(|local, slot| {
-            given_back += usize::from(slot.header.reserve.load(Ordering::Relaxed) != 0);
+            if cfg!(debug_assertions) {
+                given_back += usize::from(slot.header.reserve.load(Ordering::Relaxed) != 0);
+            }
             if slot.header.give_back() {
                 dead.push(local, slot);
             }
