@@ -56,6 +56,9 @@ fn the_owners_clones_and_drops_keep_exact_counts() {
     drop(e);
     assert!(mm.upgrade(weak).is_none(), "the owner sees the last drop at once");
     assert!(!mm.is_alive(weak));
+    // Every read by weak handle or key tests `PENDING` on an owned manager.
+    assert!(mm.get_weak(weak).is_none() && mm.try_get_weak(weak).is_err());
+    assert!(mm.get_by_key::<Entity>(weak.key()).is_none() && mm.try_get_by_key::<Entity>(weak.key()).is_err());
     // The view reads the same (it tests `PENDING` only where a manager has an owner).
     assert!(mm.view::<Entity>().get_weak(weak).is_none() && !mm.view::<Entity>().is_alive(weak));
     assert_eq!((mm.dead_count(), mm.len()), (1, 0));

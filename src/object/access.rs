@@ -9,7 +9,7 @@ use crate::{Error, Result};
 
 use super::handle::{check_manager, ManagerTagged};
 use super::layout::Chunks;
-use super::manager::fail;
+use super::manager::{fail, ReadCheck};
 use super::slot::{AddRefError, Slot};
 use super::store::Store;
 use super::{Handle, HandleOrigin, MMObject, ObjectKey, ObjectManager, ObjectViewMut, WeakHandle};
@@ -74,11 +74,12 @@ impl ObjectManager {
     ///
     /// # Safety
     ///
-    /// The weak handle must belong to this manager (`weak.manager_id() == self.id`).
+    /// The weak handle must belong to this manager (`weak.manager_id() ==
+    /// self.id()`), and `check` is this manager's [`read_check`](Self::read_check).
     #[inline]
-    unsafe fn live_slot<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&Slot<T>> {
+    unsafe fn live_slot<T: MMObject>(&self, weak: WeakHandle<T>, check: ReadCheck) -> Option<&Slot<T>> {
         // SAFETY: the caller's contract; a published slot lives as long as its store.
-        unsafe { self.live_slot_ptr(weak) }.map(|slot| unsafe { slot.as_ref() })
+        unsafe { self.live_slot_ptr(weak, check) }.map(|slot| unsafe { slot.as_ref() })
     }
 
     /// [`live_slot`](Self::live_slot) as a pointer that may become a
@@ -88,13 +89,13 @@ impl ObjectManager {
     ///
     /// As for `live_slot`.
     #[inline]
-    unsafe fn live_slot_ptr<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<NonNull<Slot<T>>> {
+    unsafe fn live_slot_ptr<T: MMObject>(&self, weak: WeakHandle<T>, check: ReadCheck) -> Option<NonNull<Slot<T>>> {
         // SAFETY: the weak handle belongs to this manager (caller), so
         // (`WeakHandle` invariant) it names a slot of this manager's `T`
         // store, in a segment that lives as long as the manager.
         let slot = unsafe { weak.slot_ptr() };
         // SAFETY: the slot is initialised and lives as long as the store.
-        unsafe { slot.as_ref() }.header.is_live(weak.generation()).then_some(slot)
+        unsafe { slot.as_ref() }.header.is_live_in(weak.generation(), check.owned()).then_some(slot)
     }
 
     #[inline]
@@ -105,9 +106,10 @@ impl ObjectManager {
 
     #[inline]
     fn weak_slot_ptr<T: MMObject>(&self, weak: WeakHandle<T>) -> Result<NonNull<Slot<T>>> {
-        self.check_manager(&weak)?;
+        let check = self.read_check();
+        check_manager(&weak, check.id())?;
         // SAFETY: the manager id was checked just above.
-        unsafe { self.live_slot_ptr(weak) }.ok_or_else(|| Error::StaleHandle {
+        unsafe { self.live_slot_ptr(weak, check) }.ok_or_else(|| Error::StaleHandle {
             type_name: T::TYPE_NAME,
             index: weak.key().index(),
             generation: weak.key().generation(),
@@ -123,11 +125,12 @@ impl ObjectManager {
     /// Panics if the weak handle belongs to another manager.
     #[inline]
     pub fn get_weak<T: MMObject>(&self, weak: WeakHandle<T>) -> Option<&T> {
-        if let Err(e) = self.check_manager(&weak) {
+        let check = self.read_check();
+        if let Err(e) = check_manager(&weak, check.id()) {
             fail(e)
         }
         // SAFETY: the manager id was checked just above.
-        let slot = unsafe { self.live_slot(weak) }?;
+        let slot = unsafe { self.live_slot(weak, check) }?;
         // SAFETY: `live_slot` saw the slot live with `Acquire`, so the value is
         // initialised; `&self` keeps collection away.
         Some(unsafe { Store::value_unchecked(slot) })
@@ -229,7 +232,7 @@ impl ObjectManager {
             return Err(Error::WrongType { expected: T::TYPE_NAME, found });
         };
         let slot = store.used_slot(local).ok_or(Error::UnknownKey { index: key.index() })?;
-        if !slot.header.is_live(key.generation()) {
+        if !slot.header.is_live_in(key.generation(), self.owned()) {
             return Err(Error::StaleHandle {
                 type_name: T::TYPE_NAME,
                 index: key.index(),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::{Error, Result};
 
 use super::builder::ObjectManagerBuilder;
+use super::handle::MAX_MANAGER_ID;
 use super::registry::Registry;
 use super::report::ObjectMemoryReport;
 use super::store::{ErasedObject, ErasedStore, SlotSource, Store};
@@ -84,13 +85,46 @@ impl<T> std::error::Error for TryCreateError<T> {
 /// assert!(mm.shutdown().is_empty());
 /// ```
 pub struct ObjectManager {
-    /// The registry's id, kept here for the check on every access.
-    id: u32,
+    /// The registry's id and whether it has an owner thread, kept here for
+    /// the checks of every access.
+    check: ReadCheck,
     registry: Arc<Registry>,
     pub(crate) report_leaks: bool,
     /// Destroy events not yet drained, when recorded.
     pub(crate) destroyed: Option<Vec<Destroyed>>,
     pub(crate) shut_down: bool,
+}
+
+/// A manager's id (low 16 bits) and whether it has an owner thread
+/// ([`OWNED`](Self::OWNED)), in one word: a loop of weak reads loads it once
+/// per read (their `Acquire` loads keep the compiler from hoisting it out of
+/// the loop), and every load counts in a loop of cache misses (see
+/// `BENCHMARKS.md`, O4).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadCheck(u32);
+
+impl ReadCheck {
+    /// Set if the manager has an owner thread: only then can an object be
+    /// [`PENDING`](super::owner_counts::PENDING), so only then does a read
+    /// load the slot's reservation.
+    const OWNED: u32 = 1 << 16;
+
+    fn new(id: u32, owned: bool) -> Self {
+        assert!(id <= MAX_MANAGER_ID, "manager ids are 16 bits");
+        ReadCheck(id | if owned { Self::OWNED } else { 0 })
+    }
+
+    /// The manager's id.
+    #[inline]
+    pub(crate) fn id(self) -> u32 {
+        self.0 & MAX_MANAGER_ID
+    }
+
+    /// True if the manager has an owner thread.
+    #[inline]
+    pub(crate) fn owned(self) -> bool {
+        self.0 & Self::OWNED != 0
+    }
 }
 
 impl Default for ObjectManager {
@@ -111,12 +145,30 @@ impl ObjectManager {
     }
 
     pub(crate) fn from_parts(registry: Arc<Registry>, report_leaks: bool, destroyed: Option<Vec<Destroyed>>) -> Self {
-        ObjectManager { id: registry.id, registry, report_leaks, destroyed, shut_down: false }
+        ObjectManager {
+            check: ReadCheck::new(registry.id, registry.has_owner()),
+            registry,
+            report_leaks,
+            destroyed,
+            shut_down: false,
+        }
     }
 
     /// This manager's id, unique in the process.
     pub fn id(&self) -> u32 {
-        self.id
+        self.check.id()
+    }
+
+    /// True if the manager has an owner thread.
+    #[inline]
+    pub(crate) fn owned(&self) -> bool {
+        self.check.owned()
+    }
+
+    /// What a read checks, in one word.
+    #[inline]
+    pub(crate) fn read_check(&self) -> ReadCheck {
+        self.check
     }
 
     // ---- stores ------------------------------------------------------------
@@ -377,7 +429,7 @@ impl Drop for ObjectManager {
 impl std::fmt::Debug for ObjectManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectManager")
-            .field("id", &self.id)
+            .field("id", &self.id())
             .field("types", &self.all_stores().map(|s| s.type_name()).collect::<Vec<_>>())
             .field("live", &self.len())
             .field("dead", &self.dead_count())

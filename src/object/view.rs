@@ -612,7 +612,7 @@ impl ObjectManager {
     #[inline]
     pub fn view<T: MMObject>(&self) -> ObjectView<'_, T> {
         let store = self.store::<T>();
-        ObjectView { manager: self, store, manager_id: self.id(), owned: self.registry().has_owner() }
+        ObjectView { manager: self, store, manager_id: self.id(), owned: self.owned() }
     }
 
     /// Iterates over the live objects of type `T` for writing, in key order:
