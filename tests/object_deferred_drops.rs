@@ -2,13 +2,16 @@
 //! thread's ring is applied (a collection, `dead_count`, shutdown, thread
 //! exit, or a full ring), and in every other way as if the handle were
 //! dropped then.
+//!
+//! Every test takes `serial()` first: another test's collection would apply
+//! this test's pending drops early (rings are drained for every manager).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use mmobject::{Handle, MMObject, ObjectManager};
 
 mod support;
-use support::{DropToken, Drops};
+use support::{serial, DropToken, Drops};
 
 #[derive(MMObject)]
 struct Particle {
@@ -31,6 +34,7 @@ fn particle(mm: &ObjectManager, id: u32, drops: &Drops) -> Handle<Particle> {
 
 #[test]
 fn a_drop_takes_effect_at_the_next_collection() {
+    let _serial = serial();
     let drops = Drops::new();
     let mut mm = deferring();
     let p = particle(&mm, 1, &drops);
@@ -54,6 +58,7 @@ fn a_drop_takes_effect_at_the_next_collection() {
 
 #[test]
 fn dead_count_applies_the_drops() {
+    let _serial = serial();
     let drops = Drops::new();
     let mut mm = deferring();
     let kept = particle(&mm, 0, &drops);
@@ -72,6 +77,7 @@ fn dead_count_applies_the_drops() {
 /// A ring holds 256 drops: the drop that finds it full applies the ones before it.
 #[test]
 fn a_full_ring_applies_its_drops_without_a_collection() {
+    let _serial = serial();
     let drops = Drops::new();
     let mut mm = deferring();
     let handles: Vec<_> = (0..300).map(|id| particle(&mm, id, &drops)).collect();
@@ -88,6 +94,7 @@ fn a_full_ring_applies_its_drops_without_a_collection() {
 /// next collection, whichever comes first; every object dies once.
 #[test]
 fn drops_on_other_threads_are_collected() {
+    let _serial = serial();
     let drops = Drops::new();
     let mut mm = deferring();
     let shared: Vec<_> = (0..64).map(|id| particle(&mm, id, &drops)).collect();
@@ -111,6 +118,7 @@ fn drops_on_other_threads_are_collected() {
 
 #[test]
 fn a_thread_that_exits_applies_its_drops() {
+    let _serial = serial();
     let drops = Drops::new();
     let mm = deferring();
     let p = particle(&mm, 1, &drops);
@@ -126,6 +134,7 @@ fn a_thread_that_exits_applies_its_drops() {
 /// particles (a cascade still ends in one call).
 #[test]
 fn cascades_finish_in_one_collection() {
+    let _serial = serial();
     let drops = Drops::new();
     let mut mm = deferring();
     let particles = (0..5).map(|id| particle(&mm, id, &drops)).collect();
@@ -139,6 +148,7 @@ fn cascades_finish_in_one_collection() {
 
 #[test]
 fn shutdown_applies_the_drops_before_it_reports() {
+    let _serial = serial();
     let drops = Drops::new();
     let mm = deferring();
     let handles: Vec<_> = (0..20).map(|id| particle(&mm, id, &drops)).collect();
@@ -150,6 +160,7 @@ fn shutdown_applies_the_drops_before_it_reports() {
 
 #[test]
 fn a_panicking_drop_during_collection_loses_nothing() {
+    let _serial = serial();
     #[derive(MMObject)]
     struct Fragile {
         panics: bool,
@@ -177,12 +188,14 @@ fn a_panicking_drop_during_collection_loses_nothing() {
 #[test]
 #[should_panic(expected = "cannot have both an owner thread and deferred drops")]
 fn an_owner_thread_and_deferred_drops_are_refused() {
+    let _serial = serial();
     let _ = ObjectManager::builder().owner_thread(true).deferred_drops(true).build();
 }
 
 /// Without the option nothing is deferred: the next manager counts at once.
 #[test]
 fn other_managers_count_at_once() {
+    let _serial = serial();
     let drops = Drops::new();
     let _deferring = deferring();
     let mm = ObjectManager::new();

@@ -3,11 +3,15 @@
 //!
 //! These tests leak on purpose. Run them under Miri with
 //! `MIRIFLAGS=-Zmiri-ignore-leaks cargo +nightly miri test --test object_outliving`.
+//!
+//! Every test takes `serial()` first: one test holds deferred drops that
+//! another test's shutdown would apply early (rings are drained for every
+//! manager).
 
 use mmobject::{Error, Handle, LeakReport, MMObject, ObjectManager};
 
 mod support;
-use support::{quiet, DropToken, Drops};
+use support::{quiet, serial, DropToken, Drops};
 
 #[derive(MMObject)]
 #[mm(tag = "Textures")]
@@ -36,6 +40,7 @@ fn assert_outliving(report: &LeakReport, objects: usize) {
 /// Moved from the unit tests of `src/object/manager.rs`, which must not leak.
 #[test]
 fn shutdown_reports_leaks_and_outliving_handles() {
+    let _serial = serial();
     let drops = Drops::default();
     let mm = quiet();
     let kept = mm.create(texture(3, &drops));
@@ -56,6 +61,7 @@ fn shutdown_reports_leaks_and_outliving_handles() {
 /// plain number that needs the (gone) manager to be used.
 #[test]
 fn shutdown_frees_everything_without_outside_handles() {
+    let _serial = serial();
     let drops = Drops::default();
     let mm = quiet();
     let t = mm.create(texture(1, &drops));
@@ -72,6 +78,7 @@ fn shutdown_frees_everything_without_outside_handles() {
 
 #[test]
 fn handles_stay_usable_after_shutdown() {
+    let _serial = serial();
     let drops = Drops::default();
     let mm = quiet();
     let tex = mm.create(texture(1, &drops));
@@ -109,6 +116,7 @@ fn handles_stay_usable_after_shutdown() {
 
 #[test]
 fn handles_stay_usable_after_the_manager_is_dropped() {
+    let _serial = serial();
     let drops = Drops::default();
     let tex;
     let mat;
@@ -132,6 +140,7 @@ fn handles_stay_usable_after_the_manager_is_dropped() {
 
 #[test]
 fn handles_outlive_the_manager_on_another_thread() {
+    let _serial = serial();
     let drops = Drops::default();
     let mm = quiet();
     let handles: Vec<_> = (0..4).map(|w| mm.create(texture(w, &drops))).collect();
@@ -162,6 +171,7 @@ fn handles_outlive_the_manager_on_another_thread() {
 /// applied by a later drain, on memory the outliving handles kept.
 #[test]
 fn deferred_drops_of_handles_that_outlive_the_manager() {
+    let _serial = serial();
     let drops = Drops::default();
     let mm = ObjectManager::builder().report_leaks(false).segment_base(4).deferred_drops(true).build();
     let handles: Vec<_> = (0..4).map(|w| mm.create(texture(w, &drops))).collect();
@@ -188,6 +198,7 @@ fn deferred_drops_of_handles_that_outlive_the_manager() {
 
 #[test]
 fn handle_moved_to_a_thread_that_outlives_the_manager() {
+    let _serial = serial();
     let drops = Drops::default();
     let mm = quiet();
     let tex = mm.create(texture(1, &drops));
@@ -209,6 +220,7 @@ fn handle_moved_to_a_thread_that_outlives_the_manager() {
 /// (the manager keeps a reference to it forever), so the handles stay sound.
 #[test]
 fn outliving_handles_keep_the_store_allocator_alive() {
+    let _serial = serial();
     let live = support::LiveBytes::default();
     let drops = Drops::default();
     let handle = {

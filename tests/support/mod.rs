@@ -1,6 +1,7 @@
 //! Helpers the object test binaries share: a drop counter, a manager that
-//! logs nothing at shutdown, a clone made on another thread, and a store
-//! allocator that counts its live bytes. Each binary includes this with `mod support;`
+//! logs nothing at shutdown, a clone made on another thread, a store
+//! allocator that counts its live bytes, and a lock for tests that must not
+//! run beside the others of their binary. Each binary includes this with `mod support;`
 //! and uses only some of it.
 
 #![allow(dead_code)]
@@ -8,7 +9,7 @@
 use std::alloc::{Layout, System};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mmobject::allocator_api2::alloc::{AllocError, Allocator};
 use mmobject::{Handle, ObjectManager};
@@ -94,4 +95,15 @@ unsafe impl Allocator for LiveBytes {
         // SAFETY: forwarded: the block came from `System` with this layout.
         unsafe { System.deallocate(ptr, layout) }
     }
+}
+
+/// Serialises the tests of a binary that hold deferred drops. Any
+/// manager's collection, `dead_count` or shutdown drains every thread's
+/// ring of deferred drops, so a test that checks a drop is still pending
+/// fails if another test of its binary collects meanwhile (the harness runs
+/// them on parallel threads). Every test of such a binary takes this first.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    // A failed test poisons the lock; the others still run, one at a time.
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
