@@ -37,7 +37,7 @@
 //! | field | bytes | meaning |
 //! |---|---|---|
 //! | `word` | 4 | live: the strong count (the owner's reservation included), plus `PURPLE` while a candidate root; dead or free: `LINK_FLAG \| next` |
-//! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention) |
+//! | `generation` | 4 | even = vacant, odd = occupied (the slotmap convention); an occupied slot whose count reached zero also has `DEAD_MARK` (bit 31) |
 //! | `reserve` | 4 | the owner thread's reservation of counts, plus `PENDING`, `LEASED` and `USED` (see "Owner-thread counts") |
 //! | `site` | 4 | the number of the creation site in the store's site table |
 //!
@@ -90,9 +90,17 @@
 //! matches a live manager's, its slot lies in an allocated segment of that
 //! manager's store for `T`: a weak read shifts the address out and follows it,
 //! with no store lookup, no index arithmetic and no bounds or null checks.
-//! The read then checks the generation and that the count word is in
-//! `1..LINK_FLAG` (one compare). The pointer is never followed before the id
-//! check: a weak handle outlives its manager, and then its slot is gone.
+//! The read then compares the slot's generation with the handle's: that
+//! one load answers, because whoever takes an object's count to zero (a
+//! last drop, a deferred drop's drain, a raw release, the owner's
+//! give-back) then stores `DEAD_MARK` into the generation, which no key
+//! carries. (Before, the read also loaded the count word and checked it
+//! was in `1..LINK_FLAG`; in a loop of cache misses that second load cost
+//! 5–15 %, see `BENCHMARKS.md`, O4.) Only a manager with an owner thread
+//! still reads the word and the reservation: an object whose count is all
+//! the owner's reservation has no handle left but a count above zero. The
+//! pointer is never followed before the id check: a weak handle outlives
+//! its manager, and then its slot is gone.
 //!
 //! Why a pointer and not an index: a loop of weak reads over many objects is
 //! bound by how many cache misses the core keeps in flight, and every
@@ -282,8 +290,9 @@
 //! last drop that happened before them: collection, counts and reports are
 //! exact as before, cascades end in the same call (a round drains what the
 //! previous round's `Drop`s recorded), and shutdown accounts for the slots
-//! its own `destroy_all` released. A recorded slot's count is already 0, so
-//! `upgrade`, weak reads, iterators and `ref_count` treat it as dead at once.
+//! its own `destroy_all` released. A recorded slot's count is already 0 and
+//! its generation marked dead, so `upgrade`, weak reads, iterators and
+//! `ref_count` treat it as dead at once.
 //! A thread whose ring is gone (its thread-locals are being destroyed) or
 //! could not be allocated pushes the slot itself. The protocol is in
 //! `object/last_drops.rs`; the loom models `a_full_ring_drains_while_the_owner_collects`

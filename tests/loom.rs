@@ -1,7 +1,8 @@
 //! Loom models of the lock-free parts:
 //!
 //! - objects: the dead-list push on the last drop and the per-thread ring
-//!   that carries it (onto one dead lane or several), `upgrade` racing the
+//!   that carries it (onto one dead lane or several), a weak read racing
+//!   the last drop, `upgrade` racing the
 //!   last drop, the owner thread's reservations (its drops and a worker's
 //!   racing to the last, a worker's drop racing the owner's collection, a
 //!   worker's `upgrade` racing the owner's last drop, the owner's last drop
@@ -53,8 +54,14 @@ fn quiet() -> ObjectManager {
 
 /// Runs `f` under every interleaving (no preemption bound unless
 /// `LOOM_MAX_PREEMPTIONS` sets one): these models are small enough.
+///
+/// Each atomic access is a branch of loom's schedule, and an execution of
+/// the larger models (a cycle collection, an owner's kept slots and a
+/// shutdown) takes more than loom's default limit of 1,000: twice that.
 fn model(f: impl Fn() + Sync + Send + 'static) {
-    loom::model::Builder::new().check(f);
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 2_000;
+    builder.check(f);
 }
 
 /// The preemption bound of the models of a ring that fills (three cells
@@ -147,6 +154,33 @@ fn upgrade_never_revives() {
         let mut mm = Arc::try_unwrap(mm).expect("the upgrader is done");
         assert_eq!(mm.collect_garbage().objects, 1);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// A weak read on a worker races the last drop, which marks the slot's
+/// generation dead: the reader sees the whole object or nothing, and once
+/// the drop is done (on the dropper at once, elsewhere after a join) every
+/// weak read finds it dead. Collection then destroys it once.
+#[test]
+fn a_weak_read_races_the_last_drop() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = Arc::new(quiet());
+        let h = mm.create(Texture { id: 7, token: DropToken(Arc::clone(&drops)) });
+        let weak = h.downgrade();
+        let reader = {
+            let mm = Arc::clone(&mm);
+            thread::spawn(move || mm.get_weak(weak).map(|t| t.id))
+        };
+        drop(h);
+        assert!(mm.get_weak(weak).is_none(), "dead to its dropper at once");
+        let seen = reader.join().unwrap();
+        assert!(seen.is_none() || seen == Some(7), "whole or nothing: {seen:?}");
+        assert!(!mm.is_alive(weak) && mm.upgrade(weak).is_none());
+        let mut mm = Arc::try_unwrap(mm).expect("the reader is done");
+        assert_eq!(mm.collect_garbage().objects, 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "collected once");
+        assert!(mm.get_weak(weak).is_none(), "a freed slot's generation matches no key either");
     });
 }
 

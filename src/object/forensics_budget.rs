@@ -186,7 +186,7 @@ impl CycleCollector {
         while self.store < stores {
             let store = mm.registry().store_by_index(self.store).expect("below the store count");
             let key_of = |local: u32, header: &super::slot::SlotHeader| {
-                let generation = header.generation.load(std::sync::atomic::Ordering::Relaxed);
+                let generation = header.generation(std::sync::atomic::Ordering::Relaxed);
                 ObjectKey::new(store.shared().global_index(local), generation)
             };
             if let Some(local) = self.scan {

@@ -455,7 +455,9 @@ impl<T> Handle<T> {
     /// ring to apply (see `deferred_drops.rs`). Out of line, as below.
     #[inline(never)]
     fn record_release(&self) {
-        super::last_drops::record_release(self.shared(), self.local(), &self.slot().header.word);
+        // SAFETY: the handle counts on the slot, and its word pointer has
+        // the segment's provenance.
+        unsafe { super::last_drops::record_release(self.shared(), self.local(), self.word_ptr()) };
     }
 
     /// The end of a last drop: lists the slot as dead. Out of line, with

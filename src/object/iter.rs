@@ -125,7 +125,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 // SAFETY: as above: an initialised slot of a live segment.
                 let slot = unsafe { slot_ptr.as_ref() };
                 // Live: an odd generation, then a count (see `SlotHeader::is_live`).
-                let generation = slot.header.generation.load(Ordering::Acquire);
+                let generation = slot.header.generation(Ordering::Acquire);
                 if generation & 1 == 0 || !slot.header.is_referenced(self.owned, self.owner_here) {
                     continue;
                 }
@@ -155,7 +155,7 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 let slot_ptr = unsafe { base.add(offset as usize) };
                 // SAFETY: as above: an initialised slot of a live segment.
                 let slot = unsafe { slot_ptr.as_ref() };
-                let generation = slot.header.generation.load(Ordering::Acquire);
+                let generation = slot.header.generation(Ordering::Acquire);
                 if generation & 1 == 1 && slot.header.is_referenced(owned, owner_here) {
                     let key = ObjectKey::new(first_index + offset, generation);
                     yielded += 1;

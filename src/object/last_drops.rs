@@ -63,8 +63,9 @@ pub(crate) const CAPACITY: usize = 3;
 #[derive(Clone, Copy)]
 struct Entry {
     shared: NonNull<StoreShared>,
-    /// For a dead run, with the whole segment's provenance (a handle's), so
-    /// that the drain can reach the run's later slots from it.
+    /// The slot's header word. For a dead run and a release, with the
+    /// whole segment's provenance (a handle's): the drain reaches a run's
+    /// later slots from it, and a release's whole header.
     word: NonNull<AtomicU32>,
     start: usize,
     found: Found,
@@ -386,12 +387,17 @@ impl LastDrops {
 ///
 /// # Safety
 ///
-/// `word` is the header word of a slot whose count holds the one taken here.
+/// `word` is the header word of a slot whose count holds the one taken
+/// here, with its segment's provenance (a drop that is the last marks the
+/// whole header dead).
 unsafe fn release(word: NonNull<AtomicU32>) -> bool {
     // SAFETY: the caller's contract: the count keeps the slot allocated.
     // `Release`, as a handle's drop: the dropping thread's uses of the
     // object reach here through the ring's `Release` and `Acquire`.
     if unsafe { word.as_ref() }.fetch_sub(1, Ordering::Release) == 1 {
+        // SAFETY: the entry's word is a slot header's, with its segment's
+        // provenance (see `Entry`), and its count just reached zero here.
+        unsafe { SlotHeader::mark_dead_at(word) };
         fence(Ordering::Acquire);
         return true;
     }
@@ -624,6 +630,9 @@ pub(crate) unsafe fn record<'s>(
     stride: usize,
     place: impl FnOnce() -> (&'s StoreShared, u32),
 ) {
+    // SAFETY: `word` is a slot header's word with its segment's provenance
+    // (the caller), and the caller took its count to zero.
+    unsafe { SlotHeader::mark_dead_at(word) };
     fence(Ordering::Acquire);
     if let Ok(Some(ring)) = RING.try_with(Cell::get) {
         // SAFETY: a ring in `RING` is this thread's own and still allocated
@@ -668,28 +677,40 @@ unsafe fn record_if_room_here(entry: Entry) -> bool {
 /// Inlined into the handle's out-of-line drop path: its common case, a
 /// ring with room, is a dozen instructions; the rest is in
 /// [`record_release_rest`].
+///
+/// # Safety
+///
+/// `word` is the header word of a slot the caller's handle counts on, with
+/// its segment's provenance (a handle's).
 #[inline]
-pub(crate) fn record_release(shared: &StoreShared, local: u32, word: &AtomicU32) {
-    let entry = Entry::new(shared, NonNull::from(word), Found::Release(local));
+pub(crate) unsafe fn record_release(shared: &StoreShared, local: u32, word: NonNull<AtomicU32>) {
+    let entry = Entry::new(shared, word, Found::Release(local));
     // SAFETY: the caller's count keeps the slot held until the entry is drained (the invariants).
     if !unsafe { record_if_room_here(entry) } {
-        record_release_rest(shared, local, word);
+        // SAFETY: this function's contract.
+        unsafe { record_release_rest(shared, local, word) };
     }
 }
 
 /// The rest of [`record_release`]: the ring drained first if it is full (or
 /// made, if this is the thread's first drop), else the drop counted at once.
+///
+/// # Safety
+///
+/// As for [`record_release`].
 #[cold]
 #[inline(never)]
-fn record_release_rest(shared: &StoreShared, local: u32, word: &AtomicU32) {
-    let entry = Entry::new(shared, NonNull::from(word), Found::Release(local));
+unsafe fn record_release_rest(shared: &StoreShared, local: u32, word: NonNull<AtomicU32>) {
+    let entry = Entry::new(shared, word, Found::Release(local));
     // SAFETY: the caller's count keeps the slot held until the entry is drained.
     if unsafe { record_mine(entry) } {
         return;
     }
-    // SAFETY: the caller's count is still in the word.
-    if unsafe { release(NonNull::from(word)) } {
-        shared.push_dead(local, word);
+    // SAFETY: the caller's count is still in the word, which has its
+    // segment's provenance (`record_release`'s contract).
+    if unsafe { release(word) } {
+        // SAFETY: the word outlives a dead slot's push.
+        shared.push_dead(local, unsafe { word.as_ref() });
     }
 }
 

@@ -374,7 +374,7 @@ impl SlotHeader {
     /// reservation read here is exact.
     #[inline]
     pub(crate) fn decide_check(&self, check: Check, ends_unused: bool) -> Decided {
-        if self.generation.load(Ordering::Acquire) != check.generation {
+        if self.generation(Ordering::Acquire) != check.generation {
             return Decided::Ended;
         }
         let reserve = self.reserve.load(Ordering::Relaxed);
@@ -445,7 +445,11 @@ impl SlotHeader {
         let old = self.word.fetch_sub(kept, Ordering::AcqRel);
         debug_assert!(is_count(old) && old & COUNT_MASK >= kept, "the reservation's counts are in the word");
         self.reserve.store(0, Ordering::Relaxed);
-        old & COUNT_MASK == kept
+        let last = old & COUNT_MASK == kept;
+        if last {
+            self.mark_dead();
+        }
+        last
     }
 
     /// True if the object's only counts are its `raw` raw references (at

@@ -81,7 +81,7 @@ impl ObjectManager {
     /// On error no count changes.
     pub fn release_raw(&self, raw: RawHandle) -> Result<()> {
         let (store, local, header) = self.resolve_raw(raw)?;
-        if !header.is_live(raw.generation()) && header.generation.load(Ordering::Acquire) != raw.generation() {
+        if !header.is_live(raw.generation()) && header.generation(Ordering::Acquire) != raw.generation() {
             return Err(Self::stale_raw(store, raw));
         }
         let mut raw_refs = store.shared().raw_refs.lock();
@@ -128,7 +128,7 @@ impl ObjectManager {
             .as_any()
             .downcast_ref::<Store<T>>()
             .ok_or(Error::WrongType { expected: T::TYPE_NAME, found: erased.type_name() })?;
-        if header.generation.load(Ordering::Acquire) != raw.generation() {
+        if header.generation(Ordering::Acquire) != raw.generation() {
             return Err(Self::stale_raw(erased, raw));
         }
         let mut raw_refs = store.shared().raw_refs.lock();

@@ -35,6 +35,21 @@ pub(crate) fn is_count(word: u32) -> bool {
 /// this (even, vacant) generation, which no key carries, and is never reused.
 /// So a stale key can never validate again, however often a slot is reused.
 pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
+/// Set in an occupied slot's `generation` by whoever takes the object's
+/// count to zero (see [`SlotHeader::mark_dead`]): the generation then
+/// matches no key, so a weak read tells a dead object from a live one with
+/// the one load it makes anyway (the word's load was a second one on every
+/// read, see `BENCHMARKS.md`, O4). It never appears on an even (vacant)
+/// generation: [`GENERATION_LIMIT`] is the same bit, alone.
+pub(crate) const DEAD_MARK: u32 = 1 << 31;
+
+/// The generation in a `generation` word, without [`DEAD_MARK`]: the bit
+/// is cleared from odd (occupied) values only, so a retired slot's
+/// [`GENERATION_LIMIT`] stays as it is.
+#[inline]
+pub(crate) fn unmarked(generation: u32) -> u32 {
+    generation & !((generation & 1) << 31)
+}
 
 /// The per-object metadata in the slot: 16 bytes, aligned to 8 so that slot
 /// addresses leave three low bits free for a [`Handle`](super::Handle)'s tag
@@ -47,6 +62,15 @@ pub(crate) const GENERATION_LIMIT: u32 = 1 << 31;
 ///   vacant → occupied happens in `create`
 ///   (`&ObjectManager`), occupied → vacant only in collection or shutdown
 ///   (`&mut ObjectManager`).
+/// - While occupied, `generation` carries [`DEAD_MARK`] exactly once the
+///   object's count has reached zero: the thread that took it there stores
+///   the mark (with no other write to `generation` possible until
+///   collection, which its push onto a dead list happens before), and the
+///   count never rises from zero. Readers that need the generation itself
+///   (keys, the next generation) take it through [`unmarked`]. The word
+///   may read zero a moment before the mark is seen: a weak read then still
+///   finds the object alive, as it would have a moment earlier (the value
+///   stays initialised until collection, which needs `&mut ObjectManager`).
 /// - `word`, while the slot is occupied and referenced, is the strong count
 ///   (no [`LINK_FLAG`]), with [`PURPLE`] set while the object is a candidate
 ///   root. The count includes the owner thread's reservation, `reserve`'s
@@ -210,11 +234,50 @@ impl SlotHeader {
     /// [`PENDING`], so the reservation is not read: in a loop of weak reads
     /// that miss the cache, every instruction of the read costs (see
     /// `BENCHMARKS.md`, O4).
+    ///
+    /// Without an owner the generation alone answers: [`DEAD_MARK`] makes a
+    /// dead object's differ from every key's. With one, an object whose
+    /// count is all the owner's reservation, or [`PENDING`], has no handle
+    /// left but no mark either (its count is not zero), so the word and
+    /// the reservation are read too.
     #[inline]
     pub(crate) fn is_live_in(&self, generation: u32, owned: bool) -> bool {
         self.generation.load(Ordering::Acquire) == generation
-            && is_count(self.word.load(Ordering::Acquire))
-            && (!owned || self.reserve.load(Ordering::Relaxed) & PENDING == 0)
+            && (!owned
+                || is_count(self.word.load(Ordering::Acquire)) && self.reserve.load(Ordering::Relaxed) & PENDING == 0)
+    }
+
+    /// The slot's generation without [`DEAD_MARK`] (see [`unmarked`]).
+    #[inline]
+    pub(crate) fn generation(&self, order: Ordering) -> u32 {
+        unmarked(self.generation.load(order))
+    }
+
+    /// Stores [`DEAD_MARK`] in the generation: the caller just took the
+    /// object's count to zero (the header's invariants). A plain store: no
+    /// other thread writes `generation` until collection, which happens
+    /// after the caller's push onto a dead list. A vacant generation stays
+    /// as it is: shutdown destroyed the object in place, and the last of
+    /// its outliving handles went since (no key matches it either way).
+    #[inline]
+    pub(crate) fn mark_dead(&self) {
+        let generation = self.generation.load(Ordering::Relaxed);
+        self.generation.store(generation | (generation & 1) << 31, Ordering::Relaxed);
+    }
+
+    /// [`mark_dead`](Self::mark_dead) through a pointer to the header's
+    /// word (its first field).
+    ///
+    /// # Safety
+    ///
+    /// `word` points to the `word` of an initialised `SlotHeader`, with
+    /// provenance over the whole header (a slot's or its segment's, not a
+    /// reference to the word alone).
+    #[inline]
+    pub(crate) unsafe fn mark_dead_at(word: std::ptr::NonNull<AtomicU32>) {
+        // SAFETY: `word` is the first field of a `repr(C)` header that is
+        // initialised and reachable through its provenance (caller).
+        unsafe { word.cast::<SlotHeader>().as_ref() }.mark_dead();
     }
 
     /// The second half of [`is_live`](Self::is_live), for a generation
@@ -270,19 +333,23 @@ impl SlotHeader {
         note_candidate: Option<&dyn Fn() -> bool>,
         owner_thread: u64,
     ) -> Result<Released, ReleaseError> {
-        if self.generation.load(Ordering::Acquire) != generation {
+        if self.generation(Ordering::Acquire) != generation {
             return Err(ReleaseError::Stale);
         }
         if !is_count(self.word.load(Ordering::Relaxed)) {
             return Err(ReleaseError::NoReferences);
         }
-        Ok(match note_candidate {
+        let released = match note_candidate {
             Some(_) if self.release_marking(note_candidate) & COUNT_MASK == 1 => Released::Last,
             Some(_) => Released::Kept,
             None if owner_thread == crate::sync::thread_token() => self.owner_release(),
             None if self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK == 1 => Released::Last,
             None => Released::Kept,
-        })
+        };
+        if released == Released::Last {
+            self.mark_dead();
+        }
+        Ok(released)
     }
 
     /// Drops one reference the caller holds, and returns the word before.
@@ -407,7 +474,30 @@ mod tests {
         assert!(h.is_live_in(3, false), "without an owner the reservation is not read");
         assert!(!h.is_live_in(5, false) && !h.is_live_in(5, true));
         h.word.store(0, Ordering::Relaxed);
-        assert!(!h.is_live_in(3, false));
+        assert!(!h.is_live_in(3, true), "an owned store reads the word");
+        h.mark_dead();
+        assert!(!h.is_live_in(3, false), "the mark alone tells the others");
+    }
+
+    #[test]
+    fn the_dead_mark_hides_the_generation_from_keys_only() {
+        let h = SlotHeader::vacant(2);
+        h.generation.store(3, Ordering::Relaxed);
+        h.word.store(1, Ordering::Relaxed);
+        assert_eq!(h.try_release(3, None, 0), Ok(Released::Last));
+        assert_eq!(h.generation.load(Ordering::Relaxed), 3 | DEAD_MARK, "the last release marks it");
+        assert!(!h.is_live_in(3, false) && !h.is_live_in(3, true) && !h.is_live(3));
+        assert_eq!(h.try_add_ref(3), Err(AddRefError::Stale));
+        assert_eq!(h.generation(Ordering::Relaxed), 3, "keys and the next generation see it unmarked");
+        assert_eq!(h.try_release(3, None, 0), Err(ReleaseError::NoReferences), "a double release, not a stale key");
+        assert_eq!(h.state(), SlotState::Dead);
+        // The largest generation, marked, and the retired value, unmarked.
+        assert_eq!(unmarked((GENERATION_LIMIT - 1) | DEAD_MARK), GENERATION_LIMIT - 1);
+        assert_eq!(unmarked(GENERATION_LIMIT), GENERATION_LIMIT, "a retired slot stays retired");
+        // A slot destroyed in place (even) keeps its generation.
+        let h = SlotHeader::vacant(4);
+        h.mark_dead();
+        assert_eq!(h.generation.load(Ordering::Relaxed), 4);
     }
 
     #[test]

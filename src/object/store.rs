@@ -1060,7 +1060,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
                 // SAFETY: live implies an odd generation read with Acquire in
                 // `state`; `&self` blocks collection.
                 let (value, site) = unsafe { (Self::value_unchecked(slot), self.site(local)) };
-                let generation = slot.header.generation.load(Ordering::Relaxed);
+                let generation = slot.header.generation(Ordering::Relaxed);
                 f(self.key_of(local, generation), &slot.header, site, value);
             }
         });
@@ -1087,7 +1087,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
         let scan = !empty || cfg!(debug_assertions);
         if scan {
             self.for_each_slot(|local, slot| {
-                let generation = slot.header.generation.load(Ordering::Relaxed);
+                let generation = slot.header.generation(Ordering::Relaxed);
                 if generation & 1 == 1 {
                     let key = self.key_of(local, generation);
                     if let Some(hook) = hook.as_mut() {
@@ -1121,7 +1121,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
         let mut stacks = HashMap::new();
         if let Some(tracking) = &self.tracking {
             self.for_each_slot(|local, slot| {
-                let generation = slot.header.generation.load(Ordering::Acquire);
+                let generation = slot.header.generation(Ordering::Acquire);
                 if generation & 1 == 1 {
                     if let Some(stack) = tracking.stack(local) {
                         stacks.insert(self.key_of(local, generation), stack);
@@ -1203,7 +1203,7 @@ impl<T: MMObject> Store<T> {
             // Retired slots hold nothing. (An object destroyed in place above
             // at the last generation also reaches the limit, but its word is
             // still its count: outliving handles hold it.)
-            let retired = header.generation.load(Ordering::Relaxed) >= GENERATION_LIMIT
+            let retired = header.generation(Ordering::Relaxed) >= GENERATION_LIMIT
                 && header.word.load(Ordering::Acquire) & LINK_FLAG != 0;
             if accounted.get(local as usize) == Some(&false) && !retired {
                 outliving += 1;

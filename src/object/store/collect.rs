@@ -13,7 +13,7 @@ use crate::sync::Ordering;
 use super::super::owner_counts::Decided;
 use super::super::owner_slots::Chain;
 use super::super::shared::DEAD_LANES;
-use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::super::slot::{Slot, DEAD_MARK, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed, MMObject};
 use super::{DestroyHook, Store};
 
@@ -228,6 +228,10 @@ impl<T: MMObject> Store<T> {
         let local = requeue.rest[lane];
         let slot = step.slot(self, local);
         let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
+        debug_assert!(
+            slot.header.generation.load(Ordering::Relaxed) & DEAD_MARK != 0,
+            "whoever took a dead-listed slot's count to zero marked it dead"
+        );
         requeue.rest[lane] = next;
         // SAFETY: a slot taken off the dead list holds a dead object that
         // nothing references; the caller holds `&mut ObjectManager`.
@@ -263,7 +267,7 @@ impl<T: MMObject> Store<T> {
     ) {
         debug_assert!(!PLAIN || self.destroys_plainly(hook, &events), "a plain step has nothing to skip");
         requeue.current = local;
-        let generation = slot.header.generation.load(Ordering::Relaxed);
+        let generation = slot.header.generation(Ordering::Relaxed);
         // A panicking `size()` or hook must not keep the object queued
         // forever (every later collection, and shutdown, would stop at
         // it): destroy the object first, then let the panic propagate.
@@ -414,7 +418,7 @@ impl<T: MMObject> Store<T> {
     /// then stays vacant for good, and must not go on the free list.
     #[inline]
     fn free_slot(&self, slot: &Slot<T>) -> bool {
-        let generation = slot.header.generation.load(Ordering::Relaxed) + 1;
+        let generation = slot.header.generation(Ordering::Relaxed) + 1;
         debug_assert!(generation & 1 == 0, "freeing an occupied slot makes it vacant");
         debug_assert!(generation <= GENERATION_LIMIT, "generations never pass the limit");
         // A lease spent by clones leaves `LEASED` on an object that died
