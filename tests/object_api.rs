@@ -135,6 +135,49 @@ fn last_drop_defers_destruction_until_collect() {
     assert!(mm.shutdown().is_empty());
 }
 
+/// Every way an object's last count goes makes it dead to weak reads at
+/// once, long before its collection: a drop, a drop of a type whose objects
+/// may hold handles, a raw handle's release, and a drop on another thread.
+/// (The drain that applies a deferred drop: `object_deferred_drops`.)
+#[test]
+fn every_last_release_is_seen_by_weak_reads_at_once() {
+    let drops = Drops::new();
+    let mut mm = quiet();
+    let dead_to_readers = |mm: &ObjectManager, weak: mmobject::WeakHandle<Texture>| {
+        mm.get_weak(weak).is_none()
+            && mm.try_get_weak(weak).is_err()
+            && mm.view::<Texture>().get_weak(weak).is_none()
+            && mm.upgrade(weak).is_none()
+    };
+    let tex = mm.create(texture(1, &drops));
+    let weak = tex.downgrade();
+    assert!(!dead_to_readers(&mm, weak));
+    drop(tex);
+    assert!(dead_to_readers(&mm, weak), "a drop");
+
+    let e = mm.create(entity(1, None, &drops));
+    let weak_e = e.downgrade();
+    drop(e);
+    assert!(mm.get_weak(weak_e).is_none() && mm.view::<Entity>().get_weak(weak_e).is_none(), "a may-hold-handles drop");
+
+    let tex = mm.create(texture(2, &drops));
+    let weak = tex.downgrade();
+    let raw = tex.into_raw();
+    assert!(!dead_to_readers(&mm, weak));
+    mm.release_raw(raw).unwrap();
+    assert!(dead_to_readers(&mm, weak), "a raw release");
+    assert!(matches!(mm.release_raw(raw), Err(Error::DoubleRelease { .. })), "released twice, not stale");
+
+    let tex = mm.create(texture(3, &drops));
+    let weak = tex.downgrade();
+    std::thread::spawn(move || drop(tex)).join().unwrap();
+    assert!(dead_to_readers(&mm, weak), "a drop on another thread");
+
+    assert_eq!(drops.count(), 0, "nothing is destroyed outside collection");
+    assert_eq!(mm.collect_garbage().objects, 4);
+    assert_eq!(drops.count(), 4);
+}
+
 #[test]
 fn get_mut_and_index_mut_write_through() {
     let drops = Drops::new();

@@ -504,6 +504,7 @@ impl SlotHeader {
 
 #[cfg(test)]
 mod tests {
+    use super::super::slot::DEAD_MARK;
     use super::*;
 
     /// An occupied header with generation 3, `count` in its word and `reserve` reserved.
@@ -702,6 +703,7 @@ mod tests {
         assert_eq!((h.word.load(Ordering::Relaxed), h.reserve.load(Ordering::Relaxed)), (2, 2));
         // Its own: the count is all the reservation.
         assert_eq!(h.decide_check(CHECK_3, true), Decided::Dead);
+        assert_eq!(h.generation.load(Ordering::Relaxed), 3 | DEAD_MARK, "the give-back to zero marks it dead");
         // Shutdown destroyed the object in place (generation 4) and its last
         // handle went since: shutdown's give-back finds it dead.
         let h = header(2, 2 | PENDING);

@@ -13,7 +13,7 @@ use crate::sync::Ordering;
 use super::super::owner_counts::Decided;
 use super::super::owner_slots::Chain;
 use super::super::shared::DEAD_LANES;
-use super::super::slot::{Slot, DEAD_MARK, GENERATION_LIMIT, LINK_FLAG, NIL};
+use super::super::slot::{Slot, GENERATION_LIMIT, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed, MMObject};
 use super::{DestroyHook, Store};
 
@@ -228,10 +228,6 @@ impl<T: MMObject> Store<T> {
         let local = requeue.rest[lane];
         let slot = step.slot(self, local);
         let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
-        debug_assert!(
-            slot.header.generation.load(Ordering::Relaxed) & DEAD_MARK != 0,
-            "whoever took a dead-listed slot's count to zero marked it dead"
-        );
         requeue.rest[lane] = next;
         // SAFETY: a slot taken off the dead list holds a dead object that
         // nothing references; the caller holds `&mut ObjectManager`.
