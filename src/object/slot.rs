@@ -48,7 +48,7 @@ pub(crate) const DEAD_MARK: u32 = 1 << 31;
 /// [`GENERATION_LIMIT`] stays as it is.
 #[inline]
 pub(crate) fn unmarked(generation: u32) -> u32 {
-    generation & !((generation & 1) << 31)
+    generation & !((generation & 1) * DEAD_MARK)
 }
 
 /// The per-object metadata in the slot: 16 bytes, aligned to 8 so that slot
@@ -262,7 +262,7 @@ impl SlotHeader {
     #[inline]
     pub(crate) fn mark_dead(&self) {
         let generation = self.generation.load(Ordering::Relaxed);
-        self.generation.store(generation | (generation & 1) << 31, Ordering::Relaxed);
+        self.generation.store(generation | ((generation & 1) * DEAD_MARK), Ordering::Relaxed);
     }
 
     /// [`mark_dead`](Self::mark_dead) through a pointer to the header's
