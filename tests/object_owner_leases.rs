@@ -207,7 +207,10 @@ fn the_check_queue_stays_bounded_while_the_owner_never_collects() {
     let drops = Drops::new();
     let mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(counting.clone()).build();
     let e = mm.create(Target { token: drops.token() });
-    let (tx, rx) = std::sync::mpsc::channel::<Vec<Handle<Target>>>();
+    // A bounded channel: the owner never gets far ahead of the collector,
+    // so the live handles stay few (with `handle-sites` each has an entry
+    // in the store's allocator, and a backlog of thousands would be counted).
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Handle<Target>>>(4);
     let collector = std::thread::spawn(move || {
         let mut mm = mm;
         for batch in rx {
@@ -224,7 +227,10 @@ fn the_check_queue_stays_bounded_while_the_owner_never_collects() {
     drop(tx);
     let mm = collector.join().unwrap();
     let grown = counting.bytes() - before;
-    assert!(grown < 1024, "the store's memory grew by {grown} bytes");
+    // With `handle-sites`, the table of the (at most 48) live handles is
+    // sized once: bounded, and far below the old growth (200 KB here).
+    let limit = if cfg!(feature = "handle-sites") { 16 * 1024 } else { 1024 };
+    assert!(grown < limit, "the store's memory grew by {grown} bytes");
     drop(e);
     drop(mm);
 }
@@ -376,6 +382,7 @@ fn renewals_over_many_frames_keep_the_check_queue_bounded() {
     let mut mm = ObjectManager::builder().report_leaks(false).owner_thread(true).allocator(counting.clone()).build();
     let kept: Vec<_> = (0..64).map(|_| mm.create(Target { token: drops.token() })).collect();
     let frames = if cfg!(miri) { 6 } else { 2_000 };
+    let sized = if cfg!(feature = "handle-sites") { frames / 10 } else { 3 };
     let mut before = 0;
     for frame in 0..frames {
         let render = kept.to_vec();
@@ -383,7 +390,9 @@ fn renewals_over_many_frames_keep_the_check_queue_bounded() {
         drop(temp.clone()); // a lease on an object that dies this frame
         drop((render, temp));
         assert_eq!(mm.collect_garbage().objects, 1);
-        if frame == 3 {
+        // The first frames size the store's tables (with `handle-sites`,
+        // its table of live handles grows once more, by frame 100).
+        if frame == sized {
             before = counting.bytes();
         }
     }
