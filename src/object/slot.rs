@@ -230,16 +230,13 @@ impl SlotHeader {
     }
 
     /// [`is_live`](Self::is_live) for a store whose manager has an owner
-    /// thread (`owned`) or not. Without an owner no object is ever
-    /// [`PENDING`], so the reservation is not read: in a loop of weak reads
-    /// that miss the cache, every instruction of the read costs (see
-    /// `BENCHMARKS.md`, O4).
-    ///
-    /// Without an owner the generation alone answers: [`DEAD_MARK`] makes a
-    /// dead object's differ from every key's. With one, an object whose
-    /// count is all the owner's reservation, or [`PENDING`], has no handle
-    /// left but no mark either (its count is not zero), so the word and
-    /// the reservation are read too.
+    /// thread (`owned`) or not. Without an owner the generation alone
+    /// answers ([`DEAD_MARK`] makes a dead object's differ from every
+    /// key's), so neither the word nor the reservation is loaded: in a loop
+    /// of weak reads that miss the cache, every load of the read costs (see
+    /// `BENCHMARKS.md`, O4). With one, an object whose count is all the
+    /// owner's reservation, or [`PENDING`], has no handle left but no mark
+    /// either (its count is not zero), so both are read too.
     #[inline]
     pub(crate) fn is_live_in(&self, generation: u32, owned: bool) -> bool {
         self.generation.load(Ordering::Acquire) == generation
