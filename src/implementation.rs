@@ -667,6 +667,39 @@
 //! since a look at the word and one at the reservation can straddle an
 //! owner's clone or drop (see `SlotHeader::held_only_by_raw`).
 //!
+//! # The stack walk's rule cache
+//!
+//! Without frame pointers, a tracked allocation's stack (`Mode::Stacks`) is walked by the
+//! unwind tables (`track/stack_walk/unwind_tables.rs`): for each frame, the rule in
+//! `.eh_frame` that says where its caller's frame starts (the CFA, `rsp` or `rbp` plus an
+//! offset), that the return address sits just below it, and where the caller's `rbp` was
+//! saved. Finding that rule takes a search of the loaded objects, a binary search of
+//! `.eh_frame_hdr` and a run of the CFI program (`gimli`): about a microsecond. So each
+//! rule is cached under its return address, packed in one word, in a fixed table of 16,384
+//! entries (`track/stack_walk/rule_cache.rs`), and a capture through known call sites
+//! costs a hash, a probe and two or three stack loads per frame.
+//!
+//! - **Readers take no lock.** A capture reads the cache's epoch once, makes its lookups,
+//!   and checks the epoch again at the end (the seqlock pattern, with every field atomic). An
+//!   insert writes the rule, then publishes the address with `Release`, under the cache's
+//!   lock; an entry never changes until the cache is cleared.
+//! - **Clears.** A rule is right while the code at its address is the same. Code changes
+//!   only when a library is unloaded, so each capture first reads the loader's count of
+//!   unloads (`dl_iterate_phdr`'s `dlpi_subs`); when it moved, the cache is emptied under
+//!   the lock, the epoch going odd, then even. A capture that spans a clear is thrown away
+//!   and made by the unwinder, and an insert computed before a clear is refused.
+//! - **Reads stay in the stack.** Every stack word the walk reads lies between its own
+//!   stack pointer and the top of the thread's stack mapping, and each caller's frame must
+//!   lie above its callee's, so even a wrong rule could only end the walk.
+//! - **What it leaves to the unwinder.** A rule of another shape (a DWARF expression, a
+//!   register saved in another register), a frame without unwind information, a signal
+//!   frame: the capture is made by `backtrace` instead, whole.
+//! - **Chosen only when it agrees.** On first use a probe walks its own stack both ways, and
+//!   the cached walk is used only if it listed every frame the unwinder did.
+//!
+//! Loom models: `rule_cache::*` in `tests/loom.rs` (a lookup racing a clear and a new
+//! insert; an insert racing a clear).
+//!
 //! # Leak forensics
 //!
 //! ## The handle graph

@@ -20,7 +20,9 @@
 //!   small-object allocator, and a thread exit handing its page or lane back;
 //! - the tracker's pending records: a free on another thread racing the
 //!   owner's move, a report racing the owner's publish, move and cancel, and
-//!   `try_track`'s look for a record racing the owner's move and republish.
+//!   `try_track`'s look for a record racing the owner's move and republish;
+//! - the stack walk's rule cache: a capture's lookups racing a clear and the
+//!   inserts after it.
 //!
 //! Under `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every
 //! read and write of a value is checked too.
@@ -1440,6 +1442,68 @@ mod pending_record {
             let seen = t.join().unwrap();
             assert_eq!(seen.iter().filter(|&&e| e == (0x100, 7)).count(), 1, "{seen:?}");
             assert!(seen.iter().all(|&e| e == (0x100, 7) || e == (0x200, 9)), "{seen:?}");
+        });
+    }
+}
+
+mod rule_cache {
+    use std::sync::Arc;
+
+    use loom::thread;
+    use mmobject::track::RuleCache;
+
+    use super::model;
+
+    /// A capture reads the rule of an address while another thread empties the cache (a
+    /// library was unloaded) and inserts a new rule for the same address (code loaded
+    /// there since). A capture whose epoch check passes saw only its own epoch's rule.
+    #[test]
+    fn a_lookup_racing_a_clear_is_trusted_only_within_its_epoch() {
+        model(|| {
+            let cache = Arc::new(RuleCache::<2>::new());
+            cache.sync(1);
+            let first = cache.begin().unwrap();
+            cache.insert(first, 0x10, 7);
+            let writer = {
+                let cache = cache.clone();
+                thread::spawn(move || {
+                    cache.sync(2);
+                    let second = cache.begin().unwrap();
+                    cache.insert(second, 0x10, 9);
+                    second
+                })
+            };
+            if let Some(epoch) = cache.begin() {
+                let rule = cache.get(0x10);
+                if cache.still(epoch) {
+                    if epoch == first {
+                        assert_eq!(rule, Some(7), "the first epoch's rule");
+                    } else {
+                        assert!(matches!(rule, None | Some(9)), "the second epoch's rule, or none yet: {rule:?}");
+                    }
+                }
+            }
+            let second = writer.join().unwrap();
+            assert_ne!(second, first);
+            assert_eq!(cache.get(0x10), Some(9));
+            assert!(cache.still(second));
+        });
+    }
+
+    /// An insert computed in an epoch a clear has ended is refused, whichever runs first.
+    #[test]
+    fn an_insert_from_before_a_clear_never_lands_after_it() {
+        model(|| {
+            let cache = Arc::new(RuleCache::<2>::new());
+            cache.sync(1);
+            let first = cache.begin().unwrap();
+            let clearer = {
+                let cache = cache.clone();
+                thread::spawn(move || cache.sync(2))
+            };
+            cache.insert(first, 0x10, 7);
+            clearer.join().unwrap();
+            assert_eq!(cache.get(0x10), None, "the stale rule is gone or never landed");
         });
     }
 }

@@ -50,8 +50,8 @@
 //!   [`Tracker::alloc`] / [`Tracker::dealloc`]; its blocks are placed by the same function as
 //!   the global allocator's (`block.rs`).
 //! - [`TrackingAllocator`]: the `#[global_allocator]` wrapper.
-//! - [`StackTrace`]: raw return addresses (by frame pointers or DWARF unwinding, see
-//!   [`StackWalker`]), resolved only when displayed.
+//! - [`StackTrace`]: raw return addresses (by frame pointers, cached unwind-table rules or
+//!   DWARF unwinding, see [`StackWalker`]), resolved only when displayed.
 //! - Reports: [`MemoryReport`] (text table, JSON with the `serde` feature),
 //!   [`LeakReport`] (live allocations by call stack), and the CSV timeline
 //!   ([`Tracker::frame_mark`], [`Tracker::write_csv`]).
@@ -115,8 +115,9 @@
 //!   lock per shard), where the next allocation moves the slot's record. Reports and frees
 //!   on other threads see both (`pending.rs`).
 //! - Stacks: plus a raw stack walk (no symbol lookup) and a stack intern. The walk follows
-//!   frame pointers when the build keeps them (`-C force-frame-pointers=yes`), else it
-//!   unwinds with DWARF (about 10× slower).
+//!   frame pointers when the build keeps them (`-C force-frame-pointers=yes`), else (x86-64
+//!   Linux) the unwind tables' rule for each return address, cached after its first use
+//!   (`stack_walk/`), else it unwinds with DWARF through `backtrace` (about 10× slower).
 //! - Sampled: counting's cost below the sampling size; records and stacks for one in N
 //!   middle-sized allocations and every large one.
 //! - Diagnostics: plus 32 guard bytes per block, a free stack and a ring entry per free.
@@ -152,6 +153,7 @@ mod record;
 mod report;
 mod scope;
 mod stack_trace;
+mod stack_walk;
 mod stats;
 mod table;
 mod tag;
@@ -171,6 +173,10 @@ pub use report::{LeakGroup, LeakReport, MemoryReport};
 pub(crate) use scope::Reentry;
 pub use scope::{current_tag, scope, scope_id, TagGuard};
 pub use stack_trace::{ResolvedFrame, StackTrace, StackWalker, MAX_STACK_DEPTH};
+/// The stack walk's rule cache, for the loom models. Not public API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use stack_walk::rule_cache::RuleCache;
 pub use stats::TagStats;
 pub use tag::{Tag, TagId, MAX_TAGS};
 pub use tracker::Tracker;

@@ -52,51 +52,30 @@ impl StackTrace {
     #[inline(never)]
     pub fn capture(depth: usize) -> StackTrace {
         let depth = depth.min(MAX_STACK_DEPTH);
-        #[cfg_attr(miri, allow(unused_mut))]
         let mut st = StackTrace { depth: depth as u8, ..StackTrace::EMPTY };
         if depth == 0 {
             return st;
         }
         let want = (depth + OWN_FRAMES_SLACK).min(MAX_STACK_DEPTH);
-        #[cfg(not(miri))]
-        if StackTrace::walker() == StackWalker::FramePointers {
-            st.len = frame_pointers::walk(&mut st.ips[..want]) as u8;
-            return st;
-        }
-        #[cfg(not(miri))]
-        {
-            let mut n = 0usize;
-            let mut on_frame = |frame: &backtrace::Frame| {
-                st.ips[n] = frame.ip() as usize;
-                n += 1;
-                n < want
-            };
-            #[cfg(not(windows))]
-            // SAFETY: `trace_unsynchronized` is unsafe only because it skips the crate's
-            // global lock. On non-Windows targets it walks the stack with the libgcc/libunwind
-            // unwinder, which is thread-safe; the lock exists for Windows' dbghelp, where we
-            // use the synchronised `trace` instead. Our callback does not panic.
-            unsafe {
-                backtrace::trace_unsynchronized(&mut on_frame)
-            };
-            #[cfg(windows)]
-            backtrace::trace(&mut on_frame);
-            st.len = n as u8;
-        }
-        #[cfg(miri)]
-        let _ = want;
+        st.len = super::stack_walk::walk(&mut st.ips[..want]) as u8;
         st
     }
 
-    /// How [`StackTrace::capture`] walks the stack in this process: by frame pointers when
-    /// the build keeps them (detected once, by checking a frame-pointer walk against the
-    /// unwinder), else by DWARF unwinding (the `backtrace` crate).
+    /// How [`StackTrace::capture`] walks the stack in this process, chosen on first use: by
+    /// frame pointers when the build keeps them, else by the unwind tables with each return
+    /// address's rule cached (x86-64 Linux), else by the `backtrace` crate's unwinder. A
+    /// walker is chosen only if it walked a probe's stack exactly as the unwinder did.
     ///
-    /// Frame pointers are kept with `RUSTFLAGS="-C force-frame-pointers=yes"`; the walk
-    /// then costs tens of nanoseconds instead of about a microsecond. The walk is available
-    /// on Linux for x86-64 and AArch64, and reads only within the current thread's stack
-    /// (its bounds come from `/proc/self/maps`, read once per thread), so a frame without a
-    /// frame pointer can end it early but never make it read elsewhere.
+    /// | walker | cost of a 5-frame capture | needs |
+    /// |---|---|---|
+    /// | [`FramePointers`](StackWalker::FramePointers) | tens of ns | `RUSTFLAGS="-C force-frame-pointers=yes"` |
+    /// | [`UnwindTables`](StackWalker::UnwindTables) | about 100 ns once its call sites were seen, plus about a microsecond for each return address met the first time | x86-64 Linux |
+    /// | [`Unwinder`](StackWalker::Unwinder) | about a microsecond | nothing |
+    ///
+    /// The first two read only inside the current thread's stack (its bounds come from
+    /// `/proc/self/maps`, read once per thread), so a frame they cannot follow ends the walk
+    /// early (frame pointers) or hands it to the unwinder (unwind tables), but never makes
+    /// them read elsewhere. The figures are this crate's benchmark T3 (`BENCHMARKS.md`).
     ///
     /// # Examples
     ///
@@ -104,15 +83,10 @@ impl StackTrace {
     /// use mmobject::track::{StackTrace, StackWalker};
     ///
     /// let walker = StackTrace::walker();
-    /// assert!(matches!(walker, StackWalker::FramePointers | StackWalker::Unwinder));
+    /// assert!(matches!(walker, StackWalker::FramePointers | StackWalker::UnwindTables | StackWalker::Unwinder));
     /// ```
     pub fn walker() -> StackWalker {
-        #[cfg(not(miri))]
-        {
-            frame_pointers::detected()
-        }
-        #[cfg(miri)]
-        StackWalker::Unwinder
+        super::stack_walk::detected()
     }
 
     /// The number of frames captured.
@@ -163,150 +137,15 @@ impl StackTrace {
 
 /// How the stack is walked: see [`StackTrace::walker`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StackWalker {
-    /// Following the chain of saved frame pointers: fast; needs a build that keeps them.
+    /// Following the chain of saved frame pointers: fastest; needs a build that keeps them.
     FramePointers,
-    /// DWARF unwinding through the `backtrace` crate: works everywhere, slower.
+    /// Following the unwind tables' rule for each return address, cached after its first
+    /// use: fast once a call site was seen; x86-64 Linux.
+    UnwindTables,
+    /// DWARF unwinding through the `backtrace` crate: works everywhere, slowest.
     Unwinder,
-}
-
-/// The frame-pointer walk, and the detection of whether this build can use it.
-#[cfg(not(miri))]
-mod frame_pointers {
-    use std::sync::atomic::{AtomicU8, Ordering};
-
-    use super::StackWalker;
-
-    /// 0: not probed yet, 1: frame pointers, 2: unwinder.
-    static DETECTED: AtomicU8 = AtomicU8::new(0);
-
-    pub(super) fn detected() -> StackWalker {
-        match DETECTED.load(Ordering::Relaxed) {
-            1 => StackWalker::FramePointers,
-            2 => StackWalker::Unwinder,
-            _ => {
-                let _reentry = crate::track::scope::Reentry::enter();
-                let found = if probe() { StackWalker::FramePointers } else { StackWalker::Unwinder };
-                DETECTED.store(if found == StackWalker::FramePointers { 1 } else { 2 }, Ordering::Relaxed);
-                found
-            }
-        }
-    }
-
-    /// Walks this call chain both ways: frame pointers are usable if the walk's frames
-    /// above `probe` match the unwinder's, three in a row.
-    #[inline(never)]
-    fn probe() -> bool {
-        let mut walked = [0usize; 8];
-        let n = walk(&mut walked);
-        if n < 4 {
-            return false;
-        }
-        let mut unwound = [0usize; 24];
-        let mut m = 0;
-        let mut on_frame = |frame: &backtrace::Frame| {
-            unwound[m] = frame.ip() as usize;
-            m += 1;
-            m < unwound.len()
-        };
-        // SAFETY: as in `StackTrace::capture`: the unsynchronised walk is thread-safe off
-        // Windows, and the callback does not panic. (This module is Linux-only in effect:
-        // `walk` finds nothing elsewhere, so `n < 4` returned above.)
-        unsafe { backtrace::trace_unsynchronized(&mut on_frame) };
-        // `walked[0]` is the return address into `probe` from `walk`; the unwinder sees
-        // `probe` at its call to the tracer instead, a few bytes away. From `probe`'s caller
-        // up they must agree frame for frame. (Without frame pointers, the walk would start
-        // further up, at the nearest caller that keeps them: `walked[0]` would not be in
-        // `probe`.)
-        let Some(j) = unwound[..m].iter().position(|&ip| ip == walked[1]) else {
-            return false;
-        };
-        j >= 1 && unwound[j - 1].abs_diff(walked[0]) < 512 && m - j >= 3 && unwound[j..j + 3] == walked[1..4]
-    }
-
-    /// Fills `out` with return addresses by following saved frame pointers from the
-    /// caller of `walk`; returns how many. Reads only inside this thread's stack.
-    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    #[inline(never)]
-    pub(super) fn walk(out: &mut [usize]) -> usize {
-        let marker = 0u8;
-        let sp = std::ptr::from_ref(&marker) as usize;
-        let Some(top) = stack_top(sp) else {
-            return 0;
-        };
-        let mut fp = frame_pointer();
-        let mut n = 0;
-        // Invariant at each step: `sp <= fp` and `fp + 16 <= top`, so both words read are
-        // inside the mapped stack above the current stack pointer.
-        while n < out.len() && fp >= sp && fp % std::mem::align_of::<usize>() == 0 && fp <= top - 16 {
-            // SAFETY: `[fp, fp + 16)` lies in `[sp, top)`, this thread's stack above the
-            // live stack pointer (mapped, readable, and not changing under us: it holds the
-            // frames of our callers); the address is aligned. Volatile because the words are
-            // not Rust values we own, just stack memory read as integers.
-            let (next, ret) = unsafe {
-                let p = std::ptr::with_exposed_provenance::<usize>(fp);
-                (p.read_volatile(), p.add(1).read_volatile())
-            };
-            if ret == 0 {
-                break;
-            }
-            out[n] = ret;
-            n += 1;
-            if next <= fp {
-                break; // the chain must go up the stack; anything else is not a frame record
-            }
-            fp = next;
-        }
-        n
-    }
-
-    #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
-    pub(super) fn walk(_out: &mut [usize]) -> usize {
-        0
-    }
-
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    #[inline(always)]
-    fn frame_pointer() -> usize {
-        let fp: usize;
-        // SAFETY: copies a register; touches no memory, no stack, no flags.
-        unsafe { std::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags)) };
-        fp
-    }
-
-    #[cfg(all(target_os = "linux", target_arch = "aarch64"))]
-    #[inline(always)]
-    fn frame_pointer() -> usize {
-        let fp: usize;
-        // SAFETY: copies a register; touches no memory, no stack, no flags.
-        unsafe { std::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
-        fp
-    }
-
-    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    std::thread_local! {
-        /// This thread's stack mapping `(low, high)`, or `(0, 0)` before the first walk.
-        static STACK: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
-    }
-
-    /// The end of the stack mapping holding `sp`: from the per-thread cache, else from
-    /// `/proc/self/maps` (allocates; the caller is inside the tracker, so untracked).
-    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    fn stack_top(sp: usize) -> Option<usize> {
-        let (low, high) = STACK.try_with(std::cell::Cell::get).ok()?;
-        if low <= sp && sp < high {
-            return Some(high);
-        }
-        let _reentry = crate::track::scope::Reentry::enter();
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        let range = maps.lines().find_map(|line| {
-            let (low, high) = line.split(' ').next()?.split_once('-')?;
-            let (low, high) = (usize::from_str_radix(low, 16).ok()?, usize::from_str_radix(high, 16).ok()?);
-            (low <= sp && sp < high).then_some((low, high))
-        })?;
-        let _ = STACK.try_with(|c| c.set(range));
-        Some(range.1)
-    }
 }
 
 /// The tracker's own frames and the allocation plumbing above the caller: skipped while
@@ -488,11 +327,6 @@ mod tests {
         assert_eq!(StackTrace::walker(), walker, "detected once, then the same");
         let st = a();
         assert!(st.len() >= 2, "{walker:?} found frames");
-        #[cfg(not(miri))]
-        if walker == StackWalker::FramePointers {
-            let mut walked = [0usize; 8];
-            assert!(frame_pointers::walk(&mut walked) >= 2);
-        }
         let text = st.to_string();
         assert!(!text.is_empty());
     }
