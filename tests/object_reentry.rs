@@ -209,8 +209,11 @@ fn allocator_creating_the_type_while_its_next_segment_grows_works() {
         });
         mm.reserve::<Boulder>(100); // grows segment 1: the allocator runs
         disarm();
-        assert_eq!(made.borrow().len(), 7);
-        assert_eq!(mm.count::<Boulder>(), 8);
+        // Once, or twice with `handle-sites` (the handle-site table grows through the same
+        // allocator, and its nested creates are not recorded there).
+        let made_count = made.borrow().len();
+        assert!(made_count == 7 || cfg!(feature = "handle-sites") && made_count == 14, "{made_count}");
+        assert_eq!(mm.count::<Boulder>(), 1 + made_count);
         assert_eq!(mm[&first].id, 0);
     });
 }

@@ -149,17 +149,28 @@ impl<T> Handle<T> {
         handle
     }
 
+    /// Records where this handle was made. A handle made by user code the table runs while
+    /// it grows (the store's allocator, on this thread) is not recorded, as when the
+    /// allocator refuses room: a diagnostic never makes a `clone` panic.
     #[cfg(feature = "handle-sites")]
     #[cold]
     fn register_site(&mut self, site: HandleSite) {
-        let index = self.shared().global_index(self.local());
-        let id = self.shared().handle_sites.lock().register(index, site);
+        let shared = self.shared();
+        if shared.handle_sites.held_here() {
+            return;
+        }
+        let index = shared.global_index(self.local());
+        let id = shared.handle_sites.lock().register(index, site);
         self.site = id;
     }
 
+    /// Forgets this handle's site. A handle whose site was never recorded (id 0) takes no
+    /// lock: it may be dropped while its own registration unwinds, from inside the lock.
     #[cfg(feature = "handle-sites")]
     fn unregister_site(&self) {
-        self.shared().handle_sites.lock().remove(self.site);
+        if self.site != 0 {
+            self.shared().handle_sites.lock().remove(self.site);
+        }
     }
 
     /// The slot's pointer, with the segment's provenance.
