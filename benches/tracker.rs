@@ -68,8 +68,9 @@ fn t2_records(c: &mut Criterion) {
 /// T3: records with a 5-frame stack (captured as raw addresses, not resolved). Reported in
 /// ns against Tracy's published ~206 ns for a 5-frame capture; untracked `System` runs in
 /// the same group so the stack's share can be read off, and the bare capture is measured
-/// too. Called a few frames deep so there are frames to walk. Which walker runs (frame
-/// pointers or the DWARF unwinder) is printed first: build with
+/// too. Called a few frames deep so there are frames to walk. Which walker runs is printed
+/// first: in an ordinary x86-64 Linux build the cached unwind tables (every call site here is
+/// met in the warm-up, so the timed loop reads rules from the cache); build with
 /// `RUSTFLAGS="-C force-frame-pointers=yes"` for the frame-pointer walk.
 fn t3_stacks(c: &mut Criterion) {
     eprintln!("T3 stack walker: {:?}", StackTrace::walker());
