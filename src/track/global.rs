@@ -352,7 +352,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// # Safety
     ///
     /// As for [`GlobalAlloc::dealloc`].
-    #[inline(never)]
+    // Inlined into `dealloc_cold`, its one caller: no frame more before a diagnostic free's
+    // stack capture than before that function existed.
+    #[inline(always)]
     unsafe fn dealloc_checked(&self, ptr: *mut u8, layout: Layout) {
         // The watch log and the diagnostics' logs may run: no unwinding out of here.
         // SAFETY: the caller's contract, passed on.
@@ -531,7 +533,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
-    #[inline(never)]
+    // Inlined into `alloc_cold`, its one caller: no frame more before a record's stack
+    // capture than before that function existed (`OWN_FRAMES_SLACK` covers so many).
+    #[inline(always)]
     unsafe fn alloc_checked(&self, layout: Layout, tag: TagId, config: Config, zeroed: bool) -> *mut u8 {
         if config.diagnostics() || self.tracker.is_slow(tag) {
             // SAFETY: the caller guarantees a non-zero size.
