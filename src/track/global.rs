@@ -314,10 +314,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             // counters in it and `l.delta` the current tag's (`Local`'s invariant); the
             // slot lives as long as the tracker, which is `'static`. The header's tag is
             // that tag, or below `MAX_TAGS` (`is_counted_only` checks it).
-            let counters = unsafe { &*delta };
-            if counters.free(layout.size() as isize) {
-                t.flush_local(TagId(header.tag()));
-            }
+            unsafe { &*delta }.free(layout.size() as isize);
             // SAFETY: the caller's contract; the header says counted only (`l.header` is a
             // counted-only header, or `Header::NONE`, which no block has).
             unsafe { self.free_counted(ptr, layout) };
@@ -629,8 +626,8 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 // never kept in the freed ring here), with the slot at hand.
                 if t.is_slow(record.tag) {
                     t.record_removed(addr, record, false);
-                } else if slot.free(record.tag.index(), record.size as isize) {
-                    t.flush(slot, record.tag);
+                } else {
+                    slot.free(record.tag.index(), record.size as isize);
                 }
                 // SAFETY: the caller's contract; its record is removed, so this is the one
                 // free.

@@ -379,9 +379,7 @@ impl Tracker {
     pub(crate) fn count_free(&self, tag: TagId, bytes: usize) -> bool {
         if !self.counters[tag.index()].slow.load(Ordering::Relaxed) {
             if let Some(slot) = self.threads.cached_slot() {
-                if slot.free(tag.index(), bytes as isize) {
-                    self.flush(slot, tag);
-                }
+                slot.free(tag.index(), bytes as isize);
                 return false;
             }
         }
@@ -395,9 +393,7 @@ impl Tracker {
         let c = &self.counters[tag.index()];
         if !c.slow.load(Ordering::Relaxed) {
             if let Some(slot) = self.threads.slot() {
-                if slot.free(tag.index(), bytes as isize) {
-                    self.flush(slot, tag);
-                }
+                slot.free(tag.index(), bytes as isize);
                 return false;
             }
         }
