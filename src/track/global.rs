@@ -11,7 +11,7 @@ use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 use super::budget::Charger;
 use super::mode::Config;
 use super::record::{Record, FLAG_GLOBAL_ALLOC};
-use super::scope::{allocation_tag, current_tag, in_tracker, with_local};
+use super::scope::{allocation_tag, current_tag, in_tracker, with_local, Local};
 use super::stack_trace::NO_STACK;
 use super::tag::TagId;
 use super::tracker::Tracker;
@@ -403,7 +403,8 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// `alloc`'s counting path: one thread-local block (`scope::Local`) and the tracker's
     /// fast key. While the two keys match, the cache holds this thread's slot, the current
     /// tag's header and counters, and the largest size counted only under that tag (none if
-    /// it is slow, none but small ones in sampled mode). Then: the inner allocation, the
+    /// it is slow, none but small ones in sampled mode; in counting mode a second copy of
+    /// the key stands for both tests). Then: the inner allocation, the
     /// keys compared again, one header store and two counter updates. The count comes after
     /// the allocation: with the tag not slow there is no budget to refuse it, so a failed
     /// allocation has nothing to undo. `None`, having done nothing, off that path.
@@ -420,7 +421,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     unsafe fn alloc_fast(&self, layout: Layout, zeroed: bool) -> Option<*mut u8> {
         let t = self.tracker;
         let key = t.fast_key();
-        if !with_local(|l| l.key.get() == key && layout.size() <= l.limit.get())? {
+        // Counting mode: one comparison; sampled mode, or a slow tag: the key and the limit.
+        let counted = |l: &Local| l.any_size_key.get() == key || l.key.get() == key && layout.size() <= l.limit.get();
+        if !with_local(counted)? {
             return None;
         }
         let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {

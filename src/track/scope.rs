@@ -26,8 +26,8 @@ use super::thread_stats::TagDelta;
 ///
 /// Invariant: while `key` equals the fast key of a tracker (`Tracker::fast_key`, which is
 /// unique to one `'static` tracker and to one state of its configuration), `tags` is this
-/// thread's slot's first `TagDelta` in that tracker, and `header`, `delta` and `limit` are
-/// those of the current tag under that configuration. Only `Tracker::refill_local` sets
+/// thread's slot's first `TagDelta` in that tracker, and `header`, `delta`, `limit` and
+/// `any_size_key` are those of the current tag under that configuration. Only `Tracker::refill_local` sets
 /// `key` to a tracker's key (and `Reentry` gives back one it took, under the same tag);
 /// anything that would make the fields stale (a change of tag while some tag is slow,
 /// entering the tracker) sets it to `NO_KEY` or updates them.
@@ -39,6 +39,10 @@ pub(crate) struct Local {
     pub(crate) key: Cell<u64>,
     /// The largest block the counting path takes under the current tag (0: none).
     pub(crate) limit: Cell<usize>,
+    /// `key` again if the counting path takes every size under the current tag (counting
+    /// mode, the tag not slow), else `NO_KEY`: then one comparison stands for the key's and
+    /// the limit's.
+    pub(crate) any_size_key: Cell<u64>,
     /// The header of a block counted under the current tag, or `Header::NONE` while the
     /// tag is slow (so no block's header equals it).
     pub(crate) header: Cell<Header>,
@@ -60,6 +64,7 @@ thread_local! {
             state: Cell::new(0),
             key: Cell::new(NO_KEY),
             limit: Cell::new(0),
+            any_size_key: Cell::new(NO_KEY),
             header: Cell::new(Header::NONE),
             delta: Cell::new(ptr::null()),
             tags: Cell::new(ptr::null()),
@@ -95,6 +100,7 @@ impl Local {
         if self.any_slow.get() {
             // `limit` and `header` were for the previous tag's slowness.
             self.key.set(NO_KEY);
+            self.any_size_key.set(NO_KEY);
         }
     }
 }
@@ -220,10 +226,10 @@ pub(crate) fn in_tracker() -> bool {
 #[derive(Debug)]
 pub(crate) struct Reentry {
     was: bool,
-    /// The allocator's cached key when entering, and the tag then: the key is dropped
+    /// The allocator's cached keys when entering, and the tag then: the keys are dropped
     /// meanwhile (so the counting path stays out), and given back on leaving if the tag is
     /// the same (a guard forgotten inside would leave another tag current).
-    key: u64,
+    keys: (u64, u64),
     tag: u32,
     /// `*const ()`: `!Send` and `!Sync`, because the guard clears a flag in a thread-local
     /// of the thread that set it. Not generic, so there is no variance to choose.
@@ -233,14 +239,15 @@ pub(crate) struct Reentry {
 impl Reentry {
     #[inline]
     pub(crate) fn enter() -> Self {
-        let (was, key, tag) = LOCAL
+        let (was, keys, tag) = LOCAL
             .try_with(|l| {
                 let s = l.state.get();
                 l.state.set(s | IN_TRACKER);
-                (s & IN_TRACKER != 0, l.key.replace(NO_KEY), s & !IN_TRACKER)
+                let keys = (l.key.replace(NO_KEY), l.any_size_key.replace(NO_KEY));
+                (s & IN_TRACKER != 0, keys, s & !IN_TRACKER)
             })
-            .unwrap_or((true, NO_KEY, 0));
-        Reentry { was, key, tag, _not_send: PhantomData }
+            .unwrap_or((true, (NO_KEY, NO_KEY), 0));
+        Reentry { was, keys, tag, _not_send: PhantomData }
     }
 }
 
@@ -254,7 +261,8 @@ impl Drop for Reentry {
             } else {
                 l.state.set(s);
                 if s == self.tag {
-                    l.key.set(self.key);
+                    l.key.set(self.keys.0);
+                    l.any_size_key.set(self.keys.1);
                 }
             }
         });
@@ -301,6 +309,7 @@ mod tests {
         LOCAL.with(|l| {
             l.tags.set(base);
             l.key.set(FAKE_KEY);
+            l.any_size_key.set(FAKE_KEY);
             l.any_slow.set(false);
         });
         {
@@ -313,6 +322,7 @@ mod tests {
             LOCAL.with(|l| l.any_slow.set(true));
             let _b = B.enter();
             assert_eq!(key(), NO_KEY, "the cache said whether A was slow, not B");
+            assert_eq!(LOCAL.with(|l| l.any_size_key.get()), NO_KEY);
         }
         LOCAL.with(|l| {
             assert_eq!(l.delta.get(), base.wrapping_add(TagId::UNTAGGED.index()));
@@ -325,18 +335,22 @@ mod tests {
     #[test]
     fn reentry_hides_the_cache_and_gives_it_back_to_the_same_tag() {
         static T: Tag = Tag::new("scope-unit-reentry-cache");
-        LOCAL.with(|l| l.key.set(FAKE_KEY));
+        let keys = || LOCAL.with(|l| (l.key.get(), l.any_size_key.get()));
+        LOCAL.with(|l| {
+            l.key.set(FAKE_KEY);
+            l.any_size_key.set(FAKE_KEY);
+        });
         {
             let _r = Reentry::enter();
-            assert_eq!(key(), NO_KEY, "no counting path inside the tracker");
+            assert_eq!(keys(), (NO_KEY, NO_KEY), "no counting path inside the tracker");
             let _nested = Reentry::enter();
         }
-        assert_eq!(key(), FAKE_KEY);
+        assert_eq!(keys(), (FAKE_KEY, FAKE_KEY));
         {
             let _r = Reentry::enter();
             std::mem::forget(T.enter());
         }
-        assert_eq!(key(), NO_KEY, "another tag is current: the cache was for the one before");
+        assert_eq!(keys(), (NO_KEY, NO_KEY), "another tag is current: the cache was for the one before");
         drop(enter(TagId::UNTAGGED));
         LOCAL.with(|l| l.state.set(0));
     }

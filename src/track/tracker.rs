@@ -251,11 +251,9 @@ impl Tracker {
                 };
             }
             if key == KEY_NONE {
-                l.key.set(super::scope::NO_KEY);
                 return false;
             }
             let Some(slot) = self.threads.slot() else {
-                l.key.set(super::scope::NO_KEY);
                 return false;
             };
             // Read after the key (`Acquire`): the configuration it was published for, or a
@@ -269,7 +267,9 @@ impl Tracker {
             l.delta.set(tags.wrapping_add(tag.index()));
             l.any_slow.set(any_slow);
             l.header.set(if slow { Header::NONE } else { Header::new(tag.0, H_COUNTED) });
-            l.limit.set(if slow { 0 } else { config.mode_limit() });
+            let limit = if slow { 0 } else { config.mode_limit() };
+            l.limit.set(limit);
+            l.any_size_key.set(if limit >= isize::MAX as usize { key } else { super::scope::NO_KEY });
             l.key.set(key);
             true
         })
