@@ -39,6 +39,13 @@ fn no_unwind<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// `true`, and marks the branch that calls it unlikely, so the likely one falls through.
+#[cold]
+#[inline]
+fn cold_path() -> bool {
+    true
+}
+
 /// A [`GlobalAlloc`] that wraps another allocator and reports every allocation to a
 /// [`Tracker`] (by default [`Tracker::global()`]), under the tag in scope on the
 /// allocating thread.
@@ -305,7 +312,7 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
             let header = unsafe { block::read_header(ptr) };
             let delta = if header == l.header.get() {
                 l.delta.get()
-            } else if header.is_counted_only() && !(l.any_slow.get() && t.is_slow(TagId(header.tag()))) {
+            } else if cold_path() && header.is_counted_only() && !(l.any_slow.get() && t.is_slow(TagId(header.tag()))) {
                 l.tags.get().wrapping_add(TagId(header.tag()).index())
             } else {
                 return false;
