@@ -488,20 +488,54 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// configuration (it is filled, and the counting path tried again), or the allocation
     /// needs more than a count (a record, guards, a slow tag, re-entry).
     ///
+    /// Kept small: the records path goes through it (it is the first out-of-line frame, as
+    /// `OWN_FRAMES_SLACK` expects before a record's stack capture), so everything heavier
+    /// than choosing the path is a call.
+    ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
     #[inline(never)]
     unsafe fn alloc_cold(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        let t = self.tracker;
-        if with_local(|l| l.key.get()) != Some(t.fast_key()) && t.refill_local() {
+        if with_local(|l| l.key.get()) != Some(self.tracker.fast_key()) {
+            // SAFETY: the caller guarantees a non-zero size.
+            return unsafe { self.alloc_refill(layout, zeroed) };
+        }
+        // SAFETY: as above.
+        unsafe { self.alloc_general(layout, zeroed) }
+    }
+
+    /// [`alloc_cold`](Self::alloc_cold) with the cache not current: it is filled, and the
+    /// counting path tried again, else the general one. (A record's stack placed from here
+    /// has one frame of ours more: the first allocation of a thread after a change of
+    /// configuration.)
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(never)]
+    unsafe fn alloc_refill(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        if self.tracker.refill_local() {
             // SAFETY: the caller guarantees a non-zero size.
             if let Some(user) = unsafe { self.alloc_fast(layout, zeroed) } {
                 return user;
             }
         }
+        // SAFETY: as above.
+        unsafe { self.alloc_general(layout, zeroed) }
+    }
+
+    /// `alloc` under the tag in scope as the configuration and the tag's flag decide,
+    /// without the thread's cache.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(always)]
+    unsafe fn alloc_general(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        let t = self.tracker;
         let Some(tag) = allocation_tag() else {
-            // SAFETY: as above.
+            // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, None, zeroed) };
         };
         let config = t.config();
@@ -516,12 +550,13 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         unsafe { self.place_counted(layout, tag, zeroed) }
     }
 
-    /// The counting path's allocation, header and count, for a tag that is not slow.
+    /// The counting path's allocation, header and count, for a tag that is not slow, without
+    /// the thread's cache (the cache's own path is [`alloc_fast`](Self::alloc_fast)).
     ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
-    #[inline(always)]
+    #[inline(never)]
     unsafe fn place_counted(&self, layout: Layout, tag: TagId, zeroed: bool) -> *mut u8 {
         let t = self.tracker;
         let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {
