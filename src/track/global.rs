@@ -411,10 +411,10 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// fast key. While the two keys match, the cache holds this thread's slot, the current
     /// tag's header and counters, and the largest size counted only under that tag (none if
     /// it is slow, none but small ones in sampled mode; in counting mode a second copy of
-    /// the key stands for both tests). Then: the inner allocation, the
-    /// keys compared again, one header store and two counter updates. The count comes after
-    /// the allocation: with the tag not slow there is no budget to refuse it, so a failed
-    /// allocation has nothing to undo. `None`, having done nothing, off that path.
+    /// the key stands for both tests). Then: the inner allocation, the keys compared again,
+    /// one header store and two counter updates. The count comes after the allocation: with
+    /// the tag not slow there is no budget to refuse it, so a failed allocation has nothing
+    /// to undo. `None`, having done nothing, off that path.
     ///
     /// The second comparison stands for [`Tracker::placed_without_record`]'s load of the
     /// configuration (see its docs for why an unchanged key is enough), and lets the header

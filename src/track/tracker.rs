@@ -226,9 +226,10 @@ impl Tracker {
 
     /// Fills this thread's allocator cache (`scope::Local`) for this tracker: the key of its
     /// configuration, this thread's slot, and the current tag's header, counters and the
-    /// largest size it counts only. Returns `false`, leaving the cache without a key, if
-    /// there is no counting path to cache: inside the tracker, in diagnostic mode, while
-    /// the configuration changes, or for a thread without a slot.
+    /// largest size it counts only. Returns `false`, leaving the cache as it was (without
+    /// this tracker's current key), if there is no counting path to cache: inside the
+    /// tracker, in diagnostic mode, while the configuration changes, or for a thread
+    /// without a slot.
     ///
     /// `'static`: a cache outlives any call, so it may only name a tracker that is never
     /// dropped (the key is unique to this tracker, so no other tracker's key matches it).
