@@ -14,7 +14,7 @@ use super::record::{Record, FLAG_GLOBAL_ALLOC};
 use super::scope::{allocation_tag, current_tag, in_tracker, with_local, Local};
 use super::stack_trace::NO_STACK;
 use super::tag::TagId;
-use super::tracker::Tracker;
+use super::tracker::{Tracker, KEY_NONE};
 
 /// Runs `f`, tracker code that may call user code (a budget callback, the logger of a
 /// watched tag or of a diagnostic) from inside the allocator, and aborts the process if it
@@ -497,7 +497,10 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
     #[inline(never)]
     unsafe fn alloc_cold(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        if with_local(|l| l.key.get()) != Some(self.tracker.fast_key()) {
+        let key = self.tracker.fast_key();
+        // Not for a configuration without a counting path (diagnostics): no frame more before
+        // its stack captures.
+        if with_local(|l| l.key.get()) != Some(key) && key != KEY_NONE {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_refill(layout, zeroed) };
         }

@@ -74,7 +74,7 @@ static GLOBAL: Tracker = Tracker::new();
 /// `Tracker::fast_key` before any thread cached the tracker.
 const KEY_UNSET: u64 = 0;
 /// `Tracker::fast_key` of a configuration without a counting path.
-const KEY_NONE: u64 = 1;
+pub(crate) const KEY_NONE: u64 = 1;
 /// The next fast key (process-wide, so no two trackers share one; never `scope::NO_KEY`
 /// in practice: 2^64 configuration changes).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(2);
