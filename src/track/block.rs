@@ -43,12 +43,14 @@ pub(crate) const H_COUNTED: u32 = 1;
 pub(crate) const H_RECORD: u32 = 2;
 /// The block has guard zones.
 pub(crate) const H_GUARDED: u32 = 4;
+/// No block has it (see `Header::NONE`).
+const H_NONE: u32 = 1 << 15;
 
 /// The 8 bytes right before every user pointer: one word, so it is written with one store
 /// and read with one load.
 ///
-/// Bits 0..32 hold the tag id, bits 32..64 `MAGIC | H_*` flags while the block is live (or
-/// `FREED_MAGIC` once freed). Every bit pattern is a valid `Header`, so a corrupted one
+/// Bits 0..32 hold the tag id, bits 32..64 `MAGIC | H_*` flags while the block is live.
+/// Once freed it is `FREED_WORD`. Every bit pattern is a valid `Header`, so a corrupted one
 /// still reads (and fails [`Header::is_valid`]).
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,10 +58,16 @@ pub(crate) struct Header(u64);
 
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER);
 
-/// The header word of a freed block.
-const FREED_WORD: u64 = (FREED_MAGIC as u64) << 32;
+/// The header word of a freed block: `FREED_MAGIC` sign-extended, so that marking a block
+/// freed is one store of a 32-bit immediate. Its upper half is not a live block's magic.
+const FREED_WORD: u64 = FREED_MAGIC as i32 as i64 as u64;
 
 impl Header {
+    /// A header no block gets (it has a flag no placement sets), and no likelier in foreign
+    /// memory than a live one: what the allocator's per-thread cache holds where it must
+    /// match no block (see `scope::Local`).
+    pub(crate) const NONE: Header = Header::new(0, H_NONE);
+
     #[inline]
     pub(crate) const fn new(tag: u32, flags: u32) -> Self {
         Header(((MAGIC | flags) as u64) << 32 | tag as u64)
@@ -81,8 +89,9 @@ impl Header {
         self.magic_flags() & MAGIC_MASK == MAGIC && (self.tag() as usize) < MAX_TAGS
     }
 
+    /// A header [`mark_freed`] wrote.
     pub(crate) const fn was_freed(self) -> bool {
-        self.magic_flags() & MAGIC_MASK == FREED_MAGIC
+        self.0 == FREED_WORD
     }
 
     /// A live block that is counted, with no record and no guards, under an existing tag

@@ -170,10 +170,11 @@ impl Tracker {
     /// Budgeted or watched tags take the exact (shared-counter) path in the allocator.
     /// The configuration's slow-tags bit says whether any tag is slow, so that while none
     /// is, the allocator's counting path skips the per-tag flag; it is recomputed from
-    /// every tag's flag under one lock, so two updates cannot leave it stale.
+    /// every tag's flag under one lock, so two updates cannot leave it stale. Every change
+    /// also gives the tracker a new fast key, since the allocator's per-thread caches hold
+    /// whether their current tag is slow.
     pub(super) fn update_slow(&self, tag: TagId) {
-        static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-        let _serial = SERIAL.lock();
+        let _serial = super::tracker::CONFIG_SERIAL.lock();
         let c = &self.counters[tag.index()];
         let slow = c.budget.load(Ordering::Relaxed) != NO_BUDGET || c.watch.load(Ordering::Relaxed);
         c.slow.store(slow, Ordering::Relaxed);

@@ -63,8 +63,10 @@ impl Tracker {
         self.reconfigure(|mode, _| (mode, on));
     }
 
+    /// Pushes `addr`'s record into the freed ring, with the current epoch (read with
+    /// `Acquire`: see [`Tracker::placed_without_record`]).
     pub(super) fn remember_freed(&self, addr: usize, record: Record) {
-        let config = self.config();
+        let config = self.config_acquire();
         let free_stack = if config.diagnostics() {
             let _reentry = Reentry::enter();
             self.stacks.intern(&StackTrace::capture(config.mode().stack_depth().max(8)))
@@ -85,6 +87,13 @@ impl Tracker {
     /// or forgot the entry here. The load is ordered after the entry's push because the
     /// entry is pushed before the old block goes back to the inner allocator, and the new
     /// block came out of it.
+    ///
+    /// The allocator's counting path calls this only when the tracker's fast key changed
+    /// while it allocated: an unchanged key means no entry it must forget. A trusted entry
+    /// was pushed in a diagnostic epoch, read with `Acquire` (`remember_freed`) after the
+    /// change that began it took the key away (`Tracker::change_config`), and before the
+    /// block went back to the inner allocator, so an allocation that got the block sees
+    /// the key gone, or a newer one, published after that epoch had ended.
     #[inline]
     pub(crate) fn placed_without_record(&self, addr: usize) {
         if self.config().keeps_records() {

@@ -11,10 +11,10 @@ use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 use super::budget::Charger;
 use super::mode::Config;
 use super::record::{Record, FLAG_GLOBAL_ALLOC};
-use super::scope::{allocation_tag, current_tag, in_tracker};
+use super::scope::{allocation_tag, current_tag, in_tracker, with_local, Local};
 use super::stack_trace::NO_STACK;
 use super::tag::TagId;
-use super::tracker::Tracker;
+use super::tracker::{Tracker, KEY_NONE};
 
 /// Runs `f`, tracker code that may call user code (a budget callback, the logger of a
 /// watched tag or of a diagnostic) from inside the allocator, and aborts the process if it
@@ -37,6 +37,13 @@ fn no_unwind<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     std::mem::forget(armed);
     r
+}
+
+/// `true`, and marks the branch that calls it unlikely, so the likely one falls through.
+#[cold]
+#[inline]
+fn cold_path() -> bool {
+    true
 }
 
 /// A [`GlobalAlloc`] that wraps another allocator and reports every allocation to a
@@ -212,30 +219,12 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TrackingAllocator<A> {
 
     #[inline(always)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let t = self.tracker;
-        // The counting path: no diagnostics, a counted-only block of a tag that is not slow
-        // (one more test while no tag is), this thread's slot cached. The layout gives the
-        // size.
-        let config = t.config();
-        if !config.diagnostics() {
-            // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
-            // has a header.
-            let header = unsafe { block::read_header(ptr) };
-            if header.is_counted_only() {
-                let tag = TagId(header.tag());
-                if !config.slow_tags() || !t.is_slow(tag) {
-                    if let Some(slot) = t.threads.cached_slot() {
-                        if slot.free(tag.index(), layout.size() as isize) {
-                            t.flush(slot, tag);
-                        }
-                        // SAFETY: the caller's contract; the header says counted only.
-                        return unsafe { self.free_counted(ptr, layout) };
-                    }
-                }
-            }
-        }
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.dealloc_checked(ptr, layout) }
+        if unsafe { self.free_fast(ptr, layout) } {
+            return;
+        }
+        // SAFETY: as above.
+        unsafe { self.dealloc_cold(ptr, layout) }
     }
 
     #[inline]
@@ -300,13 +289,76 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         new
     }
 
-    /// `dealloc` off the counting path: diagnostics, a slow tag, a block with a record, or
-    /// a thread without its slot cached.
+    /// `dealloc`'s counting path: this thread's cache (`scope::Local`) is current for this
+    /// tracker, so diagnostics are off and the thread's slot is at hand, and the block is
+    /// counted only, under a tag that is not slow. The block's header is compared with the
+    /// one the current tag's blocks get, which gives the tag's counters when they match;
+    /// else it is checked as `Header::is_counted_only` does. The layout gives the size.
+    /// Returns `false`, having done nothing, off that path.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`].
+    #[inline(always)]
+    unsafe fn free_fast(&self, ptr: *mut u8, layout: Layout) -> bool {
+        let t = self.tracker;
+        let key = t.fast_key();
+        with_local(|l| {
+            if l.key.get() != key {
+                return false;
+            }
+            // SAFETY: the caller guarantees `ptr` is live and came from this allocator, so it
+            // has a header.
+            let header = unsafe { block::read_header(ptr) };
+            let delta = if header == l.header.get() {
+                l.delta.get()
+            } else if cold_path() && header.is_counted_only() && !(l.any_slow.get() && t.is_slow(TagId(header.tag()))) {
+                l.tags.get().wrapping_add(TagId(header.tag()).index())
+            } else {
+                return false;
+            };
+            // SAFETY: `l.key` is this tracker's key, so `l.tags` is this thread's slot's
+            // counters in it and `l.delta` the current tag's (`Local`'s invariant); the
+            // slot lives as long as the tracker, which is `'static`. The header's tag is
+            // that tag, or below `MAX_TAGS` (`is_counted_only` checks it).
+            unsafe { &*delta }.free(layout.size() as isize);
+            // SAFETY: the caller's contract; the header says counted only (`l.header` is a
+            // counted-only header, or `Header::NONE`, which no block has).
+            unsafe { self.free_counted(ptr, layout) };
+            true
+        })
+        .unwrap_or(false)
+    }
+
+    /// `dealloc` off the counting path: the thread's cache is for another tracker or
+    /// configuration (it is filled, and the counting path tried again), or the block or the
+    /// configuration needs more than a count.
     ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::dealloc`].
     #[inline(never)]
+    unsafe fn dealloc_cold(&self, ptr: *mut u8, layout: Layout) {
+        let t = self.tracker;
+        if with_local(|l| l.key.get()) != Some(t.fast_key()) && t.refill_local() {
+            // SAFETY: the caller's contract, passed on.
+            if unsafe { self.free_fast(ptr, layout) } {
+                return;
+            }
+        }
+        // SAFETY: as above.
+        unsafe { self.dealloc_checked(ptr, layout) }
+    }
+
+    /// `dealloc` off the counting path: diagnostics, a slow tag, a block with a record, or
+    /// a thread without its slot.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::dealloc`].
+    // Inlined into `dealloc_cold`, its one caller: no frame more before a diagnostic free's
+    // stack capture than before that function existed.
+    #[inline(always)]
     unsafe fn dealloc_checked(&self, ptr: *mut u8, layout: Layout) {
         // The watch log and the diagnostics' logs may run: no unwinding out of here.
         // SAFETY: the caller's contract, passed on.
@@ -342,24 +394,155 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
 
     /// `alloc` and `alloc_zeroed`: the counting path inline, everything else out of line.
     ///
-    /// The counting path is one thread-local read (the tag and the re-entrancy flag), the
-    /// configuration word (one shift and test: the size takes the counting path, and no tag
-    /// has a budget or a watch), the inner allocation, one header store, and the thread's
-    /// counter slot. The count comes after the allocation: with no slow tag there is no
-    /// budget to refuse it, so a failed allocation has nothing to undo.
-    ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
     #[inline(always)]
     unsafe fn alloc_counted(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        // SAFETY: the caller guarantees a non-zero size.
+        if let Some(user) = unsafe { self.alloc_fast(layout, zeroed) } {
+            return user;
+        }
+        // SAFETY: as above.
+        unsafe { self.alloc_cold(layout, zeroed) }
+    }
+
+    /// `alloc`'s counting path: one thread-local block (`scope::Local`) and the tracker's
+    /// fast key. While the two keys match, the cache holds this thread's slot, the current
+    /// tag's header and counters, and the largest size counted only under that tag (none if
+    /// it is slow, none but small ones in sampled mode; in counting mode a second copy of
+    /// the key stands for both tests). Then: the inner allocation, the keys compared again,
+    /// one header store and two counter updates. The count comes after the allocation: with
+    /// the tag not slow there is no budget to refuse it, so a failed allocation has nothing
+    /// to undo. `None`, having done nothing, off that path.
+    ///
+    /// The second comparison stands for [`Tracker::placed_without_record`]'s load of the
+    /// configuration (see its docs for why an unchanged key is enough), and lets the header
+    /// and counters be read after the inner allocation (nothing is kept across it): an
+    /// unchanged key vouches for them as it did before.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(always)]
+    unsafe fn alloc_fast(&self, layout: Layout, zeroed: bool) -> Option<*mut u8> {
+        let t = self.tracker;
+        let key = t.fast_key();
+        // Counting mode: one comparison; sampled mode, or a slow tag: the key and the limit.
+        let counted = |l: &Local| l.any_size_key.get() == key || l.key.get() == key && layout.size() <= l.limit.get();
+        if !with_local(counted)? {
+            return None;
+        }
+        let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {
+            return Some(ptr::null_mut());
+        };
+        // SAFETY: `base` is a fresh block of `block.outer`, from `block_layout(layout, false)`,
+        // so its user pointer is `prefix` bytes in.
+        let user = unsafe { base.add(block.prefix) };
+        let counted = with_local(|l| {
+            if l.key.get() != t.fast_key() {
+                return false;
+            }
+            let header = l.header.get();
+            // SAFETY: `user` is the fresh block's user pointer, its header slot in the block
+            // (`prefix >= HEADER`). The key still matches, so since the size was checked
+            // the tag has not become slow, nor changed while some tag is (that drops the
+            // key): `header` is a counted-only header.
+            unsafe { block::write_header(user, header) };
+            // SAFETY: the key matches, so `l.delta` is the current tag's counters in this
+            // thread's slot of this tracker (`Local`'s invariant), which lives as long as the
+            // tracker (`'static`).
+            let counters = unsafe { &*l.delta.get() };
+            if counters.alloc(layout.size() as isize) {
+                t.flush_local(TagId(header.tag()));
+            }
+            true
+        });
+        if counted != Some(true) {
+            // SAFETY: as above, `user` is the fresh block's user pointer.
+            unsafe { self.placed_meanwhile(user, layout.size()) };
+        }
+        Some(user)
+    }
+
+    /// The end of [`alloc_fast`](Self::alloc_fast) when the tracker's configuration changed
+    /// during the inner allocation: as [`place_counted`](Self::place_counted) ends, under
+    /// the current tag. Never refused: a budget set meanwhile starts with the next
+    /// allocation.
+    ///
+    /// # Safety
+    ///
+    /// `user` is the user pointer of a fresh unguarded block, not yet handed out.
+    #[cold]
+    #[inline(never)]
+    unsafe fn placed_meanwhile(&self, user: *mut u8, size: usize) {
+        let t = self.tracker;
+        let tag = current_tag();
+        // SAFETY: the caller's contract.
+        unsafe { block::write_header(user, Header::new(tag.0, H_COUNTED)) };
+        t.placed_without_record(user as usize);
+        t.count_unbudgeted(tag, size);
+    }
+
+    /// `alloc` off the counting path: the thread's cache is for another tracker or
+    /// configuration (it is filled, and the counting path tried again), or the allocation
+    /// needs more than a count (a record, guards, a slow tag, re-entry).
+    ///
+    /// Kept small: the records path goes through it (it is the first out-of-line frame, as
+    /// `OWN_FRAMES_SLACK` expects before a record's stack capture), so everything heavier
+    /// than choosing the path is a call.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(never)]
+    unsafe fn alloc_cold(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        let key = self.tracker.fast_key();
+        // Not for a configuration without a counting path (diagnostics): no frame more before
+        // its stack captures.
+        if with_local(|l| l.key.get()) != Some(key) && key != KEY_NONE {
+            // SAFETY: the caller guarantees a non-zero size.
+            return unsafe { self.alloc_refill(layout, zeroed) };
+        }
+        // SAFETY: as above.
+        unsafe { self.alloc_general(layout, zeroed) }
+    }
+
+    /// [`alloc_cold`](Self::alloc_cold) with the cache not current: it is filled, and the
+    /// counting path tried again, else the general one. (A record's stack placed from here
+    /// has one frame of ours more: the first allocation of a thread after a change of
+    /// configuration.)
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(never)]
+    unsafe fn alloc_refill(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        if self.tracker.refill_local() {
+            // SAFETY: the caller guarantees a non-zero size.
+            if let Some(user) = unsafe { self.alloc_fast(layout, zeroed) } {
+                return user;
+            }
+        }
+        // SAFETY: as above.
+        unsafe { self.alloc_general(layout, zeroed) }
+    }
+
+    /// `alloc` under the tag in scope as the configuration and the tag's flag decide,
+    /// without the thread's cache.
+    ///
+    /// # Safety
+    ///
+    /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline(always)]
+    unsafe fn alloc_general(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let t = self.tracker;
         let Some(tag) = allocation_tag() else {
             // SAFETY: the caller guarantees a non-zero size.
             return unsafe { self.alloc_tagged(layout, None, zeroed) };
         };
         let config = t.config();
-        // While no tag is slow, one test; else this tag's flag too, still inline.
+        // While no tag is slow, one test; else this tag's flag too.
         let counted = config.counts_only(layout.size())
             || (config.slow_tags() && config.mode_counts_only(layout.size()) && !t.is_slow(tag));
         if !counted {
@@ -370,12 +553,13 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
         unsafe { self.place_counted(layout, tag, zeroed) }
     }
 
-    /// The counting path's allocation, header and count, for a tag that is not slow.
+    /// The counting path's allocation, header and count, for a tag that is not slow, without
+    /// the thread's cache (the cache's own path is [`alloc_fast`](Self::alloc_fast)).
     ///
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
-    #[inline(always)]
+    #[inline(never)]
     unsafe fn place_counted(&self, layout: Layout, tag: TagId, zeroed: bool) -> *mut u8 {
         let t = self.tracker;
         let Some((base, block)) = self.alloc_unguarded(layout, zeroed) else {
@@ -394,7 +578,9 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
     /// # Safety
     ///
     /// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
-    #[inline(never)]
+    // Inlined into `alloc_cold`, its one caller: no frame more before a record's stack
+    // capture than before that function existed (`OWN_FRAMES_SLACK` covers so many).
+    #[inline(always)]
     unsafe fn alloc_checked(&self, layout: Layout, tag: TagId, config: Config, zeroed: bool) -> *mut u8 {
         if config.diagnostics() || self.tracker.is_slow(tag) {
             // SAFETY: the caller guarantees a non-zero size.
@@ -488,8 +674,8 @@ impl<A: GlobalAlloc> TrackingAllocator<A> {
                 // never kept in the freed ring here), with the slot at hand.
                 if t.is_slow(record.tag) {
                     t.record_removed(addr, record, false);
-                } else if slot.free(record.tag.index(), record.size as isize) {
-                    t.flush(slot, record.tag);
+                } else {
+                    slot.free(record.tag.index(), record.size as isize);
                 }
                 // SAFETY: the caller's contract; its record is removed, so this is the one
                 // free.
@@ -698,6 +884,129 @@ mod tests {
         T.watch(&TIGHT, false);
         assert!(!T.config().slow_tags());
         roundtrip(&T, &TIGHT);
+    }
+
+    /// The counting path caches the tag in scope per thread: a budget set after that, on
+    /// that tag or on one entered later, must still be enforced, and a budgeted tag's frees
+    /// must reach the shared counters, not the thread's slot.
+    #[test]
+    fn budgets_set_after_the_counting_path_cached_the_tags_are_enforced() {
+        use crate::track::BudgetPolicy;
+        static T: Tracker = Tracker::new();
+        static FIRST: Tag = Tag::new("global-unit-cached-then-budgeted");
+        static LATER: Tag = Tag::new("global-unit-budgeted-then-entered");
+        static PLAIN: Tag = Tag::new("global-unit-unbudgeted-meanwhile");
+        let a = TrackingAllocator::with_tracker(System, &T);
+        let l = Layout::new::<[u8; 64]>();
+        // SAFETY: non-zero layouts; every non-null block is freed once with its layout.
+        unsafe {
+            let _first = FIRST.enter();
+            a.dealloc(a.alloc(l), l);
+            T.set_budget(&FIRST, 100);
+            T.set_budget_policy(&FIRST, BudgetPolicy::Error);
+            let p = a.alloc(l);
+            assert!(!p.is_null());
+            assert!(a.alloc(l).is_null(), "a budget set on the cached tag applies at once");
+            a.dealloc(p, l);
+            let (bytes, count, _) = T.threads.pending(FIRST.id().index());
+            assert_eq!((bytes, count), (0, 0), "frees of a slow tag are shared");
+            T.set_budget(&LATER, 100);
+            T.set_budget_policy(&LATER, BudgetPolicy::Error);
+            {
+                // Cached while some tag is slow, under a tag that is not.
+                let _plain = PLAIN.enter();
+                a.dealloc(a.alloc(l), l);
+                let _later = LATER.enter();
+                let q = a.alloc(l);
+                assert!(!q.is_null());
+                assert!(a.alloc(l).is_null(), "entering a budgeted tag leaves the cached path");
+                a.dealloc(q, l);
+            }
+            let (bytes, count, _) = T.threads.pending(LATER.id().index());
+            assert_eq!((bytes, count), (0, 0));
+        }
+        for tag in [&FIRST, &LATER, &PLAIN] {
+            let s = T.tag_stats(tag);
+            assert_eq!((s.bytes, s.count), (0, 0), "{s:?}");
+        }
+    }
+
+    /// A change of mode or of the diagnostics flag reaches a thread whose counting path
+    /// cached the configuration before: the next allocation gets a record, then guards.
+    #[test]
+    fn mode_changes_reach_a_thread_that_cached_the_counting_path() {
+        static T: Tracker = Tracker::new();
+        static TAG: Tag = Tag::new("global-unit-cached-then-switched");
+        let a = TrackingAllocator::with_tracker(System, &T);
+        let l = Layout::new::<[u8; 16]>();
+        let _g = TAG.enter();
+        // SAFETY: non-zero layouts; each block is freed once with its layout; the overrun
+        // writes one byte into the block's back guard, which diagnostics put there.
+        unsafe {
+            a.dealloc(a.alloc(l), l);
+            T.set_mode(Mode::Records);
+            let p = a.alloc(l);
+            assert_eq!(T.live_records(), 1);
+            a.dealloc(p, l);
+            T.set_mode(Mode::Counting);
+            a.dealloc(a.alloc(l), l);
+            assert_eq!(T.live_records(), 0);
+            T.set_diagnostics(true);
+            let q = a.alloc(l);
+            q.add(16).write(0);
+            a.dealloc(q, l);
+            assert_eq!(T.error_counts().buffer_overruns, 1);
+        }
+        let s = T.tag_stats(&TAG);
+        assert_eq!((s.bytes, s.count, s.total_count), (0, 0, 4), "{s:?}");
+    }
+
+    /// One thread alternating between two trackers counts each block in its own tracker.
+    #[test]
+    fn two_trackers_on_one_thread_count_apart() {
+        static ONE: Tracker = Tracker::new();
+        static TWO: Tracker = Tracker::new();
+        static TAG: Tag = Tag::new("global-unit-two-trackers");
+        let (a, b) = (TrackingAllocator::with_tracker(System, &ONE), TrackingAllocator::with_tracker(System, &TWO));
+        let _g = TAG.enter();
+        let (small, large) = (Layout::new::<[u8; 8]>(), Layout::new::<[u8; 800]>());
+        // SAFETY: non-zero layouts; each block is freed once, by its allocator, with its layout.
+        unsafe {
+            let blocks: Vec<_> = (0..10).map(|_| (a.alloc(small), b.alloc(large))).collect();
+            assert_eq!((ONE.tag_stats(&TAG).bytes, TWO.tag_stats(&TAG).bytes), (80, 8000));
+            for (p, q) in blocks {
+                a.dealloc(p, small);
+                b.dealloc(q, large);
+            }
+        }
+        for t in [&ONE, &TWO] {
+            let s = t.tag_stats(&TAG);
+            assert_eq!((s.bytes, s.count, s.total_count), (0, 0, 10), "{s:?}");
+        }
+    }
+
+    /// A pointer whose header is not one of ours is reported and left alone by the counting
+    /// path as by the others.
+    #[test]
+    fn a_foreign_pointer_is_reported_not_freed() {
+        static T: Tracker = Tracker::new();
+        static TAG: Tag = Tag::new("global-unit-foreign");
+        let a = TrackingAllocator::with_tracker(System, &T);
+        let l = Layout::new::<u64>();
+        let _g = TAG.enter();
+        // SAFETY: non-zero layouts; `a`'s block is freed once with its layout; the foreign
+        // block is two words from `System`, freed there, and `a` only reads its first word
+        // (the header slot before the pointer it is given) and then leaks it.
+        unsafe {
+            a.dealloc(a.alloc(l), l);
+            let foreign = System.alloc(Layout::new::<[u64; 2]>()).cast::<u64>();
+            foreign.write(0x1234_5678_9abc_def0);
+            a.dealloc(foreign.add(1).cast(), l);
+            assert_eq!(T.error_counts().untracked_frees, 1);
+            System.dealloc(foreign.cast(), Layout::new::<[u64; 2]>());
+        }
+        let s = T.tag_stats(&TAG);
+        assert_eq!((s.bytes, s.count), (0, 0), "{s:?}");
     }
 
     #[test]

@@ -330,13 +330,28 @@ impl Config {
     /// it (ignoring the slow-tags bit): for a tag that is not slow while others are.
     #[inline]
     pub(crate) const fn mode_counts_only(self, size: usize) -> bool {
-        // As `build` derives the shift, without building a word.
-        let shift = match self.0 {
+        (size as u64).wrapping_shr(self.mode_shift()) == 0
+    }
+
+    /// The largest size [`mode_counts_only`](Self::mode_counts_only) accepts (0: none), for
+    /// the allocator's per-thread cache, which compares sizes with it.
+    pub(crate) const fn mode_limit(self) -> usize {
+        let limit = (1u64 << self.mode_shift()) - 1;
+        if limit > usize::MAX as u64 {
+            usize::MAX
+        } else {
+            limit as usize
+        }
+    }
+
+    /// The counting path's size shift as `build` derives it from the mode and the
+    /// diagnostics flag alone.
+    const fn mode_shift(self) -> u32 {
+        match self.0 {
             raw if raw & KEEPS_RECORDS != 0 => 0,
             raw if raw & SAMPLED != 0 => Sampling::decode(raw & MODE_BITS).small_log2 as u32,
             _ => 63,
-        };
-        (size as u64).wrapping_shr(shift) == 0
+        }
     }
 
     /// Whether a tagged block of `size` bytes gets a record, and how many stack frames.
@@ -412,6 +427,9 @@ mod tests {
                 assert!(!slow.counts_only(1));
                 assert_eq!(slow.mode_counts_only(64), c.counts_only(64));
                 assert_eq!(slow.mode_counts_only(1 << 20), c.counts_only(1 << 20));
+                for size in [1, 255, 256, 1 << 20, isize::MAX as usize] {
+                    assert_eq!(size <= slow.mode_limit(), c.counts_only(size), "{m:?} {size}");
+                }
                 assert_eq!(slow.records(64), c.records(64));
                 assert_eq!(slow.with_slow_tags(false), c, "clearing the bit restores the word");
                 let switched = slow.changed(Mode::Counting, false);

@@ -2,10 +2,18 @@
 //!
 //! An atomic read-modify-write costs several times a `malloc` on the machines we measure,
 //! so the [`TrackingAllocator`](super::TrackingAllocator)'s counting goes to a slot owned
-//! by the allocating thread: a relaxed load and store (plain moves), no lock prefix. The
-//! owner folds its slot's deltas into the tag's shared counters once they exceed
-//! `FLUSH_BYTES` or `FLUSH_COUNT`; readers add the shared counters and every slot, so a
-//! quiescent total is exact.
+//! by the allocating thread: relaxed loads and stores (plain moves), no lock prefix. Readers
+//! add the shared counters and every slot, so a quiescent total is exact.
+//!
+//! The owner folds a tag's deltas into the tag's shared counters (raising its peaks) when
+//! an allocation finds their *weight*, the bytes plus `FLUSH_WEIGHT` per live block,
+//! outside `-FLUSH_BYTES..=FLUSH_BYTES`: while bytes and blocks both grow, that is at the
+//! latest when `FLUSH_BYTES` bytes or `FLUSH_COUNT` blocks are pending, as with two
+//! separate tests, and a weight that frees took below the range (blocks allocated on other
+//! threads) is folded before it can delay that. Frees test nothing: the peaks only rise on
+//! allocations, and readers add every slot. The weight is kept as a countdown
+//! (`TagDelta::countdown`), tested with one unsigned compare, and it stands for the bytes
+//! too: with the blocks counted in and out, it gives them back (`TagDelta::read`).
 //!
 //! A slot is owned by the thread whose token (the address of a thread-local) it holds.
 //! Addresses of thread-locals are unique among live threads, and a new thread can only get
@@ -25,10 +33,16 @@ use super::tag::MAX_TAGS;
 
 /// The most thread slots per tracker.
 pub(crate) const MAX_SLOTS: usize = if cfg!(miri) { 4 } else { 64 };
-/// Fold a slot's byte delta for a tag into the shared counter beyond this.
+/// Fold a slot's deltas for a tag into the shared counters once their weight (see the
+/// module docs) is beyond this either way.
 pub(crate) const FLUSH_BYTES: isize = 64 << 10;
-/// Fold a slot's count delta for a tag into the shared counter beyond this.
+/// Pending blocks that weigh as much as `FLUSH_BYTES`.
 pub(crate) const FLUSH_COUNT: isize = 64;
+/// What one pending block weighs, in bytes.
+const FLUSH_WEIGHT: isize = FLUSH_BYTES / FLUSH_COUNT;
+/// A countdown above this is a weight below `-FLUSH_BYTES`; below zero, one above
+/// `FLUSH_BYTES`. Both are above it as unsigned numbers.
+const COUNTDOWN_MAX: usize = 2 * FLUSH_BYTES as usize;
 
 /// One thread's pending deltas, per tag, and its pending record. Invariant: only the owning
 /// thread (`owner`) stores to `tags` (except `take`, by the owner too) and to `exit_hooked`;
@@ -43,13 +57,23 @@ pub(crate) struct ThreadSlot {
 }
 
 /// One tag's pending deltas in a thread slot, side by side so a count touches one cache line.
+///
+/// Three words, of which an allocation updates two and a free two: the blocks counted in
+/// and out, and a countdown that holds the bytes. Invariant: `countdown == FLUSH_BYTES -
+/// (bytes + FLUSH_WEIGHT * (allocs - frees))` (wrapping), where `bytes` is the pending byte
+/// delta; [`TagDelta::read`] solves it for `bytes`. `ThreadSlots::slot_slow` and
+/// [`ThreadSlot::take`] set it with every delta zero, and every update keeps it.
 #[repr(align(32))]
-struct TagDelta {
-    bytes: AtomicIsize,
-    count: AtomicIsize,
-    /// Allocations counted here (only grows; folded into `total_count` on flush).
+pub(crate) struct TagDelta {
+    /// Allocations counted here (only grows until taken; folded into `total_count`).
     allocs: AtomicIsize,
+    /// Frees counted here (only grows until taken).
+    frees: AtomicIsize,
+    /// `FLUSH_BYTES` minus the weight: above `COUNTDOWN_MAX` as unsigned, flush.
+    countdown: AtomicIsize,
 }
+
+const _: () = assert!(std::mem::size_of::<TagDelta>() == 32, "a tag's deltas fill half a cache line");
 
 static NEXT_TRACKER_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -134,10 +158,14 @@ impl ThreadSlots {
                 }
                 // SAFETY: `fresh` is unshared and valid for writes of a `ThreadSlot`; all-zero
                 // bytes are valid for every field but `pending` (std atomics of zero), which
-                // is written here before the slot is read as a whole.
+                // is written here before the slot is read as a whole. The countdowns start
+                // at `FLUSH_BYTES` (`TagDelta`'s invariant with every delta zero).
                 unsafe {
                     ptr::addr_of_mut!((*fresh).pending).write(PendingRecord::new());
                     (*fresh).owner.store(token, Ordering::Relaxed);
+                    for d in &(*fresh).tags {
+                        d.countdown.store(FLUSH_BYTES, Ordering::Relaxed);
+                    }
                 }
                 match cell.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => p = fresh,
@@ -178,10 +206,10 @@ impl ThreadSlots {
     pub(crate) fn pending(&self, tag: usize) -> (isize, isize, isize) {
         let (mut b, mut n, mut a) = (0isize, 0isize, 0isize);
         self.for_each(|s| {
-            let d = &s.tags[tag];
-            b = b.wrapping_add(d.bytes.load(Ordering::Relaxed));
-            n = n.wrapping_add(d.count.load(Ordering::Relaxed));
-            a = a.wrapping_add(d.allocs.load(Ordering::Relaxed));
+            let (bytes, count, allocs) = s.tags[tag].read();
+            b = b.wrapping_add(bytes);
+            n = n.wrapping_add(count);
+            a = a.wrapping_add(allocs);
         });
         (b, n, a)
     }
@@ -219,30 +247,23 @@ impl fmt::Debug for ThreadSlots {
 }
 
 impl ThreadSlot {
-    /// Counts one allocation of `bytes`; returns whether the deltas should be flushed.
-    #[inline(always)]
-    pub(crate) fn alloc(&self, tag: usize, bytes: isize) -> bool {
-        // Only the owner stores (type invariant), so load + store loses nothing.
-        let d = &self.tags[tag];
-        let b = d.bytes.load(Ordering::Relaxed).wrapping_add(bytes);
-        d.bytes.store(b, Ordering::Relaxed);
-        let n = d.count.load(Ordering::Relaxed).wrapping_add(1);
-        d.count.store(n, Ordering::Relaxed);
-        let a = d.allocs.load(Ordering::Relaxed).wrapping_add(1);
-        d.allocs.store(a, Ordering::Relaxed);
-        b > FLUSH_BYTES || n > FLUSH_COUNT
+    /// The address of this slot's first `TagDelta` (tag 0); tag `i`'s is `i` further.
+    #[inline]
+    pub(crate) fn tags_ptr(&self) -> *const TagDelta {
+        self.tags.as_ptr()
     }
 
-    /// Counts one free of `bytes`; returns whether the deltas should be flushed.
+    /// Counts one allocation of `bytes` under `tag`; returns whether the deltas should be
+    /// flushed.
     #[inline(always)]
-    pub(crate) fn free(&self, tag: usize, bytes: isize) -> bool {
-        // Only the owner stores (type invariant), so load + store loses nothing.
-        let d = &self.tags[tag];
-        let b = d.bytes.load(Ordering::Relaxed).wrapping_sub(bytes);
-        d.bytes.store(b, Ordering::Relaxed);
-        let n = d.count.load(Ordering::Relaxed).wrapping_sub(1);
-        d.count.store(n, Ordering::Relaxed);
-        b < -FLUSH_BYTES || n < -FLUSH_COUNT
+    pub(crate) fn alloc(&self, tag: usize, bytes: isize) -> bool {
+        self.tags[tag].alloc(bytes)
+    }
+
+    /// Counts one free of `bytes` under `tag` (a free never flushes; see the module docs).
+    #[inline(always)]
+    pub(crate) fn free(&self, tag: usize, bytes: isize) {
+        self.tags[tag].free(bytes);
     }
 
     /// Counts a block's change of size by `delta` bytes (no allocation, no free); returns
@@ -251,19 +272,52 @@ impl ThreadSlot {
     pub(crate) fn resize(&self, tag: usize, delta: isize) -> bool {
         // Only the owner stores (type invariant), so load + store loses nothing.
         let d = &self.tags[tag];
-        let b = d.bytes.load(Ordering::Relaxed).wrapping_add(delta);
-        d.bytes.store(b, Ordering::Relaxed);
-        !(-FLUSH_BYTES..=FLUSH_BYTES).contains(&b)
+        let left = d.countdown.load(Ordering::Relaxed).wrapping_sub(delta);
+        d.countdown.store(left, Ordering::Relaxed);
+        left as usize > COUNTDOWN_MAX
     }
 
     /// Takes this thread's `(bytes, count, allocs)` deltas for `tag`, to fold them into the
-    /// shared counters.
+    /// shared counters. Only the owner calls it.
     pub(crate) fn take(&self, tag: usize) -> (isize, isize, isize) {
         let d = &self.tags[tag];
-        let b = d.bytes.swap(0, Ordering::Relaxed);
-        let n = d.count.swap(0, Ordering::Relaxed);
-        let a = d.allocs.swap(0, Ordering::Relaxed);
-        (b, n, a)
+        let taken = d.read();
+        d.allocs.store(0, Ordering::Relaxed);
+        d.frees.store(0, Ordering::Relaxed);
+        d.countdown.store(FLUSH_BYTES, Ordering::Relaxed);
+        taken
+    }
+}
+
+impl TagDelta {
+    /// Counts one allocation of `bytes`; returns whether the deltas should be flushed. Only
+    /// the owner of the slot calls it (`ThreadSlot`'s invariant), so a load and a store lose
+    /// nothing (and the count compiles to one add to memory).
+    #[inline(always)]
+    pub(crate) fn alloc(&self, bytes: isize) -> bool {
+        self.allocs.store(self.allocs.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        let left = self.countdown.load(Ordering::Relaxed).wrapping_sub(bytes.wrapping_add(FLUSH_WEIGHT));
+        self.countdown.store(left, Ordering::Relaxed);
+        left as usize > COUNTDOWN_MAX
+    }
+
+    /// Counts one free of `bytes`. As for [`alloc`](Self::alloc), only the owner calls it.
+    #[inline(always)]
+    pub(crate) fn free(&self, bytes: isize) {
+        self.frees.store(self.frees.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        let left = self.countdown.load(Ordering::Relaxed).wrapping_add(bytes.wrapping_add(FLUSH_WEIGHT));
+        self.countdown.store(left, Ordering::Relaxed);
+    }
+
+    /// The pending `(bytes, count, allocs)`. Exact when the owner is not counting (it is the
+    /// owner, or the owner is between calls); a read racing with it may pair its newest
+    /// count with an older countdown, and so be off by `FLUSH_WEIGHT` bytes per block it
+    /// counted meanwhile.
+    fn read(&self) -> (isize, isize, isize) {
+        let allocs = self.allocs.load(Ordering::Relaxed);
+        let count = allocs.wrapping_sub(self.frees.load(Ordering::Relaxed));
+        let weight = FLUSH_BYTES.wrapping_sub(self.countdown.load(Ordering::Relaxed));
+        (weight.wrapping_sub(count.wrapping_mul(FLUSH_WEIGHT)), count, allocs)
     }
 }
 
@@ -287,6 +341,36 @@ mod tests {
         assert_eq!(slots.pending(3), (60, 0, 1));
         assert_eq!(slots.slot().unwrap().take(3), (100, 1, 1));
         assert!(slots.heap_bytes() >= std::mem::size_of::<ThreadSlot>());
+    }
+
+    #[test]
+    fn the_weight_decides_the_flush_and_gives_the_bytes_back() {
+        let slots = ThreadSlots::new();
+        let s = slots.slot().unwrap();
+        for _ in 0..10_000 {
+            assert!(!s.alloc(1, 64), "an allocation freed at once never flushes");
+            s.free(1, 64);
+        }
+        assert_eq!(s.take(1), (0, 0, 10_000));
+        for _ in 1..FLUSH_COUNT {
+            assert!(!s.alloc(2, 1));
+        }
+        assert!(s.alloc(2, 1), "FLUSH_COUNT small blocks weigh more than FLUSH_BYTES");
+        assert_eq!(s.take(2), (FLUSH_COUNT, FLUSH_COUNT, FLUSH_COUNT));
+        assert!(s.alloc(3, FLUSH_BYTES + 1), "one block over FLUSH_BYTES");
+        s.take(3);
+        // Frees of blocks counted elsewhere take the weight down; the next allocation sees it.
+        s.free(3, FLUSH_BYTES + 1);
+        assert!(!s.alloc(3, 1), "a weight of -FLUSH_BYTES is in range");
+        s.free(3, 2);
+        assert!(s.alloc(3, 1), "a weight below -FLUSH_BYTES is folded");
+        s.take(3);
+        assert!(s.alloc(4, 1 << 40));
+        s.free(4, 3);
+        assert!(s.resize(4, -(1 << 39)));
+        assert_eq!(slots.pending(4), ((1 << 40) - 3 - (1 << 39), 0, 1), "the bytes, solved from the countdown");
+        s.free(5, 100);
+        assert_eq!(s.take(5), (-100, -1, 0), "a free of a block counted elsewhere");
     }
 
     #[test]

@@ -5,11 +5,12 @@ use std::fmt;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use super::block::{Header, H_COUNTED};
 use super::budget::{Charger, PolicyTable};
 use super::mode::{Config, Mode, EPOCH_MAX, EPOCH_SHIFT};
 use super::pending;
 use super::record::{shard_of, FreedRing, Record, RecordTable, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC, FLAG_TRACKER_ALLOC};
-use super::scope::Reentry;
+use super::scope::{with_local, Reentry};
 use super::stack_trace::{StackStore, StackTrace};
 use super::stats::{TagCounters, TagStats};
 use super::table::SpinLock;
@@ -47,6 +48,12 @@ pub struct Tracker {
     pub(crate) counters: [TagCounters; MAX_TAGS],
     /// A [`Config`] word: the mode, the diagnostics flag and the configuration epoch.
     config: AtomicU64,
+    /// The allocator's per-thread caches (`scope::Local`) hold this to say they are current:
+    /// `KEY_UNSET` until a thread first caches this tracker, `KEY_NONE` while the
+    /// configuration has no counting path (diagnostics), else a process-unique value that
+    /// is replaced, under `CONFIG_SERIAL`, after every change of `config` or of a tag's
+    /// `slow` flag (see [`Tracker::refill_local`]).
+    fast_key: AtomicU64,
     /// Per-thread deltas: the allocator's lock-free, RMW-free counting path.
     pub(crate) threads: ThreadSlots,
     pub(crate) records: RecordTable,
@@ -63,6 +70,18 @@ pub struct Tracker {
 }
 
 static GLOBAL: Tracker = Tracker::new();
+
+/// `Tracker::fast_key` before any thread cached the tracker.
+const KEY_UNSET: u64 = 0;
+/// `Tracker::fast_key` of a configuration without a counting path.
+pub(crate) const KEY_NONE: u64 = 1;
+/// The next fast key (process-wide, so no two trackers share one; never `scope::NO_KEY`
+/// in practice: 2^64 configuration changes).
+static NEXT_KEY: AtomicU64 = AtomicU64::new(2);
+
+/// Serialises the changes of every tracker's configuration word, tags' `slow` flags and
+/// fast key, so the key published last is for the configuration stored last.
+pub(super) static CONFIG_SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 impl Default for Tracker {
     fn default() -> Self {
@@ -92,6 +111,7 @@ impl Tracker {
         Tracker {
             counters: [const { TagCounters::new() }; MAX_TAGS],
             config: AtomicU64::new(Config::new(mode, false).0),
+            fast_key: AtomicU64::new(KEY_UNSET),
             threads: ThreadSlots::new(),
             records: RecordTable::new(),
             stacks: StackStore::new(),
@@ -133,9 +153,18 @@ impl Tracker {
         Config(self.config.load(Ordering::Relaxed))
     }
 
+    /// [`Tracker::config`], ordered before what follows it: a configuration change made
+    /// before the one read (a fast key taken away, see `Tracker::change_config`) shows to
+    /// whatever this thread hands memory to afterwards.
+    #[inline]
+    pub(crate) fn config_acquire(&self) -> Config {
+        Config(self.config.load(Ordering::Acquire))
+    }
+
     /// Applies `f` to the mode and flag, moving to the next epoch (see [`Config`]).
     pub(super) fn reconfigure(&self, f: impl Fn(Mode, bool) -> (Mode, bool)) {
-        let _ = self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
+        let _serial = CONFIG_SERIAL.lock();
+        self.change_config(|raw| {
             let c = Config(raw);
             let (mode, diagnostics) = f(c.mode(), c.diagnostics());
             Some(c.changed(mode, diagnostics).0)
@@ -148,9 +177,12 @@ impl Tracker {
         self.reconfigure(|_, diagnostics| (mode, diagnostics));
     }
 
-    /// Sets the configuration's slow-tags bit (see [`Config::slow_tags`]), keeping the epoch.
+    /// Sets the configuration's slow-tags bit (see [`Config::slow_tags`]), keeping the epoch,
+    /// after some tag's `slow` flag changed. The caller holds `CONFIG_SERIAL`.
     pub(super) fn set_slow_tags(&self, on: bool) {
-        let _ = self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
+        // A new key even with the bit unchanged: the caches hold whether their current tag
+        // is slow.
+        self.change_config(|raw| {
             let c = Config(raw);
             (c.slow_tags() != on).then(|| c.with_slow_tags(on).0)
         });
@@ -160,9 +192,89 @@ impl Tracker {
     /// counter near its limit). Not part of the API.
     #[doc(hidden)]
     pub fn __set_config_epoch_for_tests(&self, epoch: u64) {
-        let _ = self.config.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
-            Some(raw & ((1 << EPOCH_SHIFT) - 1) | epoch.min(EPOCH_MAX) << EPOCH_SHIFT)
-        });
+        let _serial = CONFIG_SERIAL.lock();
+        self.change_config(|raw| Some(raw & ((1 << EPOCH_SHIFT) - 1) | epoch.min(EPOCH_MAX) << EPOCH_SHIFT));
+    }
+
+    /// Stores the configuration `f` makes of the current one (`None`: unchanged), between
+    /// taking the fast key away and publishing a new one. The caller holds `CONFIG_SERIAL`.
+    ///
+    /// The key is taken away *before* the store (which releases it): a thread that reads
+    /// the new configuration with `Acquire` and then hands memory to another thread (a
+    /// free, then the inner allocator's `malloc`) makes that thread see the key gone. The
+    /// allocator's counting path relies on it (see `TrackingAllocator::alloc_fast`).
+    fn change_config(&self, f: impl FnMut(u64) -> Option<u64>) {
+        self.fast_key.store(KEY_NONE, Ordering::Relaxed);
+        let _ = self.config.fetch_update(Ordering::Release, Ordering::Relaxed, f);
+        self.publish_fast_key();
+    }
+
+    /// Gives the configuration just stored its fast key: a fresh one, or `KEY_NONE` if it
+    /// has no counting path. The caller holds `CONFIG_SERIAL` and stored the configuration
+    /// (and the tags' `slow` flags) before: a thread that reads the key with `Acquire`
+    /// then reads them as they are now, or newer (and a newer one comes with a newer key).
+    fn publish_fast_key(&self) {
+        let key = if self.config().diagnostics() { KEY_NONE } else { NEXT_KEY.fetch_add(1, Ordering::Relaxed) };
+        self.fast_key.store(key, Ordering::Release);
+    }
+
+    /// The key the allocator's per-thread cache must hold to take the counting path.
+    #[inline(always)]
+    pub(crate) fn fast_key(&self) -> u64 {
+        self.fast_key.load(Ordering::Relaxed)
+    }
+
+    /// Fills this thread's allocator cache (`scope::Local`) for this tracker: the key of its
+    /// configuration, this thread's slot, and the current tag's header, counters and the
+    /// largest size it counts only. Returns `false`, leaving the cache as it was (without
+    /// this tracker's current key), if there is no counting path to cache: inside the
+    /// tracker, in diagnostic mode, while the configuration changes, or for a thread
+    /// without a slot.
+    ///
+    /// `'static`: a cache outlives any call, so it may only name a tracker that is never
+    /// dropped (the key is unique to this tracker, so no other tracker's key matches it).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refill_local(&'static self) -> bool {
+        with_local(|l| {
+            if l.in_tracker() {
+                return false;
+            }
+            let mut key = self.fast_key.load(Ordering::Acquire);
+            if key == KEY_UNSET {
+                // The first cache: no configuration change happened yet (each publishes a
+                // key), so the configuration is the one `with_mode` built, with no
+                // diagnostics. A change racing with this replaces the key after.
+                let fresh = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+                key = match self.fast_key.compare_exchange(KEY_UNSET, fresh, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => fresh,
+                    Err(now) => now,
+                };
+            }
+            if key == KEY_NONE {
+                return false;
+            }
+            let Some(slot) = self.threads.slot() else {
+                return false;
+            };
+            // Read after the key (`Acquire`): the configuration it was published for, or a
+            // newer one, whose key then replaces this one.
+            let config = self.config();
+            let tag = l.tag();
+            let any_slow = config.slow_tags();
+            let slow = any_slow && self.is_slow(tag);
+            let tags = slot.tags_ptr();
+            l.tags.set(tags);
+            l.delta.set(tags.wrapping_add(tag.index()));
+            l.any_slow.set(any_slow);
+            l.header.set(if slow { Header::NONE } else { Header::new(tag.0, H_COUNTED) });
+            let limit = if slow { 0 } else { config.mode_limit() };
+            l.limit.set(limit);
+            l.any_size_key.set(if limit >= isize::MAX as usize { key } else { super::scope::NO_KEY });
+            l.key.set(key);
+            true
+        })
+        .unwrap_or(false)
     }
 
     /// The id of the tag named `name`, registering it if missing.
@@ -268,9 +380,7 @@ impl Tracker {
     pub(crate) fn count_free(&self, tag: TagId, bytes: usize) -> bool {
         if !self.counters[tag.index()].slow.load(Ordering::Relaxed) {
             if let Some(slot) = self.threads.cached_slot() {
-                if slot.free(tag.index(), bytes as isize) {
-                    self.flush(slot, tag);
-                }
+                slot.free(tag.index(), bytes as isize);
                 return false;
             }
         }
@@ -284,9 +394,7 @@ impl Tracker {
         let c = &self.counters[tag.index()];
         if !c.slow.load(Ordering::Relaxed) {
             if let Some(slot) = self.threads.slot() {
-                if slot.free(tag.index(), bytes as isize) {
-                    self.flush(slot, tag);
-                }
+                slot.free(tag.index(), bytes as isize);
                 return false;
             }
         }
@@ -354,6 +462,16 @@ impl Tracker {
             // The peaks come from the whole total: a block counted here may have its
             // credit waiting in another thread's slot (it was freed there).
             c.current(|| self.pending(tag));
+        }
+    }
+
+    /// [`Tracker::flush`] of this thread's slot, for the allocator's cached counting path
+    /// (which holds the slot's counters, not the slot).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn flush_local(&self, tag: TagId) {
+        if let Some(slot) = self.threads.slot() {
+            self.flush(slot, tag);
         }
     }
 
