@@ -4,13 +4,10 @@
 //! (as the global allocator would be called) on a tracker of its own, and its peer is the
 //! very same allocator, `System`, called untracked in the same group, so the ratio is the
 //! tracker's cost alone. Blocks are 64 B, allocated and freed immediately (the hot path of
-//! a short-lived allocation), with a tag in scope as in real use. The last group times
-//! T1, T2 and S1 again with each tracked case and `System` in alternating chunks, for hosts
-//! whose speed moves between groups.
+//! a short-lived allocation), with a tag in scope as in real use.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use criterion::{criterion_main, Criterion};
 use mmobject::track::{Mode, Sampling, StackTrace, Tag, Tracker, TrackingAllocator};
@@ -104,56 +101,6 @@ fn s1_sampled(c: &mut Criterion) {
     g.finish();
 }
 
-/// T1, T2 and S1 again, each tracked case and untracked `System` timed in alternating
-/// chunks of 256 alloc + free pairs within one measurement, so both see the same states of
-/// a shared host. (The groups above time each function for seconds on end, and on hosts
-/// whose speed changes from one second to the next, `System` alone has read anywhere from
-/// 9 to 16 ns between two groups of one run.) Each case has two rows, `tracked` and
-/// `system`: the time spent in its own chunks; their ratio is the case's figure.
-fn paired(c: &mut Criterion) {
-    COUNTING_BUDGETED.set_budget(&OTHER_TAG, 1 << 30);
-    let _g = BENCH_TAG.enter();
-    let mut g = c.benchmark_group("T_paired_alloc_free_64B");
-    for (case, tracker) in [
-        ("counting", &COUNTING),
-        ("counting_other_tag_budgeted", &COUNTING_BUDGETED),
-        ("sampled", &SAMPLED),
-        ("records", &RECORDS),
-    ] {
-        let tracked = TrackingAllocator::with_tracker(System, tracker);
-        g.bench_function(format!("{case}/tracked"), |b| {
-            b.iter_custom(|iters| alternate(iters, || alloc_free(&tracked), || alloc_free(&System)).0)
-        });
-        g.bench_function(format!("{case}/system"), |b| {
-            b.iter_custom(|iters| alternate(iters, || alloc_free(&tracked), || alloc_free(&System)).1)
-        });
-    }
-    g.finish();
-}
-
-/// Runs `iters` calls of `ours` and as many of `peer`, in alternating chunks; returns the
-/// time spent in each. The clock reads (about 1 % of a chunk) weigh on both alike.
-fn alternate(iters: u64, ours: impl Fn(), peer: impl Fn()) -> (Duration, Duration) {
-    const CHUNK: u64 = 256;
-    let (mut in_ours, mut in_peer) = (Duration::ZERO, Duration::ZERO);
-    let mut done = 0;
-    while done < iters {
-        let n = CHUNK.min(iters - done);
-        let start = Instant::now();
-        for _ in 0..n {
-            ours();
-        }
-        let middle = Instant::now();
-        for _ in 0..n {
-            peer();
-        }
-        in_peer += middle.elapsed();
-        in_ours += middle - start;
-        done += n;
-    }
-    (in_ours, in_peer)
-}
-
 #[inline(never)]
 fn nested(depth: usize, f: &dyn Fn()) {
     if depth == 0 {
@@ -166,7 +113,7 @@ fn nested(depth: usize, f: &dyn Fn()) {
 /// The criterion entry points (the macro's `pub fn` has no docs of its own).
 mod group {
     #![allow(missing_docs)]
-    use super::{paired, s1_sampled, t1_counting, t2_records, t3_stacks};
-    criterion::criterion_group!(benches, t1_counting, t2_records, t3_stacks, s1_sampled, paired);
+    use super::{s1_sampled, t1_counting, t2_records, t3_stacks};
+    criterion::criterion_group!(benches, t1_counting, t2_records, t3_stacks, s1_sampled);
 }
 criterion_main!(group::benches);
