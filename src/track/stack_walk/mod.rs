@@ -2,7 +2,7 @@
 //! build allows, chosen once per process (see [`StackTrace::walker`](super::StackTrace::walker)):
 //!
 //! - frame pointers, when the build keeps them: two loads per frame;
-//! - the unwind tables with each return address's rule cached ([`unwind_tables`]): a cache
+//! - the unwind tables with each return address's rule cached (`unwind_tables.rs`): a cache
 //!   lookup and two or three loads per frame once a call site was seen;
 //! - the `backtrace` crate's unwinder, which handles every frame but costs about a
 //!   microsecond for a few frames.
@@ -41,7 +41,7 @@ pub(super) fn walk(out: &mut [usize]) -> usize {
 fn unwinder_walk(out: &mut [usize]) -> usize {
     let mut n = 0usize;
     #[cfg(not(miri))]
-    {
+    if !out.is_empty() {
         let mut on_frame = |frame: &backtrace::Frame| {
             out[n] = frame.ip() as usize;
             n += 1;
@@ -291,6 +291,8 @@ mod tests {
         assert_eq!(unwind_tables::walk(&mut out), Some(2));
         assert!(out.iter().all(|&ip| ip != 0));
         assert_eq!(unwind_tables::walk(&mut []), Some(0));
+        assert_eq!(unwinder_walk(&mut []), 0, "the unwinder's callback never writes past the end");
+        assert_eq!(walk(&mut []), 0);
     }
 
     #[test]
