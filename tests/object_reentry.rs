@@ -381,6 +381,47 @@ fn allocator_creating_while_a_creation_site_is_numbered_works() {
     });
 }
 
+/// With `handle-sites`, the allocator drops recorded handles and gives back a raw
+/// reference while the handle-site table grows under its lock. Neither may wait for that
+/// lock nor panic (one is a `Drop`): their removals wait for the table's next lock, and the
+/// leak report lists exactly the handles still alive.
+#[cfg(feature = "handle-sites")]
+#[test]
+fn allocator_dropping_recorded_handles_while_the_handle_site_table_grows_works() {
+    use mmobject::HandleOrigin;
+    within_10s(|| {
+        let mm = std::rc::Rc::new(hooked());
+        let kept = mm.create(Rock { id: 0 });
+        let doomed: Vec<_> = (0..3).map(|_| kept.clone()).collect();
+        let raw = kept.clone().into_raw();
+        let fired = std::rc::Rc::new(std::cell::Cell::new(false));
+        let mut state = Some((doomed, std::rc::Rc::clone(&mm), std::rc::Rc::clone(&fired)));
+        // The handle-site table's allocations are the only ones aligned to 16 while
+        // handles are cloned.
+        arm(move |layout| {
+            if layout.align() == 16 {
+                if let Some((doomed, mm, fired)) = state.take() {
+                    drop(doomed);
+                    mm.release_raw(raw).expect("a live raw reference");
+                    fired.set(true);
+                }
+            }
+        });
+        let clones: Vec<_> = (0..64).map(|_| kept.clone()).collect();
+        disarm();
+        assert!(fired.get(), "the handle-site table grew while clones were recorded");
+        let mm = std::rc::Rc::try_unwrap(mm).expect("the hook is gone");
+        let report = mm.shutdown();
+        let entry = report.iter().find(|e| e.type_name.ends_with("Rock")).expect("leaked");
+        assert_eq!(entry.ref_count, 65);
+        let created = entry.handles.iter().filter(|s| s.origin == HandleOrigin::Created).count();
+        let cloned = entry.handles.iter().filter(|s| s.origin == HandleOrigin::Cloned).count();
+        // Clones made inside the growth are not recorded; none were made there.
+        assert_eq!((created, cloned, entry.handles.len()), (1, 64, 65), "{:?}", entry.handles);
+        drop((kept, clones));
+    });
+}
+
 /// The allocator runs while a drain queues a check (owner thread): there it
 /// drops enough last handles to fill this thread's ring again, and reads
 /// and collects another manager (which drains every ring). Both would wait

@@ -183,8 +183,10 @@ impl ObjectManagerBuilder {
     ///   candidate queue goes unqueued (the [`CycleCollector`](crate::CycleCollector)
     ///   then scans the store), an object created while a creation site is
     ///   numbered gets no site, a count made while checks are queued leaves
-    ///   them out, and the last drops made while this thread drains its
-    ///   ring go straight to the dead lists. One costs memory until
+    ///   them out, the last drops made while this thread drains its
+    ///   ring go straight to the dead lists, and (feature `handle-sites`) a
+    ///   handle made while the handle-site table grows gets no site, while
+    ///   one dropped then leaves the table at its next lock. One costs memory until
     ///   shutdown: on an [owner thread](Self::owner_thread)'s manager, the
     ///   last handle dropped to an object the owner holds counts on, while
     ///   the allocator grows that type's queue of such checks, leaves the

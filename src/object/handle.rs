@@ -156,21 +156,16 @@ impl<T> Handle<T> {
     #[cold]
     fn register_site(&mut self, site: HandleSite) {
         let shared = self.shared();
-        if shared.handle_sites.held_here() {
-            return;
-        }
-        let index = shared.global_index(self.local());
-        let id = shared.handle_sites.lock().register(index, site);
-        self.site = id;
+        self.site = shared.handle_sites.register(shared.global_index(self.local()), site);
     }
 
     /// Forgets this handle's site. A handle whose site was never recorded (id 0) takes no
-    /// lock: it may be dropped while its own registration unwinds, from inside the lock.
+    /// lock: it may be dropped while its own registration unwinds, from inside the lock. One
+    /// dropped by user code the table runs (the store's allocator, while the table grows)
+    /// leaves the table at its next lock (see `SiteTable`).
     #[cfg(feature = "handle-sites")]
     fn unregister_site(&self) {
-        if self.site != 0 {
-            self.shared().handle_sites.lock().remove(self.site);
-        }
+        self.shared().handle_sites.remove(self.site);
     }
 
     /// The slot's pointer, with the segment's provenance.
@@ -368,7 +363,7 @@ impl<T> Handle<T> {
         {
             self.unregister_site();
             let site = HandleSite { origin: HandleOrigin::IntoRaw, location: std::panic::Location::caller() };
-            shared.handle_sites.lock().register_raw(index as u32, site);
+            shared.handle_sites.register_raw(index as u32, site);
         }
         *raw_refs.entry(local).or_insert(0) += 1;
         drop(raw_refs);

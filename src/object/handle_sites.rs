@@ -22,7 +22,9 @@ use std::panic::Location;
 use allocator_api2::vec::Vec as AllocVec;
 use hashbrown::{DefaultHashBuilder, HashMap as AllocMap};
 
+use super::reentry::{NamedGuard, NamedMutex};
 use super::store_alloc::StoreAlloc;
+use crate::sync::{AtomicBool, Mutex, Ordering};
 
 /// How a handle came to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -160,5 +162,124 @@ impl HandleSites {
             out.entry(index).or_default().push(site);
         }
         out
+    }
+}
+
+/// A removal that arrived while this thread held the table (see [`SiteTable`]).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "handle-sites"), allow(dead_code))]
+enum Removal {
+    /// A handle's id, as in [`HandleSites::remove`].
+    Handle(u32),
+    /// An object's newest raw site, as in [`HandleSites::remove_raw`].
+    Raw(u32),
+}
+
+/// A store's [`HandleSites`] behind its lock, with every call safe to make from user code
+/// that the table itself runs.
+///
+/// The table grows through the store's allocator, which is user code: it may make, drop
+/// or report handles of this store on the thread that holds the table's lock. None of
+/// those may wait for that lock (it would wait for itself) or panic (a drop inside
+/// `Drop`). So, on the holding thread only:
+/// - a new handle or raw reference is not recorded (its id is 0), as when the allocator
+///   refuses room;
+/// - a removal is *deferred*: kept in `deferred` and applied at the table's next lock, so
+///   every report, which takes the lock, sees it;
+/// - a reservation does nothing (the later registrations reserve for themselves), and a
+///   report lists no sites.
+///
+/// # Invariants
+///
+/// `deferred` is only pushed to by the thread holding `table`'s lock and only drained by a
+/// thread holding it, so `has_deferred` (set after a push, cleared after a drain, both
+/// under `table`'s lock) is exact for any thread that holds that lock.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "handle-sites"), allow(dead_code))]
+pub(crate) struct SiteTable {
+    table: NamedMutex<HandleSites>,
+    /// Removals made while the table's holder was inside the table: a handful at most, in
+    /// the global allocator (not the store's, which is what is running).
+    deferred: Mutex<Vec<Removal>>,
+    has_deferred: AtomicBool,
+}
+
+#[cfg_attr(not(feature = "handle-sites"), allow(dead_code))]
+impl SiteTable {
+    /// An empty table in `alloc`, for the store of `type_name`.
+    pub(crate) fn new(alloc: StoreAlloc, type_name: &'static str) -> Self {
+        SiteTable {
+            table: NamedMutex::new(HandleSites::new(alloc), "recording a handle site of", type_name),
+            deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
+        }
+    }
+
+    /// The table, locked, with the removals deferred so far applied; `None` on the thread
+    /// that already holds it.
+    fn lock(&self) -> Option<NamedGuard<'_, HandleSites>> {
+        if self.table.held_here() {
+            return None;
+        }
+        let mut table = self.table.lock();
+        if self.has_deferred.load(Ordering::Relaxed) {
+            let deferred = std::mem::take(&mut *self.deferred.lock());
+            self.has_deferred.store(false, Ordering::Relaxed);
+            for removal in deferred {
+                match removal {
+                    Removal::Handle(id) => table.remove(id),
+                    Removal::Raw(index) => table.remove_raw(index),
+                }
+            }
+        }
+        Some(table)
+    }
+
+    /// Keeps `removal` for the table's next lock (this thread holds it now).
+    #[cold]
+    fn defer(&self, removal: Removal) {
+        self.deferred.lock().push(removal);
+        self.has_deferred.store(true, Ordering::Relaxed);
+    }
+
+    /// Records a new handle to the object `index`: its id, or 0 if nothing was recorded.
+    pub(crate) fn register(&self, index: u32, site: HandleSite) -> u32 {
+        self.lock().map_or(0, |mut table| table.register(index, site))
+    }
+
+    /// Forgets the handle `id` (0: never recorded, and no lock is taken).
+    pub(crate) fn remove(&self, id: u32) {
+        if id == 0 {
+            return;
+        }
+        match self.lock() {
+            Some(mut table) => table.remove(id),
+            None => self.defer(Removal::Handle(id)),
+        }
+    }
+
+    /// Records a new raw reference to the object `index`.
+    pub(crate) fn register_raw(&self, index: u32, site: HandleSite) {
+        if let Some(mut table) = self.lock() {
+            table.register_raw(index, site);
+        }
+    }
+
+    /// Forgets the most recent raw reference to the object `index`, if any.
+    pub(crate) fn remove_raw(&self, index: u32) {
+        match self.lock() {
+            Some(mut table) => table.remove_raw(index),
+            None => self.defer(Removal::Raw(index)),
+        }
+    }
+
+    /// Makes room for `additional` more handles; false if the store's allocator refused it.
+    pub(crate) fn reserve(&self, additional: usize) -> bool {
+        self.lock().is_none_or(|mut table| table.reserve(additional))
+    }
+
+    /// The live sites by object index, oldest first (see [`HandleSites::by_index`]).
+    pub(crate) fn by_index(&self) -> HashMap<u32, Vec<HandleSite>> {
+        self.lock().map(|table| table.by_index()).unwrap_or_default()
     }
 }

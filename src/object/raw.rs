@@ -59,7 +59,7 @@ impl ObjectManager {
                 *raw_refs.entry(local).or_insert(0) += 1;
                 drop(raw_refs);
                 #[cfg(feature = "handle-sites")]
-                store.shared().handle_sites.lock().register_raw(
+                store.shared().handle_sites.register_raw(
                     raw.index(),
                     super::HandleSite { origin: HandleOrigin::AddRefRaw, location: Location::caller() },
                 );
@@ -99,7 +99,7 @@ impl ObjectManager {
                 }
                 drop(raw_refs);
                 #[cfg(feature = "handle-sites")]
-                store.shared().handle_sites.lock().remove_raw(raw.index());
+                store.shared().handle_sites.remove_raw(raw.index());
                 if released == Released::Last {
                     shared.release_last(local, &header.word);
                 }
@@ -139,7 +139,7 @@ impl ObjectManager {
                     raw_refs.remove(&local);
                 }
                 #[cfg(feature = "handle-sites")]
-                store.shared().handle_sites.lock().remove_raw(raw.index());
+                store.shared().handle_sites.remove_raw(raw.index());
                 let slot = store.slot_ptr(local).expect("resolved");
                 // SAFETY: the raw handle held a counted reference (checked in
                 // the raw table), which moves to the new handle.

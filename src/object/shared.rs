@@ -94,7 +94,7 @@ pub(crate) struct StoreShared {
     pub(crate) raw_refs: NamedMutex<RawRefs>,
     /// Where each live handle was made (feature `handle-sites`).
     #[cfg(feature = "handle-sites")]
-    pub(crate) handle_sites: NamedMutex<super::handle_sites::HandleSites>,
+    pub(crate) handle_sites: super::handle_sites::SiteTable,
 }
 
 impl StoreShared {
@@ -126,11 +126,7 @@ impl StoreShared {
             warned_not_owner: std::sync::atomic::AtomicBool::new(false),
             segment_start: std::array::from_fn(|_| AtomicU32::new(0)),
             #[cfg(feature = "handle-sites")]
-            handle_sites: NamedMutex::new(
-                super::handle_sites::HandleSites::new(alloc.clone()),
-                "recording a handle site of",
-                type_name,
-            ),
+            handle_sites: super::handle_sites::SiteTable::new(alloc.clone(), type_name),
             raw_refs: NamedMutex::new(
                 HashMap::with_hasher_in(DefaultHashBuilder::default(), alloc),
                 "updating the raw references of",

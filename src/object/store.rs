@@ -664,7 +664,7 @@ impl<T: MMObject> Store<T> {
         }
         // The first handle of each new object gets an entry in the site table.
         #[cfg(feature = "handle-sites")]
-        if !self.shared().handle_sites.lock().reserve(additional) {
+        if !self.shared().handle_sites.reserve(additional) {
             return Err(Error::StoreOutOfMemory {
                 type_name: T::TYPE_NAME,
                 part: "the handle-site table",
@@ -1272,7 +1272,7 @@ pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
     let type_name = store.type_name();
     let mut stacks = store.creation_stacks();
     #[cfg(feature = "handle-sites")]
-    let mut sites = store.shared().handle_sites.lock().by_index();
+    let mut sites = store.shared().handle_sites.by_index();
     store.visit_live(&mut |key, header, site, value| {
         let size = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value.size())).unwrap_or(0);
         out.push(LeakEntry {
