@@ -667,6 +667,32 @@
 //! since a look at the word and one at the reservation can straddle an
 //! owner's clone or drop (see `SlotHeader::held_only_by_raw`).
 //!
+//! # The tracker's configuration key
+//!
+//! `TrackingAllocator` counts an allocation from a per-thread copy of what the tracker's
+//! configuration says about the current tag (its counters, whether it is watched or under
+//! a budget, the sampled mode's size limit), so the common allocation reads no shared
+//! configuration at all: it compares the copy's key with the tracker's *fast key*
+//! (`track/config_key.rs`), one relaxed load.
+//!
+//! - **A change** (a mode switch, a watch, a budget), under one process-wide lock: the
+//!   key is taken away (`KEY_NONE`), the configuration stored with `Release`, then a fresh
+//!   key published with `Release` (none in diagnostic mode). Keys come from one counter
+//!   for all trackers, so no two configurations ever share one.
+//! - **A copy** loads the key with `Acquire`, then the configuration and the tag's flags:
+//!   the ones published with the key, or newer, whose change took the key away first.
+//! - **Why a change is never missed.** A change that happens before an allocation (say a
+//!   budget set on one thread, which then frees memory that another thread's `malloc`
+//!   gets) comes after the key's removal in the key's history, so the allocation's check
+//!   reads `KEY_NONE` or a newer key, never the copy's.
+//! - **The first copy** of a tracker no change has touched gives it its first key with a
+//!   compare-exchange; a change racing it replaces that key after. The change writes the
+//!   key with swaps, so every write of the key is a read-modify-write.
+//!
+//! Loom models: `config_key::*` in `tests/loom.rs` (a change seen by one thread before it
+//! hands memory to another, a first copy racing the first change, a configuration without
+//! a counting path).
+//!
 //! # The stack walk's rule cache
 //!
 //! Without frame pointers, a tracked allocation's stack (`Mode::Stacks`) is walked by the

@@ -22,7 +22,10 @@
 //!   owner's move, a report racing the owner's publish, move and cancel, and
 //!   `try_track`'s look for a record racing the owner's move and republish;
 //! - the stack walk's rule cache: a capture's lookups racing a clear and the
-//!   inserts after it.
+//!   inserts after it;
+//! - the tracker's configuration key: a change seen by one thread before it
+//!   hands memory to another, a first cache racing the first change, and a
+//!   configuration without a counting path.
 //!
 //! Under `--cfg loom` the slot values sit in loom's `UnsafeCell`, so every
 //! read and write of a value is checked too.
@@ -1504,6 +1507,133 @@ mod rule_cache {
             cache.insert(first, 0x10, 7);
             clearer.join().unwrap();
             assert_eq!(cache.get(0x10), None, "the stale rule is gone or never landed");
+        });
+    }
+}
+
+mod config_key {
+    use std::sync::Arc;
+
+    use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use loom::sync::Mutex;
+    use loom::thread;
+    use mmobject::track::{ConfigKey, FIRST_KEY, KEY_NONE};
+
+    use super::model;
+
+    const OLD: u64 = 10;
+    const NEW: u64 = 20;
+
+    struct Setup {
+        next: AtomicU64,
+        config: ConfigKey<AtomicU64>,
+        serial: Mutex<()>,
+    }
+
+    fn setup() -> Arc<Setup> {
+        Arc::new(Setup {
+            next: AtomicU64::new(FIRST_KEY),
+            config: ConfigKey::from_words(AtomicU64::new(OLD), AtomicU64::new(0)),
+            serial: Mutex::new(()),
+        })
+    }
+
+    /// Changes the configuration to `NEW` under the lock, as a tracker does; returns its key.
+    fn change(s: &Setup) -> u64 {
+        let _serial = s.serial.lock().unwrap();
+        s.config.change(&s.next, |old| (old != NEW).then_some(NEW), |_| true);
+        s.config.key()
+    }
+
+    /// A thread that sees the new configuration (`Acquire`) hands memory to another
+    /// thread; that thread's check of a key cached before the change fails. (A budget set
+    /// on one thread is enforced on the allocation the freed memory serves elsewhere.)
+    #[test]
+    fn a_change_seen_before_a_hand_over_fails_the_old_key() {
+        model(|| {
+            let s = setup();
+            let (old_key, config) = s.config.cache(&s.next).expect("a counting configuration");
+            assert_eq!((old_key, config), (FIRST_KEY, OLD));
+            let handed = Arc::new(AtomicBool::new(false));
+            let changer = {
+                let s = s.clone();
+                thread::spawn(move || change(&s))
+            };
+            let observer = {
+                let (s, handed) = (s.clone(), handed.clone());
+                thread::spawn(move || {
+                    if s.config.config_acquire() == NEW {
+                        handed.store(true, Ordering::Release);
+                    }
+                })
+            };
+            // The thread the memory is handed to: its check of the old key.
+            let checker = {
+                let (s, handed) = (s.clone(), handed.clone());
+                thread::spawn(move || {
+                    if handed.load(Ordering::Acquire) {
+                        assert_ne!(s.config.key(), old_key, "the change was seen before the hand-over");
+                    }
+                })
+            };
+            let new_key = changer.join().unwrap();
+            observer.join().unwrap();
+            checker.join().unwrap();
+            assert_ne!(new_key, old_key);
+            assert_eq!(s.config.key(), new_key);
+        });
+    }
+
+    /// A first cache racing the first change: a cache holding the change's key copied the
+    /// change's configuration, one holding the first key copied either, and once the change
+    /// is done only its key matches.
+    #[test]
+    fn a_cache_racing_a_change_holds_the_configuration_of_its_key_or_newer() {
+        model(|| {
+            let s = setup();
+            let changer = {
+                let s = s.clone();
+                thread::spawn(move || change(&s))
+            };
+            let cached = s.config.cache(&s.next);
+            let new_key = changer.join().unwrap();
+            // `None`: the cache met the change's gap between its two keys.
+            if let Some((key, config)) = cached {
+                assert_ne!(key, KEY_NONE);
+                if key == new_key {
+                    assert_eq!(config, NEW, "the key's own configuration");
+                } else {
+                    // The first key, taken before the change took it away.
+                    assert!(config == OLD || config == NEW);
+                }
+            }
+            assert_eq!(s.config.key(), new_key, "only the change's key matches after it");
+        });
+    }
+
+    /// A configuration without a counting path publishes no key: a cache made after it
+    /// gets none, and a cache made before fails its check.
+    #[test]
+    fn a_configuration_without_a_counting_path_has_no_key() {
+        model(|| {
+            let s = setup();
+            let (old_key, _) = s.config.cache(&s.next).expect("counts");
+            let changer = {
+                let s = s.clone();
+                thread::spawn(move || {
+                    let _serial = s.serial.lock().unwrap();
+                    s.config.change(&s.next, |_| Some(NEW), |config| config != NEW);
+                })
+            };
+            let during = s.config.cache(&s.next);
+            changer.join().unwrap();
+            if let Some((key, config)) = during {
+                // Its configuration, or the newer one read after the key.
+                assert_eq!(key, old_key, "only the old key");
+                assert!(config == OLD || config == NEW);
+            }
+            assert_eq!(s.config.cache(&s.next), None);
+            assert_eq!(s.config.key(), KEY_NONE);
         });
     }
 }

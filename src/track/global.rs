@@ -9,12 +9,13 @@ use std::ptr;
 use super::block::Placement;
 use super::block::{self, Header, H_COUNTED, H_GUARDED, H_RECORD};
 use super::budget::Charger;
+use super::config_key::KEY_NONE;
 use super::mode::Config;
 use super::record::{Record, FLAG_GLOBAL_ALLOC};
 use super::scope::{allocation_tag, current_tag, in_tracker, with_local, Local};
 use super::stack_trace::NO_STACK;
 use super::tag::TagId;
-use super::tracker::{Tracker, KEY_NONE};
+use super::tracker::Tracker;
 
 /// Runs `f`, tracker code that may call user code (a budget callback, the logger of a
 /// watched tag or of a diagnostic) from inside the allocator, and aborts the process if it

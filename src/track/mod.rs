@@ -145,6 +145,7 @@
 
 mod block;
 mod budget;
+mod config_key;
 mod diagnostics;
 mod explicit;
 mod global;
@@ -163,6 +164,10 @@ mod timeline;
 mod tracker;
 
 pub use budget::{BudgetOverrun, BudgetPolicy};
+/// The configuration's fast-key protocol, for the loom models. Not public API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use config_key::{ConfigKey, Word, FIRST_KEY, KEY_NONE};
 pub use diagnostics::ErrorCounts;
 pub use global::TrackingAllocator;
 pub use mode::{Mode, Sampling};

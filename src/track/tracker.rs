@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::block::{Header, H_COUNTED};
 use super::budget::{Charger, PolicyTable};
+use super::config_key::{ConfigKey, FIRST_KEY};
 use super::mode::{Config, Mode, EPOCH_MAX, EPOCH_SHIFT};
 use super::pending;
 use super::record::{shard_of, FreedRing, Record, RecordTable, FLAG_EXTERNAL, FLAG_GLOBAL_ALLOC, FLAG_TRACKER_ALLOC};
@@ -46,14 +47,11 @@ use crate::Error;
 /// ```
 pub struct Tracker {
     pub(crate) counters: [TagCounters; MAX_TAGS],
-    /// A [`Config`] word: the mode, the diagnostics flag and the configuration epoch.
-    config: AtomicU64,
-    /// The allocator's per-thread caches (`scope::Local`) hold this to say they are current:
-    /// `KEY_UNSET` until a thread first caches this tracker, `KEY_NONE` while the
-    /// configuration has no counting path (diagnostics), else a process-unique value that
-    /// is replaced, under `CONFIG_SERIAL`, after every change of `config` or of a tag's
-    /// `slow` flag (see [`Tracker::refill_local`]).
-    fast_key: AtomicU64,
+    /// A [`Config`] word (the mode, the diagnostics flag and the configuration epoch) and
+    /// the fast key the allocator's per-thread caches (`scope::Local`) hold to say they are
+    /// current: replaced, under `CONFIG_SERIAL`, after every change of the word or of a
+    /// tag's `slow` flag (see [`ConfigKey`] and [`Tracker::refill_local`]).
+    config: ConfigKey,
     /// Per-thread deltas: the allocator's lock-free, RMW-free counting path.
     pub(crate) threads: ThreadSlots,
     pub(crate) records: RecordTable,
@@ -71,13 +69,9 @@ pub struct Tracker {
 
 static GLOBAL: Tracker = Tracker::new();
 
-/// `Tracker::fast_key` before any thread cached the tracker.
-const KEY_UNSET: u64 = 0;
-/// `Tracker::fast_key` of a configuration without a counting path.
-pub(crate) const KEY_NONE: u64 = 1;
 /// The next fast key (process-wide, so no two trackers share one; never `scope::NO_KEY`
 /// in practice: 2^64 configuration changes).
-static NEXT_KEY: AtomicU64 = AtomicU64::new(2);
+static NEXT_KEY: AtomicU64 = AtomicU64::new(FIRST_KEY);
 
 /// Serialises the changes of every tracker's configuration word, tags' `slow` flags and
 /// fast key, so the key published last is for the configuration stored last.
@@ -110,8 +104,7 @@ impl Tracker {
     pub const fn with_mode(mode: Mode) -> Tracker {
         Tracker {
             counters: [const { TagCounters::new() }; MAX_TAGS],
-            config: AtomicU64::new(Config::new(mode, false).0),
-            fast_key: AtomicU64::new(KEY_UNSET),
+            config: ConfigKey::new(Config::new(mode, false).0),
             threads: ThreadSlots::new(),
             records: RecordTable::new(),
             stacks: StackStore::new(),
@@ -150,7 +143,7 @@ impl Tracker {
     /// The mode, the diagnostics flag and the epoch, in one load.
     #[inline]
     pub(crate) fn config(&self) -> Config {
-        Config(self.config.load(Ordering::Relaxed))
+        Config(self.config.config())
     }
 
     /// [`Tracker::config`], ordered before what follows it: a configuration change made
@@ -158,7 +151,7 @@ impl Tracker {
     /// whatever this thread hands memory to afterwards.
     #[inline]
     pub(crate) fn config_acquire(&self) -> Config {
-        Config(self.config.load(Ordering::Acquire))
+        Config(self.config.config_acquire())
     }
 
     /// Applies `f` to the mode and flag, moving to the next epoch (see [`Config`]).
@@ -197,31 +190,22 @@ impl Tracker {
     }
 
     /// Stores the configuration `f` makes of the current one (`None`: unchanged), between
-    /// taking the fast key away and publishing a new one. The caller holds `CONFIG_SERIAL`.
+    /// taking the fast key away and publishing a new one ([`ConfigKey::change`]); a
+    /// configuration in diagnostic mode gets no key. The caller holds `CONFIG_SERIAL`, and
+    /// stored the tags' `slow` flags before.
     ///
     /// The key is taken away *before* the store (which releases it): a thread that reads
     /// the new configuration with `Acquire` and then hands memory to another thread (a
     /// free, then the inner allocator's `malloc`) makes that thread see the key gone. The
     /// allocator's counting path relies on it (see `TrackingAllocator::alloc_fast`).
-    fn change_config(&self, f: impl FnMut(u64) -> Option<u64>) {
-        self.fast_key.store(KEY_NONE, Ordering::Relaxed);
-        let _ = self.config.fetch_update(Ordering::Release, Ordering::Relaxed, f);
-        self.publish_fast_key();
-    }
-
-    /// Gives the configuration just stored its fast key: a fresh one, or `KEY_NONE` if it
-    /// has no counting path. The caller holds `CONFIG_SERIAL` and stored the configuration
-    /// (and the tags' `slow` flags) before: a thread that reads the key with `Acquire`
-    /// then reads them as they are now, or newer (and a newer one comes with a newer key).
-    fn publish_fast_key(&self) {
-        let key = if self.config().diagnostics() { KEY_NONE } else { NEXT_KEY.fetch_add(1, Ordering::Relaxed) };
-        self.fast_key.store(key, Ordering::Release);
+    fn change_config(&self, f: impl FnOnce(u64) -> Option<u64>) {
+        self.config.change(&NEXT_KEY, f, |raw| !Config(raw).diagnostics());
     }
 
     /// The key the allocator's per-thread cache must hold to take the counting path.
     #[inline(always)]
     pub(crate) fn fast_key(&self) -> u64 {
-        self.fast_key.load(Ordering::Relaxed)
+        self.config.key()
     }
 
     /// Fills this thread's allocator cache (`scope::Local`) for this tracker: the key of its
@@ -240,26 +224,17 @@ impl Tracker {
             if l.in_tracker() {
                 return false;
             }
-            let mut key = self.fast_key.load(Ordering::Acquire);
-            if key == KEY_UNSET {
-                // The first cache: no configuration change happened yet (each publishes a
-                // key), so the configuration is the one `with_mode` built, with no
-                // diagnostics. A change racing with this replaces the key after.
-                let fresh = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
-                key = match self.fast_key.compare_exchange(KEY_UNSET, fresh, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => fresh,
-                    Err(now) => now,
-                };
-            }
-            if key == KEY_NONE {
+            // The first cache of a tracker built by `with_mode` (no diagnostics) gives it
+            // its first key.
+            let Some((key, config)) = self.config.cache(&NEXT_KEY) else {
                 return false;
-            }
+            };
             let Some(slot) = self.threads.slot() else {
                 return false;
             };
-            // Read after the key (`Acquire`): the configuration it was published for, or a
-            // newer one, whose key then replaces this one.
-            let config = self.config();
+            // The configuration and the tag's `slow` flag were read after the key
+            // (`Acquire`): as published with it, or newer, whose key then replaces this one.
+            let config = Config(config);
             let tag = l.tag();
             let any_slow = config.slow_tags();
             let slow = any_slow && self.is_slow(tag);
