@@ -105,7 +105,8 @@ impl Marker {
 ///
 /// Invariants: `top <= region.len()`; `top` is a multiple of 8 (`TOP_GRAIN`) unless the
 /// last block ends in the region's last 7 bytes, where its rounded end would not fit (then
-/// `top` is that end); in debug builds every byte in `top..len` holds the freed fill
+/// `top` is that end, above `grain_end`); `grain_end` is `region.len()` rounded down to the
+/// grain, so a top at or below it is on the grain; in debug builds every byte in `top..len` holds the freed fill
 /// pattern (checked on allocation).
 ///
 /// # Examples
@@ -126,6 +127,10 @@ pub struct StackAllocator {
     /// Offset of the first free byte. `top <= region.len()`, on the grain but for the
     /// region's last bytes (see the type's invariants).
     top: Cell<usize>,
+    /// `region.len()` rounded down to a multiple of [`TOP_GRAIN`]: the fast path's limit.
+    /// A block that ends at or below it leaves the top on the grain, and a top off the
+    /// grain lies above it, so one compare covers both "fits" and "on the grain".
+    grain_end: usize,
     /// Unique id stamped into markers.
     id: u64,
     failures: Cell<u64>,
@@ -147,8 +152,10 @@ impl StackAllocator {
     /// assert_eq!(stack.capacity(), 1 << 20);
     /// ```
     pub fn with_capacity(bytes: usize) -> StackAllocator {
+        let region = Region::new(bytes);
         StackAllocator {
-            region: Region::new(bytes),
+            grain_end: region.len() & !(TOP_GRAIN - 1),
+            region,
             top: Cell::new(0),
             id: next_stack_id(),
             failures: Cell::new(0),
@@ -271,15 +278,13 @@ impl StackAllocator {
             return None;
         }
         let top = self.top.get();
-        // Only the region's last bytes leave the top off the grain (see `TOP_GRAIN`).
-        if top % TOP_GRAIN != 0 {
-            return None;
-        }
         // The region is MAX_ALIGN-aligned, so aligning the offset aligns the address. No
         // overflow: top <= isize::MAX, align <= 4096, size <= isize::MAX.
         let start = if align <= TOP_GRAIN { top } else { region::align_up(top, align) };
         let end = start + region::align_up(size, TOP_GRAIN);
-        if end > self.region.len() {
+        // Also refuses a top off the grain, which lies above `grain_end` (see the field):
+        // then `start` needs no rounding for an alignment of 8 or less.
+        if end > self.grain_end {
             return None;
         }
         let ptr = self.region.at(start);
