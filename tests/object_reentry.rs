@@ -396,15 +396,12 @@ fn allocator_dropping_recorded_handles_while_the_handle_site_table_grows_works()
         let raw = kept.clone().into_raw();
         let fired = std::rc::Rc::new(std::cell::Cell::new(false));
         let mut state = Some((doomed, std::rc::Rc::clone(&mm), std::rc::Rc::clone(&fired)));
-        // The handle-site table's allocations are the only ones aligned to 16 while
-        // handles are cloned.
-        arm(move |layout| {
-            if layout.align() == 16 {
-                if let Some((doomed, mm, fired)) = state.take() {
-                    drop(doomed);
-                    mm.release_raw(raw).expect("a live raw reference");
-                    fired.set(true);
-                }
+        // A clone allocates from the store's allocator only to grow the handle-site table.
+        arm(move |_| {
+            if let Some((doomed, mm, fired)) = state.take() {
+                drop(doomed);
+                mm.release_raw(raw).expect("a live raw reference");
+                fired.set(true);
             }
         });
         let clones: Vec<_> = (0..64).map(|_| kept.clone()).collect();
