@@ -106,8 +106,8 @@ impl Marker {
 /// Invariants: `top <= region.len()`; `top` is a multiple of 8 (`TOP_GRAIN`) unless the
 /// last block ends in the region's last 7 bytes, where its rounded end would not fit (then
 /// `top` is that end, above `grain_end`); `grain_end` is `region.len()` rounded down to the
-/// grain, so a top at or below it is on the grain; in debug builds every byte in `top..len` holds the freed fill
-/// pattern (checked on allocation).
+/// grain, so a top at or below it is on the grain; in debug builds every byte in
+/// `top..len` holds the freed fill pattern (checked on allocation).
 ///
 /// # Examples
 ///
