@@ -145,6 +145,7 @@
 
 mod block;
 mod budget;
+mod caller_frames;
 mod config_key;
 mod diagnostics;
 mod explicit;
@@ -164,6 +165,7 @@ mod timeline;
 mod tracker;
 
 pub use budget::{BudgetOverrun, BudgetPolicy};
+pub use caller_frames::ResolvedFrame;
 /// The configuration's fast-key protocol, for the loom models. Not public API.
 #[cfg(loom)]
 #[doc(hidden)]
@@ -178,7 +180,7 @@ pub use pending::PendingRecord;
 pub use report::{LeakGroup, LeakReport, MemoryReport};
 pub(crate) use scope::Reentry;
 pub use scope::{current_tag, scope, scope_id, TagGuard};
-pub use stack_trace::{ResolvedFrame, StackTrace, StackWalker, MAX_STACK_DEPTH};
+pub use stack_trace::{StackTrace, StackWalker, MAX_STACK_DEPTH};
 /// The stack walk's rule cache, for the loom models. Not public API.
 #[cfg(loom)]
 #[doc(hidden)]
