@@ -361,7 +361,7 @@ impl Lanes {
         first..(first + (1 << self.lane_shift)).min(self.bits.len())
     }
 
-    /// The owner's fast path: takes the lowest free slot of the active word (or, when it is
+    /// The owner's path: takes the lowest free slot of the active word (or, when it is
     /// full, of the next word of this thread's lanes with one), unless its lane has queued
     /// frees (they are applied first, by [`refill`](Self::refill): a queued free of a slot
     /// that is free already is a raced double free, and must be seen before the slot is
@@ -371,12 +371,31 @@ impl Lanes {
     ///
     /// `cache`'s active word was last set by this `Lanes` (or never: a default cache), as
     /// `LaneCache`'s invariant asks.
-    #[inline(always)]
+    #[inline]
     pub(crate) unsafe fn take_active(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
-        // One test for "a whole word, with no queued frees in its lane"; no active word, the
-        // partial last word and queued frees take the out-of-line path.
+        // SAFETY: forwarded contract.
+        if let Some(slot) = unsafe { self.take_active_fast(cache, counts) } {
+            return Some(slot);
+        }
+        // No active word, the partial last word and queued frees take the out-of-line path.
         if cache.active_lane & !self.pending.load(Ordering::Relaxed) == 0 {
             return self.take_in(cache, counts);
+        }
+        self.take_next(cache, counts)
+    }
+
+    /// [`take_active`](Self::take_active)'s common case, with no call in it: the lowest free
+    /// slot of a whole active word whose lane has no queued frees; `None`, having changed
+    /// nothing, in every other case (then `take_active` decides).
+    ///
+    /// # Safety
+    ///
+    /// As `take_active`.
+    #[inline(always)]
+    pub(crate) unsafe fn take_active_fast(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+        // One test for "a whole word, with no queued frees in its lane".
+        if cache.active_lane & !self.pending.load(Ordering::Relaxed) == 0 {
+            return None;
         }
         let w = cache.active as usize;
         // SAFETY: `LaneCache`'s invariant (the caller's contract): with a non-zero
@@ -385,7 +404,7 @@ impl Lanes {
         // Invariant 2: `w` is in a lane this thread owns, so this thread is its one writer.
         let word = cell.load(Ordering::Relaxed);
         if word == u64::MAX {
-            return self.take_next(cache, counts);
+            return None;
         }
         let bit = (!word).trailing_zeros();
         cell.store(word | 1 << bit, Ordering::Relaxed);
@@ -453,15 +472,12 @@ impl Lanes {
         Some(w * 64 + bit as usize)
     }
 
-    /// The owner's fast path of a free: `None` if the slot's lane is not this thread's or
-    /// has queued frees (take [`free_shared`](Self::free_shared) then); `Err` if the slot is
-    /// free already. `fill` runs after the check, before the slot becomes free.
+    /// The owner's path of a free: `None` if the slot's lane is not this thread's or has
+    /// queued frees (take [`free_shared`](Self::free_shared) then); `Err` if the slot is free
+    /// already. `fill` runs after the check, before the slot becomes free.
     #[inline(always)]
     pub(crate) fn free_owned(&self, cache: &mut LaneCache, slot: usize, fill: impl FnOnce()) -> Option<Result<(), ()>> {
-        // This thread's lane, with no queued frees. A queued free that happened before this
-        // call set `pending` before it (invariant 3), so a relaxed load sees it.
-        let lane = (slot / 64) >> self.lane_shift;
-        if (cache.mine & !self.pending.load(Ordering::Relaxed)) >> lane & 1 == 0 {
+        if !self.is_quiet_own_lane(cache, slot) {
             return None;
         }
         let freed = self.clear(slot, fill);
@@ -469,6 +485,37 @@ impl Lanes {
             cache.sub_held(1);
         }
         Some(freed)
+    }
+
+    /// [`free_owned`](Self::free_owned)'s common case, with no call in it: frees a handed-out
+    /// slot of a whole word in a quiet lane of this thread's and returns `true`; otherwise
+    /// returns `false` having changed nothing (the partial last word included), and
+    /// `free_owned` decides.
+    #[inline(always)]
+    pub(crate) fn free_owned_fast(&self, cache: &mut LaneCache, slot: usize, fill: impl FnOnce()) -> bool {
+        if !self.is_quiet_own_lane(cache, slot) {
+            return false;
+        }
+        // The shift takes the slot's low six bits, as `slot % 64` would.
+        let bit = 1u64.wrapping_shl(slot as u32);
+        let Some(cell) = self.bits.words.get(slot / 64) else { return false };
+        let word = cell.load(Ordering::Relaxed);
+        if word & bit == 0 {
+            return false;
+        }
+        fill();
+        cell.store(word ^ bit, Ordering::Relaxed);
+        cache.sub_held(1);
+        true
+    }
+
+    /// Whether slot `slot` lies in a lane this thread owns with no queued frees. A queued
+    /// free that happened before this call set `pending` before it (invariant 3), so a
+    /// relaxed load sees it.
+    #[inline(always)]
+    fn is_quiet_own_lane(&self, cache: &LaneCache, slot: usize) -> bool {
+        let lane = (slot / 64) >> self.lane_shift;
+        (cache.mine & !self.pending.load(Ordering::Relaxed)) >> lane & 1 != 0
     }
 
     /// Clears slot `slot`'s bit (its word's writer only), or `Err` if it is clear.

@@ -22,6 +22,8 @@ use crate::{Error, Result};
 ///    borrowed.
 /// 3. `try_free` of a pointer that is not a live block of this allocator either returns an
 ///    error or does nothing, and in both cases touches no memory through that pointer.
+///    `free_fast` of such a pointer returns `false` and touches no memory through it; it
+///    returns `true` only for a live block, which it has freed.
 /// 4. A block from `grow_in_place(ptr, old, new)` is `ptr`'s block itself, grown: valid for
 ///    `new.size()` bytes, aligned to `new.align()`, its first `old.size()` bytes unchanged,
 ///    and live as in 1 and 2.
@@ -34,13 +36,28 @@ pub(crate) unsafe trait Shell {
     /// Allocates a block for `layout`.
     fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>>;
 
-    /// Frees a block (for the stacks: checks that it is theirs; they free by marker).
+    /// Frees a block with every check (for the stacks: checks that it is theirs; they free
+    /// by marker). The pools reach it only after [`free_fast`](Self::free_fast) declined.
     ///
     /// # Safety
     ///
     /// If `ptr` is a live block of this allocator, the caller owns it and does not use it
     /// afterwards.
     unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()>;
+
+    /// The common case of a free, inlined into every free: frees `ptr` and returns `true`,
+    /// or returns `false` having changed nothing, and [`try_free`](Self::try_free) then does
+    /// the whole checked free. It builds no error and calls nothing, so a caller's fast path
+    /// needs no stack frame. Allocators without such a path keep the default, `false`.
+    ///
+    /// # Safety
+    ///
+    /// As [`try_free`](Self::try_free).
+    #[inline(always)]
+    unsafe fn free_fast(&self, ptr: NonNull<u8>) -> bool {
+        let _ = ptr;
+        false
+    }
 
     /// Grows `ptr`'s block in place if the allocator can, or returns `None`.
     ///
@@ -75,7 +92,8 @@ pub(crate) unsafe trait Shell {
         ok_or_fail(self.try_alloc(layout))
     }
 
-    /// [`try_free`](Self::try_free), panicking with the error's message.
+    /// [`free_fast`](Self::free_fast), else [`try_free`](Self::try_free) out of line,
+    /// panicking with the error's message.
     ///
     /// # Safety
     ///
@@ -84,7 +102,10 @@ pub(crate) unsafe trait Shell {
     #[track_caller]
     unsafe fn free(&self, ptr: NonNull<u8>) {
         // SAFETY: forwarded contract.
-        ok_or_fail(unsafe { self.try_free(ptr) })
+        if !unsafe { self.free_fast(ptr) } {
+            // SAFETY: forwarded contract.
+            free_cold(move || unsafe { self.try_free(ptr) });
+        }
     }
 }
 
@@ -97,6 +118,15 @@ pub(crate) fn ok_or_fail<T>(result: Result<T>) -> T {
         Ok(value) => value,
         Err(error) => fail(error),
     }
+}
+
+/// The half of [`Shell::free`] that `free_fast` left: `checked_free`, the whole checked
+/// free, then a panic on its error. Out of line and called last, so the fast path needs no
+/// stack frame.
+#[inline(never)]
+#[track_caller]
+fn free_cold(checked_free: impl FnOnce() -> Result<()>) {
+    ok_or_fail(checked_free())
 }
 
 /// The error for a free of `addr` that is no live block, for allocators that keep a ledger:
@@ -202,6 +232,10 @@ macro_rules! impl_allocator {
                 }
                 // SAFETY: the `Allocator` contract: `ptr` is a live block of this allocator,
                 // not used again.
+                if unsafe { $crate::alloc::shell::Shell::free_fast(*self, ptr) } {
+                    return;
+                }
+                // SAFETY: as above.
                 if let Err(error) = unsafe { $crate::alloc::shell::Shell::try_free(*self, ptr) } {
                     $crate::alloc::shell::free_refused(ptr, layout, error);
                 }

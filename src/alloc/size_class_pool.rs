@@ -623,23 +623,73 @@ impl SizeClassPool {
     /// ```
     #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        if unsafe { self.free_local_fast(ptr) } {
+            Ok(())
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.free_checked(ptr) }
+        }
+    }
+
+    /// The common case of [`try_free`](Self::try_free), inlined into its callers: `ptr` is a
+    /// handed-out block of a page this thread owns, in a class under no pressure. Frees it
+    /// and returns `true`; otherwise returns `false` having changed nothing, and
+    /// [`free_checked`](Self::free_checked) does the whole free. Kept apart so that the
+    /// caller's fast path builds no error and needs no stack frame.
+    ///
+    /// # Safety
+    ///
+    /// As `try_free`.
+    #[inline(always)]
+    unsafe fn free_local_fast(&self, ptr: NonNull<u8>) -> bool {
+        let Some((page, offset, bit)) = self.find_block(ptr.as_ptr() as usize) else { return false };
+        // SAFETY: forwarded contract.
+        self.is_local(page) && unsafe { self.free_here(page, offset, bit) }.is_ok()
+    }
+
+    /// [`try_free`](Self::try_free) from the start, for every case the fast path leaves: a
+    /// page another thread owns (or a class under pressure), and every bad free.
+    ///
+    /// # Safety
+    ///
+    /// As `try_free`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_checked(&self, ptr: NonNull<u8>) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let (page, offset, bit) = self.locate(addr)?;
-        // No page is owned by `NO_TOKEN` (see `acquire`), so a thread without a token frees
-        // remotely.
-        let local = page.owner() == thread_cache::token_if_any()
-            && self.pressure.load(Ordering::Relaxed) & 1 << page.class() == 0;
-        let freed = if local {
-            page.free_local(bit, || {
-                // SAFETY: the block was handed out and, by the caller's contract, is no longer
-                // used; the pool's own pointer covers its `1 << shift` bytes.
-                unsafe { region::fill_freed(self.region.at(offset), 1 << page.shift()) }
-            })
+        let freed = if self.is_local(page) {
+            // SAFETY: forwarded contract.
+            unsafe { self.free_here(page, offset, bit) }
         } else {
             remote_path();
             page.free_remote(bit)
         };
         freed.map_err(|()| Error::DoubleFree { addr })
+    }
+
+    /// Whether a free in `page` takes the owner's path: the page is this thread's, and its
+    /// class is under no pressure. No page is owned by `NO_TOKEN` (see `acquire`), so a
+    /// thread without a token frees remotely.
+    #[inline(always)]
+    fn is_local(&self, page: &Page) -> bool {
+        page.owner() == thread_cache::token_if_any() && self.pressure.load(Ordering::Relaxed) & 1 << page.class() == 0
+    }
+
+    /// Frees block `bit` of `page`, at `offset` in the region, on the page owner's path:
+    /// `Err` if it is free already.
+    ///
+    /// # Safety
+    ///
+    /// As `try_free`, and `page` is this thread's ([`is_local`](Self::is_local)).
+    #[inline(always)]
+    unsafe fn free_here(&self, page: &Page, offset: usize, bit: u32) -> std::result::Result<(), ()> {
+        page.free_local(bit, || {
+            // SAFETY: the block was handed out and, by the caller's contract, is no longer
+            // used; the pool's own pointer covers its `1 << shift` bytes.
+            unsafe { region::fill_freed(self.region.at(offset), 1 << page.shift()) }
+        })
     }
 
     /// [`try_alloc`](Self::try_alloc) through an exclusive borrow. Kept for callers that own
@@ -682,10 +732,15 @@ impl SizeClassPool {
     /// starts a block.
     #[inline(always)]
     fn locate(&self, addr: usize) -> Result<(&Page, usize, u32)> {
+        self.find_block(addr).ok_or_else(|| self.not_a_block(addr))
+    }
+
+    /// [`locate`](Self::locate) without the error: `None` if `addr` starts no block.
+    #[inline(always)]
+    fn find_block(&self, addr: usize) -> Option<(&Page, usize, u32)> {
         let offset = addr.wrapping_sub(self.region.addr());
         // Outside the region, or padding between classes (`NO_PAGE` is past the table's end).
-        let page = self.granule_page.get(offset >> GRANULE_SHIFT).and_then(|&p| self.pages.get(p as usize));
-        let Some(page) = page else { return Err(Error::ForeignPointer { addr }) };
+        let page = self.granule_page.get(offset >> GRANULE_SHIFT).and_then(|&p| self.pages.get(p as usize))?;
         // Pages start on granules, so `offset >= start` and this does not wrap.
         let rel = offset - page.start();
         // The block index if `rel` is a block's start; otherwise the rotation moves the low
@@ -693,16 +748,20 @@ impl SizeClassPool {
         // both "a block's start" and "before the page's end".
         let bit = rel.rotate_right(page.shift());
         if bit >= page.blocks() as usize {
-            return Err(Self::not_a_block(addr, rel, page));
+            return None;
         }
-        Ok((page, offset, bit as u32))
+        Some((page, offset, bit as u32))
     }
 
-    /// The error for a free at `rel` bytes into `page` that is no block's start: inside a
-    /// block, or in the padding after a class's end.
+    /// The error for a free at `addr`, which starts no block: outside the region or in the
+    /// padding between classes, inside a block, or in the padding after a class's end.
     #[cold]
     #[inline(never)]
-    fn not_a_block(addr: usize, rel: usize, page: &Page) -> Error {
+    fn not_a_block(&self, addr: usize) -> Error {
+        let offset = addr.wrapping_sub(self.region.addr());
+        let page = self.granule_page.get(offset >> GRANULE_SHIFT).and_then(|&p| self.pages.get(p as usize));
+        let Some(page) = page else { return Error::ForeignPointer { addr } };
+        let rel = offset - page.start();
         let bit = rel >> page.shift();
         if bit >= page.blocks() as usize {
             Error::ForeignPointer { addr }
@@ -853,7 +912,13 @@ unsafe impl Shell for SizeClassPool {
     #[inline]
     unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { SizeClassPool::try_free(self, ptr) }
+        unsafe { self.free_checked(ptr) }
+    }
+
+    #[inline(always)]
+    unsafe fn free_fast(&self, ptr: NonNull<u8>) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { self.free_local_fast(ptr) }
     }
 
     /// A block grows within itself when the new layout fits it.
@@ -885,7 +950,7 @@ impl SizeClassPool {
     #[inline(never)]
     fn resize_in_place(&self, ptr: NonNull<u8>, new: Layout, keep: impl FnOnce(&Page) -> bool) -> Option<NonNull<u8>> {
         let addr = ptr.as_ptr() as usize;
-        let (page, offset, _) = self.locate(addr).ok()?;
+        let (page, offset, _) = self.find_block(addr)?;
         (addr % new.align() == 0 && keep(page)).then(|| self.region.at(offset))
     }
 }

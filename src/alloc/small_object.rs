@@ -328,7 +328,7 @@ impl SmallObjectAllocator {
                 // class's `lanes` change.
                 let fast = unsafe {
                     thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
-                        lanes.take_active(&mut cache.classes[i], &cache.counts.0[i])
+                        lanes.take_active_fast(&mut cache.classes[i], &cache.counts.0[i])
                     })
                 };
                 return match fast {
@@ -347,8 +347,9 @@ impl SmallObjectAllocator {
         ClassIndex::ALL[self.route[size].get()..].iter().copied().find(|c| self.classes[c.get()].align >= align)
     }
 
-    /// The rest of [`try_alloc`](Self::try_alloc) for class `i`: another word or lane for
-    /// this thread, the uncached path, and the system fallback.
+    /// The rest of [`try_alloc`](Self::try_alloc) for class `i`, once its fast path found no
+    /// slot in a whole active word: the partial last word, another word or lane for this
+    /// thread, the uncached path, and the system fallback.
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
@@ -356,7 +357,15 @@ impl SmallObjectAllocator {
         let cached = thread_cache::with_cache(
             self.id,
             || self.new_cache(),
-            |cache| lanes.refill(&mut cache.classes[i], &cache.counts.0[i]),
+            |cache| {
+                let (cache, counts) = (&mut cache.classes[i], &cache.counts.0[i]);
+                // SAFETY: `cache` is this allocator's cache of class `i`, which only the
+                // class's `lanes` change.
+                match unsafe { lanes.take_active(cache, counts) } {
+                    Some(slot) => (Some(slot), Vec::new()),
+                    None => lanes.refill(cache, counts),
+                }
+            },
         );
         let slot = match cached {
             Some((slot, raced)) => {
@@ -502,34 +511,89 @@ impl SmallObjectAllocator {
     /// ```
     #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
-        let addr = ptr.as_ptr() as usize;
-        // Below the region, the offset wraps to far past it.
-        let offset = addr.wrapping_sub(self.region.addr());
-        let Some(&class) = self.granule_class.get(offset >> self.granule_shift) else {
+        // SAFETY: forwarded contract.
+        if unsafe { self.free_owned_fast(ptr) } {
+            Ok(())
+        } else {
             // SAFETY: forwarded contract.
-            return unsafe { self.not_a_slot(ptr) };
-        };
-        let slot = class.slot_of(offset);
-        // Also past the region's end (in its last granule, or in a granule past it).
-        if slot >= u64::from(class.slots) {
-            // SAFETY: forwarded contract.
-            return unsafe { self.not_a_slot(ptr) };
+            unsafe { self.free_checked(ptr) }
         }
+    }
+
+    /// The common case of [`try_free`](Self::try_free), inlined into its callers: `ptr` is a
+    /// handed-out slot in a lane this thread owns with no queued frees. Frees it and returns
+    /// `true`; otherwise returns `false` having changed nothing, and
+    /// [`free_checked`](Self::free_checked) does the whole free. Kept apart so that the
+    /// caller's fast path builds no error and needs no stack frame.
+    ///
+    /// # Safety
+    ///
+    /// As `try_free`.
+    #[inline(always)]
+    unsafe fn free_owned_fast(&self, ptr: NonNull<u8>) -> bool {
+        let Some((class, slot, offset)) = self.locate(ptr) else { return false };
         let i = class.class.get();
-        let slot = slot as usize;
         // SAFETY: `class` is a copy of one of `self.granule_class`, so its pointer is `self`'s.
         let lanes = unsafe { class.lanes.get(self) };
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
-        let fast = unsafe {
+        let freed = unsafe {
+            thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
+                Some(lanes.free_owned_fast(&mut cache.classes[i], slot, move || self.fill_slot(i, offset)))
+            })
+        };
+        freed == Some(true)
+    }
+
+    /// [`try_free`](Self::try_free) from the start, for every case the fast path leaves: a
+    /// lane this thread does not own or with queued frees, a fallback block, and every bad
+    /// free.
+    ///
+    /// # Safety
+    ///
+    /// As `try_free`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_checked(&self, ptr: NonNull<u8>) -> Result<()> {
+        let Some((class, slot, offset)) = self.locate(ptr) else {
+            // SAFETY: forwarded contract.
+            return unsafe { self.not_a_slot(ptr) };
+        };
+        match self.free_in_own_lane(class, slot, offset) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(())) => Err(Error::DoubleFree { addr: ptr.as_ptr() as usize }),
+            None => self.free_slow(class.class.get(), slot, offset),
+        }
+    }
+
+    /// Where `ptr` lies if it starts a slot (handed out or not): its class's record, the slot
+    /// and the region offset.
+    #[inline(always)]
+    fn locate(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, usize, usize)> {
+        // Below the region, the offset wraps to far past it.
+        let offset = (ptr.as_ptr() as usize).wrapping_sub(self.region.addr());
+        let class = self.granule_class.get(offset >> self.granule_shift)?;
+        let slot = class.slot_of(offset);
+        // Also past the region's end (in its last granule, or in a granule past it).
+        if slot >= u64::from(class.slots) {
+            return None;
+        }
+        Some((class, slot as usize, offset))
+    }
+
+    /// Frees slot `slot` of `class` (at `offset`) if its lane is this thread's and has no
+    /// queued frees: `Err` if the slot is free already, `None` for another lane.
+    #[inline(always)]
+    fn free_in_own_lane(&self, class: &GranuleClass, slot: usize, offset: usize) -> Option<Result<(), ()>> {
+        let i = class.class.get();
+        // SAFETY: `class` is a copy of one of `self.granule_class`, so its pointer is `self`'s.
+        let lanes = unsafe { class.lanes.get(self) };
+        // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
+        // and writes the debug fill: it calls nothing that could reach the thread cache again.
+        unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                 lanes.free_owned(&mut cache.classes[i], slot, move || self.fill_slot(i, offset))
             })
-        };
-        match fast {
-            Some(Ok(())) => Ok(()),
-            Some(Err(())) => Err(Error::DoubleFree { addr }),
-            None => self.free_slow(i, slot, offset),
         }
     }
 
@@ -774,7 +838,13 @@ unsafe impl Shell for SmallObjectAllocator {
     #[inline]
     unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { SmallObjectAllocator::try_free(self, ptr) }
+        unsafe { self.free_checked(ptr) }
+    }
+
+    #[inline(always)]
+    unsafe fn free_fast(&self, ptr: NonNull<u8>) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { self.free_owned_fast(ptr) }
     }
 }
 

@@ -127,7 +127,7 @@ impl GranuleClass {
     /// start, as every granule of a class is): the slot index if `offset` is a slot's start,
     /// and at least `2^32` if it is not.
     #[inline(always)]
-    pub(super) fn slot_of(self, offset: usize) -> u64 {
+    pub(super) fn slot_of(&self, offset: usize) -> u64 {
         (offset as u64).wrapping_sub(self.start).wrapping_mul(self.inverse).rotate_right(u32::from(self.shift))
     }
 }
