@@ -11,6 +11,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
+use std::hint::black_box;
 use std::sync::Mutex;
 
 use mmobject::track::{scope, BudgetPolicy, Mode, Tag, TagStats, Tracker, TrackingAllocator};
@@ -70,7 +71,8 @@ fn global_allocator_attributes_and_balances() {
 }
 
 fn vec_string_hashmap_land_on_their_tags() {
-    let v: Vec<u64> = scope(&TEXTURES, || Vec::with_capacity(128));
+    // `black_box`: a release build may otherwise elide the unused allocation.
+    let v: Vec<u64> = scope(&TEXTURES, || black_box(Vec::with_capacity(128)));
     assert_eq!(stats(&TEXTURES).bytes, 128 * 8);
     assert_eq!(stats(&TEXTURES).count, 1);
 
@@ -184,7 +186,7 @@ fn budget_callback_may_allocate() {
     let t = Tracker::global();
     t.set_budget(&CALLBACK_TAG, 100);
     t.set_budget_policy(&CALLBACK_TAG, BudgetPolicy::Callback(note_overrun));
-    let v: Vec<u8> = scope(&CALLBACK_TAG, || Vec::with_capacity(500));
+    let v: Vec<u8> = scope(&CALLBACK_TAG, || black_box(Vec::with_capacity(500)));
     {
         let notes = CALLBACK_NOTES.lock().unwrap();
         assert_eq!(notes.len(), 1);

@@ -307,7 +307,8 @@ fn a_forgotten_guard_keeps_its_tag_until_the_enclosing_guard_drops() {
         let _o = OUTER.enter();
         std::mem::forget(INNER.enter());
         assert_eq!(current_tag(), INNER.id());
-        let v = vec![0u8; 10];
+        // `black_box`: a release build may otherwise elide the unused allocation.
+        let v = std::hint::black_box(vec![0u8; 10]);
         assert_eq!(live(&INNER), (10, 1));
         drop(v);
     }

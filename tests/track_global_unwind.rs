@@ -63,7 +63,8 @@ fn child() {
         "logger-free" => {
             log::set_logger(&PanickingLogger).unwrap();
             log::set_max_level(log::LevelFilter::Trace);
-            let v: Vec<u8> = mmobject::track::scope(&WATCHED, || Vec::with_capacity(32));
+            // `black_box`: a release build may otherwise elide the unused allocation.
+            let v: Vec<u8> = mmobject::track::scope(&WATCHED, || std::hint::black_box(Vec::with_capacity(32)));
             t.watch(&WATCHED, true);
             std::panic::catch_unwind(move || drop(v)).is_err()
         }
