@@ -120,6 +120,23 @@ pub(crate) fn ok_or_fail<T>(result: Result<T>) -> T {
     }
 }
 
+/// [`Shell::free_fast`], else [`Shell::try_free`]: a free with every check, whose common
+/// case is inlined. The body of the pools' public `try_free`, and of `deallocate`.
+///
+/// # Safety
+///
+/// As [`Shell::try_free`].
+#[inline(always)]
+pub(crate) unsafe fn try_free_fast_first<S: Shell + ?Sized>(shell: &S, ptr: NonNull<u8>) -> Result<()> {
+    // SAFETY: forwarded contract.
+    if unsafe { shell.free_fast(ptr) } {
+        Ok(())
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { shell.try_free(ptr) }
+    }
+}
+
 /// The half of [`Shell::free`] that `free_fast` left: `checked_free`, the whole checked
 /// free, then a panic on its error. Out of line and called last, so the fast path needs no
 /// stack frame.
@@ -232,11 +249,7 @@ macro_rules! impl_allocator {
                 }
                 // SAFETY: the `Allocator` contract: `ptr` is a live block of this allocator,
                 // not used again.
-                if unsafe { $crate::alloc::shell::Shell::free_fast(*self, ptr) } {
-                    return;
-                }
-                // SAFETY: as above.
-                if let Err(error) = unsafe { $crate::alloc::shell::Shell::try_free(*self, ptr) } {
+                if let Err(error) = unsafe { $crate::alloc::shell::try_free_fast_first(*self, ptr) } {
                     $crate::alloc::shell::free_refused(ptr, layout, error);
                 }
             }

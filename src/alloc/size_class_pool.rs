@@ -624,12 +624,7 @@ impl SizeClassPool {
     #[inline(always)]
     pub unsafe fn try_free(&self, ptr: NonNull<u8>) -> Result<()> {
         // SAFETY: forwarded contract.
-        if unsafe { self.free_local_fast(ptr) } {
-            Ok(())
-        } else {
-            // SAFETY: forwarded contract.
-            unsafe { self.free_checked(ptr) }
-        }
+        unsafe { shell::try_free_fast_first(self, ptr) }
     }
 
     /// The common case of [`try_free`](Self::try_free), inlined into its callers: `ptr` is a
