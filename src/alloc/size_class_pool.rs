@@ -47,13 +47,6 @@ const NO_CLASS: u8 = u8::MAX;
 const GRANULE_SHIFT: u32 = 9;
 const GRANULE: usize = 1 << GRANULE_SHIFT;
 
-/// Does nothing; calling it marks a branch as the unlikely one, so the compiler lays out the
-/// other as the straight path (an owner's free, in [`SizeClassPool::try_free`]) while the
-/// remote free stays inline.
-#[cold]
-#[inline(never)]
-fn remote_path() {}
-
 /// One size class: `count` blocks of `block_size` bytes at `start` in the region, in pages
 /// of `1 << page_shift` blocks (the last page may hold fewer).
 struct Class {
@@ -628,8 +621,8 @@ impl SizeClassPool {
     }
 
     /// The common case of [`try_free`](Self::try_free), inlined into its callers: `ptr` is a
-    /// handed-out block of a page this thread owns, in a class under no pressure. Frees it
-    /// and returns `true`; otherwise returns `false` having changed nothing, and
+    /// handed-out block. Frees it (on the owner's path, or as a remote free) and returns
+    /// `true`; otherwise returns `false` having changed nothing, and
     /// [`free_checked`](Self::free_checked) does the whole free. Kept apart so that the
     /// caller's fast path builds no error and needs no stack frame.
     ///
@@ -637,14 +630,18 @@ impl SizeClassPool {
     ///
     /// As `try_free`.
     #[inline(always)]
-    unsafe fn free_local_fast(&self, ptr: NonNull<u8>) -> bool {
+    unsafe fn free_block(&self, ptr: NonNull<u8>) -> bool {
         let Some((page, offset, bit)) = self.find_block(ptr.as_ptr() as usize) else { return false };
-        // SAFETY: forwarded contract.
-        self.is_local(page) && unsafe { self.free_here(page, offset, bit) }.is_ok()
+        if self.is_local(page) {
+            // SAFETY: forwarded contract.
+            unsafe { self.free_here(page, offset, bit) }.is_ok()
+        } else {
+            page.free_remote(bit).is_ok()
+        }
     }
 
-    /// [`try_free`](Self::try_free) from the start, for every case the fast path leaves: a
-    /// page another thread owns (or a class under pressure), and every bad free.
+    /// [`try_free`](Self::try_free) from the start, for every case the fast path leaves:
+    /// every bad free, a double free included.
     ///
     /// # Safety
     ///
@@ -658,7 +655,6 @@ impl SizeClassPool {
             // SAFETY: forwarded contract.
             unsafe { self.free_here(page, offset, bit) }
         } else {
-            remote_path();
             page.free_remote(bit)
         };
         freed.map_err(|()| Error::DoubleFree { addr })
@@ -913,7 +909,7 @@ unsafe impl Shell for SizeClassPool {
     #[inline(always)]
     unsafe fn free_fast(&self, ptr: NonNull<u8>) -> bool {
         // SAFETY: forwarded contract.
-        unsafe { self.free_local_fast(ptr) }
+        unsafe { self.free_block(ptr) }
     }
 
     /// A block grows within itself when the new layout fits it.
