@@ -633,7 +633,7 @@ impl SizeClassPool {
     unsafe fn free_block(&self, ptr: NonNull<u8>) -> bool {
         let Some((page, offset, bit)) = self.find_block(ptr.as_ptr() as usize) else { return false };
         if self.is_local(page) {
-            // SAFETY: forwarded contract.
+            // SAFETY: forwarded contract; `page` is this thread's (just checked).
             unsafe { self.free_here(page, offset, bit) }.is_ok()
         } else {
             page.free_remote(bit).is_ok()
@@ -652,7 +652,7 @@ impl SizeClassPool {
         let addr = ptr.as_ptr() as usize;
         let (page, offset, bit) = self.locate(addr)?;
         let freed = if self.is_local(page) {
-            // SAFETY: forwarded contract.
+            // SAFETY: forwarded contract; `page` is this thread's (just checked).
             unsafe { self.free_here(page, offset, bit) }
         } else {
             page.free_remote(bit)

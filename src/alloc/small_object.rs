@@ -516,7 +516,8 @@ impl SmallObjectAllocator {
     }
 
     /// The common case of [`try_free`](Self::try_free), inlined into its callers: `ptr` is a
-    /// handed-out slot in a lane this thread owns with no queued frees. Frees it and returns
+    /// handed-out slot of a whole bitmap word, in a lane this thread owns with no queued
+    /// frees. Frees it and returns
     /// `true`; otherwise returns `false` having changed nothing, and
     /// [`free_checked`](Self::free_checked) does the whole free. Kept apart so that the
     /// caller's fast path builds no error and needs no stack frame.
@@ -528,7 +529,7 @@ impl SmallObjectAllocator {
     unsafe fn free_owned_fast(&self, ptr: NonNull<u8>) -> bool {
         let Some((class, slot, offset)) = self.locate(ptr) else { return false };
         let i = class.class.get();
-        // SAFETY: `class` is a copy of one of `self.granule_class`, so its pointer is `self`'s.
+        // SAFETY: `class` is one of `self.granule_class`, so its pointer is `self`'s.
         let lanes = unsafe { class.lanes.get(self) };
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
@@ -541,8 +542,8 @@ impl SmallObjectAllocator {
     }
 
     /// [`try_free`](Self::try_free) from the start, for every case the fast path leaves: a
-    /// lane this thread does not own or with queued frees, a fallback block, and every bad
-    /// free.
+    /// lane this thread does not own or with queued frees, the partial last word, a fallback
+    /// block, and every bad free.
     ///
     /// # Safety
     ///
@@ -581,7 +582,8 @@ impl SmallObjectAllocator {
     #[inline(always)]
     fn free_in_own_lane(&self, class: &GranuleClass, slot: usize, offset: usize) -> Option<Result<(), ()>> {
         let i = class.class.get();
-        // SAFETY: `class` is a copy of one of `self.granule_class`, so its pointer is `self`'s.
+        // SAFETY: `class` is one of `self.granule_class` (from `locate`), so its pointer is
+        // `self`'s.
         let lanes = unsafe { class.lanes.get(self) };
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
