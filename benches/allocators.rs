@@ -206,6 +206,63 @@ fn a1_size_class_pool(c: &mut Criterion) {
     g.finish();
 }
 
+/// How many blocks A1f keeps live.
+const FRAGMENTED_LIVE: usize = 200_000;
+
+/// A1f: a long-lived, fragmented class. 200k live 64-byte blocks (a particle or entity
+/// pool), each step frees one at random and allocates one in its place: every page of the
+/// class is full but for scattered free blocks. Until the thirty-fifth session a refill
+/// here scanned every page the thread owned to find one or two blocks (24 µs a step; see
+/// BENCHMARKS.md).
+fn a1f_fragmented(c: &mut Criterion) {
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let mut g = c.benchmark_group("A1f_fragmented_200k_live_64B");
+    g.throughput(Throughput::Elements(1));
+    let picks: Vec<u32> = {
+        let mut rng = SmallRng::seed_from_u64(0xF4A6);
+        (0..1 << 16).map(|_| rng.gen_range(0..FRAGMENTED_LIVE as u32)).collect()
+    };
+    let pool = SizeClassPool::new(&[(64, FRAGMENTED_LIVE * 2)]);
+    fragmented_bench(
+        &mut g,
+        "SizeClassPool",
+        &picks,
+        || pool.alloc(layout),
+        |p| {
+            // SAFETY: every freed block came from this pool's `alloc` and is freed once.
+            unsafe { pool.free(p) }
+        },
+    );
+    drop(pool);
+    fragmented_bench(&mut g, "System", &picks, || system_alloc(layout), |p| system_free(p, layout));
+    fragmented_bench(&mut g, "mimalloc", &picks, || mimalloc_alloc(layout), |p| mimalloc_free(p, layout));
+    g.finish();
+}
+
+/// One A1f row: [`FRAGMENTED_LIVE`] blocks from `alloc`, then each step replaces the block
+/// `picks` names next.
+fn fragmented_bench(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    picks: &[u32],
+    alloc: impl Fn() -> NonNull<u8>,
+    free: impl Fn(NonNull<u8>),
+) {
+    let mut live: Vec<NonNull<u8>> = (0..FRAGMENTED_LIVE).map(|_| alloc()).collect();
+    let mut at = 0usize;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let i = picks[at] as usize;
+            at = (at + 1) % picks.len();
+            free(live[i]);
+            live[i] = black_box(alloc());
+        })
+    });
+    for p in live {
+        free(p);
+    }
+}
+
 /// A1b: the same steady state with one 64-byte size: `SizeClassPool` (per-thread pages)
 /// against a lock-free tagged-head class (bench-local prototype of the design it replaced
 /// the per-class lock with; kept as a reference point).
@@ -570,6 +627,7 @@ mod run {
     criterion_group!(
         benches,
         a1_size_class_pool,
+        a1f_fragmented,
         a1b_lock_vs_lock_free,
         a1t_larson,
         a1x_producer_consumer,

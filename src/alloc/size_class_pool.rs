@@ -39,6 +39,11 @@ pub const DEFAULT_CLASSES: [(usize, usize); 18] = [
     (1 << 20, 1),
 ];
 
+/// A scan of a thread's pages that finds fewer free blocks than 1 / `SCARCE` of their blocks
+/// takes a fresh page too (see `SizeClassPool::scan_owned`). With 200k live 64-byte blocks
+/// replaced at random, 1 / 64 took 25 % more instructions per step than 1 / 32.
+const SCARCE: usize = 32;
+
 /// "No class is large enough" in the size lookup table.
 const NO_CLASS: u8 = u8::MAX;
 /// The granule of the address-to-page table: every page starts on a granule boundary and
@@ -129,7 +134,12 @@ pub struct SizeClassStats {
 ///   one block are that contract broken; the pool catches them when it can.)
 /// - **Pages and threads**: a thread keeps the pages it has allocated from (their blocks
 ///   are most likely freed by the same thread, cheaply) until they are entirely free; then
-///   any thread may take them over. When a thread exits, all its pages go back. When a
+///   any thread may take them over. When its page runs dry, the thread moves on to the next
+///   of its pages that its last scan of them found with a free block; only when those are
+///   used up does it scan its pages again (collecting their remote frees and handing back
+///   the entirely free ones). A scan that finds free blocks scarce (under 1/32 of the
+///   blocks on its pages) also takes a fresh page, so scattered free blocks stay cheap to
+///   find, for at most 1/32 of a thread's blocks held free. When a thread exits, all its pages go back. When a
 ///   thread finds no block in a class (nor in any larger one), it claims a block freed on
 ///   another thread from any page's remote mask, and if there is none it marks the class
 ///   *under pressure* and fails with [`Error::OutOfMemory`]: from then on owners free into
@@ -427,20 +437,59 @@ impl SizeClassPool {
         }
     }
 
-    /// Finds this thread a page of `class` with a free block, makes it the active one and
-    /// returns it: the one of its own pages with the most free blocks (after collecting
-    /// their remote frees), else an unowned page it takes over. Its other pages go back to the pool when entirely free,
-    /// or, while another thread is starving in this class, as soon as they have a free block.
-    /// It keeps the rest: their blocks are most likely freed by this thread, cheaply.
+    /// Finds this thread a page of `class` with a free block and makes it the active one:
+    /// the next page the last scan of its own pages found with a free block, else what a new
+    /// scan finds ([`scan_owned`](Self::scan_owned)). Under pressure it always scans, which
+    /// hands pages back.
+    ///
+    /// A refill used to scan every page the thread owns of the class and keep only the best.
+    /// With 200k live 64-byte blocks freed at random, each scan of some 3,000 pages found one
+    /// or two free blocks, and an allocation took 24 µs (glibc: 0.13 µs). Now a scan's finds
+    /// last until they are used up, and a scan that finds too few takes a fresh page as well.
     #[cold]
     #[inline(never)]
     fn refill(&self, class_index: usize, cache: &mut PoolCache) -> Option<u32> {
         let class = &self.classes[class_index];
-        let owned = &mut cache.owned[class_index];
         let pressure = self.pressure.load(Ordering::Relaxed) & 1 << class_index != 0;
-        // The page with the most free blocks becomes the active one, so the next refill is
-        // as far off as it can be. Of the others, those entirely free go back (or, under
-        // pressure, every one with a free block: then the first page found is kept).
+        let mut found = None;
+        if !pressure {
+            let ready = &mut cache.ready[class_index];
+            while let Some(p) = ready.pop() {
+                // A ready page is still this thread's and still has the free blocks the scan
+                // saw (only the active page is taken from; see `PoolCache::ready`). The test
+                // is one load, and should that ever change it only sends us to a scan.
+                self.collect(class, p);
+                if self.pages[p as usize].has_local_free() {
+                    found = Some(p);
+                    break;
+                }
+            }
+        }
+        let found = found.or_else(|| self.scan_owned(class_index, pressure, cache));
+        // Every `k` the class serves first: those above the previous class's shift, up to
+        // its own.
+        let lowest = class_index.checked_sub(1).map_or(0, |below| self.classes[below].shift as usize + 1);
+        cache.active[lowest..=class.shift as usize].fill(found.unwrap_or(NO_PAGE));
+        found
+    }
+
+    /// Scans this thread's pages of class `class_index` (collecting their remote frees) and
+    /// returns the one to make active: the page with the most free blocks, so the next refill
+    /// is as far off as it can be. Of the others, those entirely free go back to the pool,
+    /// and those with a free block become the class's ready list. Under `pressure` every page
+    /// with a free block goes back instead, but the first one found.
+    ///
+    /// If the free blocks it found are scarce (under 1 / [`SCARCE`] of the blocks on the pages
+    /// it visited: 2 a page of 64), it also takes over an unowned page, which becomes the
+    /// active one. So a scan costs about one page visit per two blocks it finds, however
+    /// scattered they are, for a slack of at most 1 / `SCARCE` of the thread's blocks.
+    fn scan_owned(&self, class_index: usize, pressure: bool, cache: &mut PoolCache) -> Option<u32> {
+        let class = &self.classes[class_index];
+        let owned = &mut cache.owned[class_index];
+        let ready = &mut cache.ready[class_index];
+        ready.clear();
+        let visited = owned.len();
+        let mut total = 0usize;
         let mut found: Option<(u32, u32)> = None;
         let mut i = 0;
         while i < owned.len() {
@@ -456,21 +505,26 @@ impl SizeClassPool {
                             owned.swap_remove(i);
                             continue;
                         }
+                        ready.push(p);
                     }
-                    _ => found = Some((p, free)),
+                    Some((best, _)) => {
+                        ready.push(best);
+                        found = Some((p, free));
+                    }
+                    None => found = Some((p, free)),
                 }
+                total += free as usize;
             }
             i += 1;
         }
         let mut found = found.map(|(p, _)| p);
-        if found.is_none() {
-            found = self.acquire(class, thread_cache::token());
-            owned.extend(found);
+        if found.is_none() || (!pressure && total < (visited << class.page_shift) / SCARCE) {
+            if let Some(fresh) = self.acquire(class, thread_cache::token()) {
+                owned.push(fresh);
+                ready.extend(found);
+                found = Some(fresh);
+            }
         }
-        // Every `k` the class serves first: those above the previous class's shift, up to
-        // its own.
-        let lowest = class_index.checked_sub(1).map_or(0, |below| self.classes[below].shift as usize + 1);
-        cache.active[lowest..=class.shift as usize].fill(found.unwrap_or(NO_PAGE));
         found
     }
 
@@ -1089,6 +1143,82 @@ mod tests {
             pool.free(p);
             for (i, &b) in blocks.iter().enumerate() {
                 if i != 0 && !(64..74).contains(&i) {
+                    pool.free(b);
+                }
+            }
+        }
+        assert_eq!(pool.stats().live, 0);
+    }
+
+    #[test]
+    fn refills_take_the_pages_a_scan_found_before_scanning_again() {
+        let pool = SizeClassPool::new(&[(8, 512)]); // 8 pages of 64 blocks
+        let blocks: Vec<_> = (0..256).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        let page_of = |p: NonNull<u8>| blocks.iter().position(|&b| b == p).map(|i| i / 64);
+        let freed = |i: usize| (0..4).contains(&i) || (64..69).contains(&i) || (128..137).contains(&i);
+        // SAFETY: ours, each freed once (the ones taken again are freed at the end).
+        unsafe {
+            for &b in blocks[0..4].iter().chain(&blocks[64..69]) {
+                pool.free(b);
+            }
+        }
+        // The scan finds 9 free blocks on 4 pages (not scarce: no fresh page) and takes the
+        // second page (5 free); the first (4 free) waits in the ready list.
+        let mut again: Vec<_> = (0..5).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        assert!(again.iter().all(|&p| page_of(p) == Some(1)));
+        // SAFETY: as above.
+        unsafe {
+            for &b in &blocks[128..137] {
+                pool.free(b);
+            }
+        }
+        // The third page now has the most free blocks (9), but the refill takes the ready
+        // page without scanning; the one after that scans and finds the third (9 free
+        // blocks on 4 pages: not scarce either).
+        let from_ready: Vec<_> = (0..4).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        assert!(from_ready.iter().all(|&p| page_of(p) == Some(0)));
+        let third = pool.alloc(Layout::new::<u8>());
+        assert_eq!(page_of(third), Some(2));
+        again.extend(from_ready);
+        again.push(third);
+        // SAFETY: as above: every block still handed out, once.
+        unsafe {
+            for p in again {
+                pool.free(p);
+            }
+            for (i, &b) in blocks.iter().enumerate() {
+                if !freed(i) {
+                    pool.free(b);
+                }
+            }
+        }
+        assert_eq!(pool.stats().live, 0);
+    }
+
+    #[test]
+    fn a_scan_that_finds_scattered_free_blocks_takes_a_fresh_page_too() {
+        let pool = SizeClassPool::new(&[(8, 512)]); // 8 pages of 64 blocks
+        let blocks: Vec<_> = (0..384).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        let page_of = |p: NonNull<u8>| blocks.iter().position(|&b| b == p).map(|i| i / 64);
+        // SAFETY: ours, each freed once.
+        unsafe {
+            pool.free(blocks[0]);
+            pool.free(blocks[64]);
+        }
+        // 2 free blocks on 6 pages: the scan takes a fresh page, and keeps the two.
+        let fresh: Vec<_> = (0..64).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        assert!(fresh.iter().all(|&p| page_of(p).is_none()), "all from the fresh page");
+        let kept: Vec<_> = (0..2).map(|_| pool.alloc(Layout::new::<u8>())).collect();
+        let mut pages: Vec<_> = kept.iter().map(|&p| page_of(p)).collect();
+        pages.sort();
+        assert_eq!(pages, [Some(0), Some(1)]);
+        // SAFETY: as above.
+        unsafe {
+            for p in fresh.into_iter().chain(kept) {
+                pool.free(p);
+            }
+            for (i, &b) in blocks.iter().enumerate() {
+                if i != 0 && i != 64 {
                     pool.free(b);
                 }
             }

@@ -75,6 +75,11 @@ pub(crate) struct PoolCache {
     pub(crate) active: [u32; 256],
     /// Per class: every page of the class this thread owns (indices into the page table).
     pub(crate) owned: Box<[Vec<u32>]>,
+    /// Per class: pages of `owned` that the last scan of them found with a free block and
+    /// that no refill has made active since, for the next refills to take in turn (see
+    /// `SizeClassPool::refill`). A subset of `owned`: pages leave `owned` only in a scan,
+    /// which rebuilds this list, or when the cache drops.
+    pub(crate) ready: Box<[Vec<u32>]>,
 }
 
 impl PoolCache {
@@ -85,6 +90,7 @@ impl PoolCache {
             pages: Arc::downgrade(pages),
             active: [NO_PAGE; 256],
             owned: (0..classes).map(|_| Vec::new()).collect(),
+            ready: (0..classes).map(|_| Vec::new()).collect(),
         }
     }
 }
@@ -123,7 +129,11 @@ impl Drop for PoolCache {
 
 impl fmt::Debug for PoolCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolCache").field("pool", &self.pool).field("owned", &self.owned).finish()
+        f.debug_struct("PoolCache")
+            .field("pool", &self.pool)
+            .field("owned", &self.owned)
+            .field("ready", &self.ready)
+            .finish()
     }
 }
 
