@@ -239,6 +239,54 @@ fn a1f_fragmented(c: &mut Criterion) {
     g.finish();
 }
 
+/// A1s: a full class. 200k live 64-byte blocks fill their class; a ring of 1,000 more
+/// 64-byte requests spills to the 128-byte class (each a fallback). Until the thirty-fifth
+/// session every spilled request rescanned every page of the full class (13 µs a step; see
+/// BENCHMARKS.md). The peers just allocate 64 bytes with the same 200k live.
+fn a1s_full_class(c: &mut Criterion) {
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let mut g = c.benchmark_group("A1s_full_class_spills_200k_live_64B");
+    g.throughput(Throughput::Elements(1));
+    let pool = SizeClassPool::new(&[(64, FRAGMENTED_LIVE), (128, 4096)]);
+    spill_bench(
+        &mut g,
+        "SizeClassPool",
+        || pool.alloc(layout),
+        |p| {
+            // SAFETY: every freed block came from this pool's `alloc` and is freed once.
+            unsafe { pool.free(p) }
+        },
+    );
+    assert!(pool.stats().fallbacks > 0, "the ring's requests spilled");
+    drop(pool);
+    spill_bench(&mut g, "System", || system_alloc(layout), |p| system_free(p, layout));
+    spill_bench(&mut g, "mimalloc", || mimalloc_alloc(layout), |p| mimalloc_free(p, layout));
+    g.finish();
+}
+
+/// One A1s row: [`FRAGMENTED_LIVE`] blocks held from `alloc`, then a ring of 1,000 more,
+/// each step freeing the oldest and allocating one.
+fn spill_bench(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    alloc: impl Fn() -> NonNull<u8>,
+    free: impl Fn(NonNull<u8>),
+) {
+    let held: Vec<NonNull<u8>> = (0..FRAGMENTED_LIVE).map(|_| alloc()).collect();
+    let mut ring: Vec<NonNull<u8>> = (0..1000).map(|_| alloc()).collect();
+    let mut at = 0usize;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            free(ring[at]);
+            ring[at] = black_box(alloc());
+            at = (at + 1) % ring.len();
+        })
+    });
+    for p in held.into_iter().chain(ring) {
+        free(p);
+    }
+}
+
 /// One A1f row: [`FRAGMENTED_LIVE`] blocks from `alloc`, then each step replaces the block
 /// `picks` names next.
 fn fragmented_bench(
@@ -628,6 +676,7 @@ mod run {
         benches,
         a1_size_class_pool,
         a1f_fragmented,
+        a1s_full_class,
         a1b_lock_vs_lock_free,
         a1t_larson,
         a1x_producer_consumer,

@@ -113,7 +113,10 @@ pub struct SizeClassStats {
 ///   allocates from them with no atomic read-modify-write and no lock (a bit scan of the
 ///   page's free mask). If the class has no page this thread can use, the next larger class
 ///   serves the request and it counts as a *fallback*; if every larger class is empty too,
-///   the request fails with [`Error::OutOfMemory`]. The pool never grows.
+///   the request fails with [`Error::OutOfMemory`]. The pool never grows. A thread that
+///   found a class empty passes it over for as many requests as the class has pages (a
+///   full class's spilled requests cost a few page visits each, not a visit to every page),
+///   and always looks at it again before a request fails.
 /// - **Free**: the address alone finds the page: one load from a table with an entry per
 ///   512 bytes of region (every page starts on such a boundary), and the page's one cache
 ///   line says where its blocks are and who owns it. On the page's owner thread a free sets a bit with a plain store; on any other
@@ -377,12 +380,23 @@ impl SizeClassPool {
         let first = usize::from(first);
         let make = || PoolCache::new(self.id, &self.pages, self.classes.len());
         let cached = thread_cache::with_cache(self.id, make, |cache: &mut PoolCache| {
+            // Classes this thread found dry lately are passed over (see `PoolCache::dry`),
+            // but looked at for real before the request fails: their blocks may have been
+            // freed since, and a request fails only when every class it may use is empty.
+            let mut passed_over = 0u64;
             for i in first..self.classes.len() {
+                if cache.dry[i] > 0 {
+                    cache.dry[i] -= 1;
+                    passed_over |= 1 << i;
+                    continue;
+                }
                 if let Some(ptr) = self.alloc_cached(i, cache)? {
-                    if i != first {
-                        self.counters.fallback();
-                    }
-                    return Ok(Some(ptr));
+                    return Ok(Some(self.counted(ptr, i, first)));
+                }
+            }
+            for i in (first..self.classes.len()).filter(|&i| passed_over & 1 << i != 0) {
+                if let Some(ptr) = self.alloc_cached(i, cache)? {
+                    return Ok(Some(self.counted(ptr, i, first)));
                 }
             }
             Ok(None)
@@ -392,6 +406,16 @@ impl SizeClassPool {
             None => self.alloc_uncached(first)?,
         };
         found.or_else(|| self.steal(first)).ok_or_else(|| self.out_of_memory(layout.size(), k))
+    }
+
+    /// `ptr`, from class `i` for a request whose first class is `first`: counted as a
+    /// fallback if they differ.
+    #[inline]
+    fn counted(&self, ptr: NonNull<u8>, i: usize, first: usize) -> NonNull<u8> {
+        if i != first {
+            self.counters.fallback();
+        }
+        ptr
     }
 
     /// The last resort before running out: a block freed on another thread into a page some
@@ -433,7 +457,12 @@ impl SizeClassPool {
                 let taken = self.pages[p as usize].take().expect("refill returns a page with a free block");
                 self.hand_out_taken(class, p, taken).map(Some)
             }
-            None => Ok(None),
+            None => {
+                // The refill visited every page of the class (its own, then the others for
+                // an unowned one): pass the class over for as many requests.
+                cache.dry[i] = class.pages;
+                Ok(None)
+            }
         }
     }
 
@@ -1221,6 +1250,52 @@ mod tests {
                 if i != 0 && i != 64 {
                     pool.free(b);
                 }
+            }
+        }
+        assert_eq!(pool.stats().live, 0);
+    }
+
+    #[test]
+    fn a_full_class_is_passed_over_and_looked_at_again() {
+        let pool = SizeClassPool::new(&[(8, 256), (16, 64)]); // 4 pages of 64, then 1
+        let small = Layout::new::<u8>();
+        let blocks: Vec<_> = (0..256).map(|_| pool.alloc(small)).collect();
+        // The class is full: the request spills to the next class, and the class is passed
+        // over for its 4 pages' worth of requests.
+        let spilled = pool.alloc(small);
+        assert!(!blocks.contains(&spilled));
+        // SAFETY: ours, each freed once (the one taken again is freed at the end).
+        unsafe { pool.free(blocks[70]) };
+        let passed_over: Vec<_> = (0..4).map(|_| pool.alloc(small)).collect();
+        assert!(passed_over.iter().all(|p| !blocks.contains(p)), "served by the next class");
+        assert_eq!(pool.stats().fallbacks, 5);
+        assert_eq!(pool.alloc(small), blocks[70], "then the class is looked at again");
+        // SAFETY: as above.
+        unsafe {
+            for p in blocks.into_iter().chain(passed_over).chain([spilled]) {
+                pool.free(p);
+            }
+        }
+        assert_eq!(pool.stats().live, 0);
+    }
+
+    #[test]
+    fn a_class_passed_over_is_looked_at_before_a_request_fails() {
+        let pool = SizeClassPool::new(&[(8, 128), (16, 1)]); // 2 pages of 64, then 1 block
+        let small = Layout::new::<u8>();
+        let blocks: Vec<_> = (0..128).map(|_| pool.alloc(small)).collect();
+        // The class is full: the request takes the next class's one block, and the class
+        // is passed over for a while.
+        let spilled = pool.alloc(small);
+        // SAFETY: ours, each freed once (the one taken again is freed at the end).
+        unsafe { pool.free(blocks[3]) };
+        // Both classes are passed over or full now, but the request looks again before it
+        // fails, and finds the block freed in its own page.
+        assert_eq!(pool.try_alloc(small), Ok(blocks[3]));
+        // SAFETY: as above.
+        unsafe {
+            for p in blocks.into_iter().chain([spilled]) {
+                pool.free(p);
             }
         }
         assert_eq!(pool.stats().live, 0);

@@ -80,6 +80,14 @@ pub(crate) struct PoolCache {
     /// `SizeClassPool::refill`). A subset of `owned`: pages leave `owned` only in a scan,
     /// which rebuilds this list, or when the cache drops.
     pub(crate) ready: Box<[Vec<u32>]>,
+    /// Per class: requests still to pass the class over, set when a refill found no free
+    /// block in any page of the class (its scan and its search for an unowned page each
+    /// visited up to all of them). A request that finds no block elsewhere looks at the class
+    /// again before it fails (see `SizeClassPool::alloc_slow`). So a full class whose
+    /// requests spill to the next costs a few page visits per request, not a visit to every
+    /// page (13 µs a request with 3,125 pages), and blocks freed into it wait at most one
+    /// request per page of the class before they are used again.
+    pub(crate) dry: Box<[u32]>,
 }
 
 impl PoolCache {
@@ -91,6 +99,7 @@ impl PoolCache {
             active: [NO_PAGE; 256],
             owned: (0..classes).map(|_| Vec::new()).collect(),
             ready: (0..classes).map(|_| Vec::new()).collect(),
+            dry: vec![0; classes].into_boxed_slice(),
         }
     }
 }
