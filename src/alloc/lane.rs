@@ -296,6 +296,12 @@ impl LaneCache {
 }
 
 impl Lanes {
+    /// Bitmap words of the class, counting the partial last one: what a refill that finds
+    /// nothing has visited.
+    pub(crate) fn words(&self) -> usize {
+        self.bits.len()
+    }
+
     /// A class of `slots` free slots, every lane unowned.
     ///
     /// # Panics

@@ -31,6 +31,29 @@ fn eight_thousand_one_hundred_twenty_five() {
 }
 
 #[test]
+fn a_full_class_goes_to_the_system_for_a_while_then_is_looked_at_again() {
+    let small = config([128, 0, 0, 0, 0, 0, 0]); // 2 words
+    let layout = Layout::new::<u64>();
+    let blocks: Vec<_> = (0..128).map(|_| small.alloc(layout)).collect();
+    // Full: the request goes to the system, and the class is passed over for 2 requests.
+    let extra = small.alloc(layout);
+    assert_eq!(small.stats().fallbacks, 1);
+    // SAFETY: every block is ours, freed once (the one taken again is freed at the end).
+    unsafe { small.free(blocks[5]) };
+    let passed_over: Vec<_> = (0..2).map(|_| small.alloc(layout)).collect();
+    assert_eq!(small.stats().fallbacks, 3, "served by the system");
+    assert_eq!(small.alloc(layout), blocks[5], "then the class is looked at again");
+    assert_eq!(small.stats().fallbacks, 3);
+    // SAFETY: as above.
+    unsafe {
+        for p in blocks.into_iter().chain(passed_over).chain([extra]) {
+            small.free(p);
+        }
+    }
+    assert_eq!(small.stats().in_use, 0);
+}
+
+#[test]
 fn default_config_figures() {
     let c = SmallObjectConfig::default();
     assert_eq!(c.slots, [37440, 18688, 9344, 6208, 4672, 3072, 2304]);
