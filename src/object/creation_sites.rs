@@ -121,6 +121,15 @@ impl CreationSites {
     /// one has one, else a new number (the table's free entry `free`, if the
     /// search found one, else one from the locked map).
     fn number_slowly(&self, site: &'static Location<'static>, free: Option<usize>) -> Option<u32> {
+        // A search that found no free entry is, nearly always, for a site numbered in the
+        // map (its entries were taken when it came, and entries are never cleared): look
+        // there first. Scanning the table by contents first cost such a site's every
+        // `create` about 1,000 instructions (a type created in 100 places: +354 a create).
+        if free.is_none() && !self.more.held_here() {
+            if let Some(&number) = self.more.lock().0.get(&key(site)) {
+                return Some(number);
+            }
+        }
         if let Some(number) = self.fast.iter().position(|entry| {
             let seen = entry.load(Ordering::Acquire);
             // SAFETY: a non-null entry is a `&'static Location` (type invariant).
