@@ -136,21 +136,22 @@ pub struct SizeClassStats {
 ///   no allocator can tell apart: the block can then be handed out twice. Racing frees of
 ///   one block are that contract broken; the pool catches them when it can.)
 /// - **Pages and threads**: a thread keeps the pages it has allocated from (their blocks
-///   are most likely freed by the same thread, cheaply) until they are entirely free; then
-///   any thread may take them over. When its page runs dry, the thread moves on to the next
-///   of its pages that its last scan of them found with a free block; only when those are
-///   used up does it scan its pages again (collecting their remote frees and handing back
-///   the entirely free ones). A scan that finds free blocks scarce (under 1/32 of the
-///   blocks on its pages) also takes a fresh page, so scattered free blocks stay cheap to
-///   find, for at most 1/32 of a thread's blocks held free. When a thread exits, all its pages go back. When a
-///   thread finds no block in a class (nor in any larger one), it claims a block freed on
-///   another thread from any page's remote mask, and if there is none it marks the class
-///   *under pressure* and fails with [`Error::OutOfMemory`]: from then on owners free into
-///   their pages through the remote masks too (so the next attempt can claim those blocks)
-///   and hand back every page with a free block when they run dry, until a thread takes
-///   over an unowned page again. So under a tight budget shared by threads, an allocation
-///   can fail while other threads' pages hold free blocks, and succeed when retried after
-///   those threads have freed or allocated; size shared pools with some slack.
+///   are most likely freed by the same thread, cheaply) until they are entirely free;
+///   then any thread may take them over. When its page runs dry, the thread moves on to
+///   the next of its pages that its last scan of them found with a free block; only when
+///   those are used up does it scan its pages again (collecting their remote frees and
+///   handing back the entirely free ones). A scan that finds free blocks scarce (under
+///   1/32 of the blocks on its pages) also takes a fresh page, so scattered free blocks
+///   stay cheap to find, for at most 1/32 of a thread's blocks held free. When a thread
+///   exits, all its pages go back. When a thread finds no block in a class (nor in any
+///   larger one), it claims a block freed on another thread from any page's remote mask,
+///   and if there is none it marks the class *under pressure* and fails with
+///   [`Error::OutOfMemory`]: from then on owners free into their pages through the remote
+///   masks too (so the next attempt can claim those blocks) and hand back every page with
+///   a free block when they run dry, until a thread takes over an unowned page again. So
+///   under a tight budget shared by threads, an allocation can fail while other threads'
+///   pages hold free blocks, and succeed when retried after those threads have freed or
+///   allocated; size shared pools with some slack.
 /// - **Alignment**: classes are laid out largest first from a 4096-aligned base, each
 ///   starting on a 512-byte boundary, so each block is aligned to `min(block size, 4096)`;
 ///   a request for alignment `a` simply uses a class of at least `a` bytes.

@@ -105,7 +105,11 @@ impl Drop for SmallCache {
 
 impl fmt::Debug for SmallCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SmallCache").field("id", &self.id).field("classes", &self.classes).finish()
+        f.debug_struct("SmallCache")
+            .field("id", &self.id)
+            .field("classes", &self.classes)
+            .field("dry", &self.dry)
+            .finish()
     }
 }
 

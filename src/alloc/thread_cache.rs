@@ -142,6 +142,7 @@ impl fmt::Debug for PoolCache {
             .field("pool", &self.pool)
             .field("owned", &self.owned)
             .field("ready", &self.ready)
+            .field("dry", &self.dry)
             .finish()
     }
 }
