@@ -302,6 +302,13 @@ impl Lanes {
         self.bits.len()
     }
 
+    /// Whether other threads' frees wait queued for this thread's lanes (`cache` is its
+    /// cache of the class), for its next refill to apply. A queued free that happened
+    /// before this call set `pending` before it (invariant 3), so a relaxed load sees it.
+    pub(crate) fn has_queued_for(&self, cache: &LaneCache) -> bool {
+        self.pending.load(Ordering::Relaxed) & cache.mine != 0
+    }
+
     /// A class of `slots` free slots, every lane unowned.
     ///
     /// # Panics

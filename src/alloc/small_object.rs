@@ -63,9 +63,10 @@ pub(crate) struct SmallCache {
     /// Per class: requests still to send straight to the system, set when a refill found no
     /// free slot in any of the class's words. A full class then costs a request that spills
     /// to the system what the system allocation costs, not a visit to every word of the
-    /// class (6 µs a request with 3,125 words), and slots freed into it wait at most one
-    /// request per word before they are used again. (The system refusing fails the request
-    /// as any fallback does: `try_alloc`'s `OutOfMemory`.)
+    /// class (6 µs a request with 3,125 words). Frees queued for the thread's lanes by other
+    /// threads end the wait at once (the next refill applies them); slots the thread freed
+    /// itself wait at most one request per word before they are used again. (The system
+    /// refusing fails the request as any fallback does: `try_alloc`'s `OutOfMemory`.)
     dry: [u32; 7],
     counts: Arc<ThreadCounts>,
     id: u64,
@@ -379,7 +380,7 @@ impl SmallObjectAllocator {
             self.id,
             || self.new_cache(),
             |cache| {
-                if cache.dry[i] > 0 {
+                if cache.dry[i] > 0 && !lanes.has_queued_for(&cache.classes[i]) {
                     cache.dry[i] -= 1;
                     return None;
                 }
