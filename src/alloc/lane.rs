@@ -305,6 +305,7 @@ impl Lanes {
     /// Whether other threads' frees wait queued for this thread's lanes (`cache` is its
     /// cache of the class), for its next refill to apply. A queued free that happened
     /// before this call set `pending` before it (invariant 3), so a relaxed load sees it.
+    #[inline]
     pub(crate) fn has_queued_for(&self, cache: &LaneCache) -> bool {
         self.pending.load(Ordering::Relaxed) & cache.mine != 0
     }
@@ -432,7 +433,7 @@ impl Lanes {
     #[cold]
     #[inline(never)]
     fn take_next(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
-        if self.pending.load(Ordering::Relaxed) & cache.mine != 0 {
+        if self.has_queued_for(cache) {
             return None;
         }
         self.next_own_word(cache, counts)?;
@@ -562,7 +563,7 @@ impl Lanes {
     #[inline(never)]
     pub(crate) fn refill(&self, cache: &mut LaneCache, counts: &LaneCounts) -> (Option<usize>, Vec<usize>) {
         let mut raced = Vec::new();
-        if self.pending.load(Ordering::Relaxed) & cache.mine != 0 {
+        if self.has_queued_for(cache) {
             let mut shared = self.lock();
             raced = self.apply_queued(&mut shared, cache);
         }
