@@ -277,6 +277,74 @@ fn a1s_full_class(c: &mut Criterion) {
     g.finish();
 }
 
+/// A1i: a thread that lives on blocks another, idle thread owns. A loader thread takes all
+/// 200k 64-byte blocks of the class (every page becomes its own) and then idles; this
+/// thread frees one of them at random each step and allocates one, which it can only
+/// claim from the remote masks of the loader's pages. Until the thirty-sixth session each
+/// such request visited every page of the class three times (13.5 µs a step; see
+/// BENCHMARKS.md). The peers run the same pattern.
+fn a1i_idle_owner(c: &mut Criterion) {
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let mut g = c.benchmark_group("A1i_idle_owner_200k_64B");
+    g.throughput(Throughput::Elements(1));
+    let picks: Vec<u32> = {
+        let mut rng = SmallRng::seed_from_u64(0x1D1E);
+        (0..1 << 16).map(|_| rng.gen_range(0..FRAGMENTED_LIVE as u32)).collect()
+    };
+    let pool = SizeClassPool::new(&[(64, FRAGMENTED_LIVE)]);
+    idle_owner_bench(
+        &mut g,
+        "SizeClassPool",
+        &picks,
+        || pool.alloc(layout),
+        |p| {
+            // SAFETY: every freed block came from this pool's `alloc` and is freed once.
+            unsafe { pool.free(p) }
+        },
+    );
+    assert_eq!(pool.stats().live, 0);
+    drop(pool);
+    idle_owner_bench(&mut g, "System", &picks, || system_alloc(layout), |p| system_free(p, layout));
+    idle_owner_bench(&mut g, "mimalloc", &picks, || mimalloc_alloc(layout), |p| mimalloc_free(p, layout));
+    g.finish();
+}
+
+/// One A1i row: another thread takes [`FRAGMENTED_LIVE`] blocks from `alloc` and idles
+/// until the row ends; each step here frees the block `picks` names next and allocates
+/// one in its place.
+fn idle_owner_bench(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    picks: &[u32],
+    alloc: impl Fn() -> NonNull<u8> + Sync,
+    free: impl Fn(NonNull<u8>),
+) {
+    let block = |addr: usize| NonNull::new(addr as *mut u8).expect("a block's address");
+    let (send, taken) = std::sync::mpsc::channel::<Vec<usize>>();
+    let (done, idle) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let alloc = &alloc;
+        s.spawn(move || {
+            send.send((0..FRAGMENTED_LIVE).map(|_| alloc().as_ptr() as usize).collect()).unwrap();
+            let _ = idle.recv();
+        });
+        let mut live = taken.recv().unwrap();
+        let mut at = 0usize;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let i = picks[at] as usize;
+                at = (at + 1) % picks.len();
+                free(block(live[i]));
+                live[i] = black_box(alloc()).as_ptr() as usize;
+            })
+        });
+        for &p in &live {
+            free(block(p));
+        }
+        drop(done);
+    });
+}
+
 /// One A1s row: [`FRAGMENTED_LIVE`] blocks held from `alloc`, then a ring of 1,000 more,
 /// each step freeing the oldest and allocating one.
 fn spill_bench(
@@ -690,6 +758,7 @@ mod run {
         a1_size_class_pool,
         a1f_fragmented,
         a1s_full_class,
+        a1i_idle_owner,
         a1b_lock_vs_lock_free,
         a1t_larson,
         a1x_producer_consumer,

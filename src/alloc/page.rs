@@ -243,6 +243,13 @@ impl Page {
         Ok(())
     }
 
+    /// Whether [`steal_remote`](Self::steal_remote) would find a block now (any thread; a
+    /// hint).
+    #[inline]
+    pub(crate) fn has_stealable(&self) -> bool {
+        self.remote.load(Ordering::Relaxed) & !self.free.load(Ordering::Relaxed) != 0
+    }
+
     /// Claims one block from the remote mask (any thread, owner or not): the last resort of
     /// a thread that finds no page of its own. The block goes from "freed remotely" straight
     /// to "handed out" (both bits clear) without the owner's involvement; the `Acquire`

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::page::{self, Page, UNOWNED};
+use super::page_table::PageTable;
 use super::region::{self, Region, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::stats::SharedCounters;
@@ -192,9 +193,10 @@ pub struct SizeClassPool {
     region: Region,
     /// Classes in ascending block size (so descending start offset).
     classes: Box<[Class]>,
-    /// Every class's pages, class after class; shared (as a `Weak`) with the thread caches
-    /// so an exiting thread can hand its pages back.
-    pages: Arc<[Page]>,
+    /// Every class's pages, class after class, with the hints that spare searches a visit
+    /// to each; shared (as a `Weak`) with the thread caches so an exiting thread can hand
+    /// its pages back.
+    pages: Arc<PageTable>,
     /// Keys this pool's thread caches; never repeats.
     id: u64,
     /// `by_log2[k]`: index of the first class with `block_size >= 1 << k`, or `NO_CLASS`.
@@ -283,6 +285,7 @@ impl SizeClassPool {
                 pages.push(Page::new(blocks, start, class.shift, i));
             }
         }
+        let classes = built.len();
         let mut by_log2 = [NO_CLASS; 65];
         for (k, slot) in by_log2.iter_mut().enumerate() {
             if let Some(i) = built.iter().position(|c| c.shift as usize >= k) {
@@ -295,7 +298,7 @@ impl SizeClassPool {
             pressure: AtomicU64::new(0),
             capacity,
             classes: built.into_boxed_slice(),
-            pages: pages.into(),
+            pages: Arc::new(PageTable::new(pages, classes)),
             id: thread_cache::next_allocator_id(),
             by_log2,
             counters: SharedCounters::default(),
@@ -420,25 +423,55 @@ impl SizeClassPool {
     }
 
     /// The last resort before running out: a block freed on another thread into a page some
-    /// other thread owns, claimed from the page's remote mask.
+    /// other thread owns, claimed from the page's remote mask. First from the pages whose
+    /// remote hint is set (see [`PageTable`]), then by a walk of every page of the classes
+    /// the request may use, which hints each page it finds with such a block.
     #[cold]
     #[inline(never)]
     fn steal(&self, first: usize) -> Option<NonNull<u8>> {
         // Ask the owners to free through the remote masks, where this (or a later) call can
-        // claim their blocks.
-        self.pressure.fetch_or(1 << first, Ordering::Relaxed);
+        // claim their blocks, and the freeing threads to hint the pages.
+        // A load first: a thread that lives on such blocks calls this for every request.
+        if self.pressure.load(Ordering::Relaxed) & 1 << first == 0 {
+            self.pressure.fetch_or(1 << first, Ordering::Relaxed);
+        }
         for (i, class) in self.classes.iter().enumerate().skip(first) {
-            for rel in 0..class.pages {
-                if let Some(bit) = self.pages[(class.first_page + rel) as usize].steal_remote() {
-                    self.stolen.fetch_add(1, Ordering::Relaxed);
-                    if i != first {
-                        self.counters.fallback();
-                    }
-                    return Some(self.block(class, (rel << class.page_shift) + bit));
+            let pages = class.first_page..class.first_page + class.pages;
+            if let Some((p, bit)) =
+                self.pages.claim_hinted(pages, |p| self.pages[p as usize].steal_remote().map(|bit| (p, bit)))
+            {
+                self.pages.unhint_if_empty(p, || self.pages[p as usize].has_stealable());
+                return Some(self.stolen(first, i, p, bit));
+            }
+        }
+        // Blocks freed before the pressure, or while a claim cleared their page's hint,
+        // carry none. The walk goes on past the page it claims from, so the next calls find
+        // the others through their hints.
+        let mut found = None;
+        for (i, class) in self.classes.iter().enumerate().skip(first) {
+            for p in class.first_page..class.first_page + class.pages {
+                let page = &self.pages[p as usize];
+                if !page.has_stealable() {
+                    continue;
+                }
+                self.pages.hint_remote(p);
+                if found.is_none() {
+                    found = page.steal_remote().map(|bit| (i, p, bit));
                 }
             }
         }
-        None
+        found.map(|(i, p, bit)| self.stolen(first, i, p, bit))
+    }
+
+    /// Block `bit` of page `p` of class `i`, just claimed by [`steal`](Self::steal) for a
+    /// request whose first class is `first`: counted.
+    fn stolen(&self, first: usize, i: usize, p: u32, bit: u32) -> NonNull<u8> {
+        self.stolen.fetch_add(1, Ordering::Relaxed);
+        if i != first {
+            self.counters.fallback();
+        }
+        let class = &self.classes[i];
+        self.block(class, ((p - class.first_page) << class.page_shift) + bit)
     }
 
     /// Takes a block of class `i` through this thread's cache for the class, or `None` if no
@@ -531,7 +564,7 @@ impl SizeClassPool {
                 match found {
                     Some((_, most)) if pressure || free <= most => {
                         if pressure || page.all_free(page::full_mask(class.page_blocks(p - class.first_page))) {
-                            page.release();
+                            self.pages.release(p);
                             owned.swap_remove(i);
                             continue;
                         }
@@ -549,7 +582,7 @@ impl SizeClassPool {
         }
         let mut found = found.map(|(p, _)| p);
         if found.is_none() || (!pressure && total < (visited << class.page_shift) / SCARCE) {
-            if let Some(fresh) = self.acquire(class, thread_cache::token()) {
+            if let Some(fresh) = self.acquire(class_index, thread_cache::token()) {
                 owned.push(fresh);
                 ready.extend(found);
                 found = Some(fresh);
@@ -560,16 +593,20 @@ impl SizeClassPool {
 
     /// Takes over an unowned page of `class` that has a free block (after collecting its
     /// remote frees), or returns `None`.
-    fn acquire(&self, class: &Class, token: u64) -> Option<u32> {
+    fn acquire(&self, class_index: usize, token: u64) -> Option<u32> {
         if token == NO_TOKEN {
             return None; // a thread without a token cannot tell its pages from others'
         }
+        if !self.pages.has_unowned(class_index) {
+            return None; // every page has an owner: nothing to search
+        }
+        let class = &self.classes[class_index];
         let start = class.cursor.load(Ordering::Relaxed) % class.pages;
         for n in 0..class.pages {
             let rel = (start + n) % class.pages;
             let p = class.first_page + rel;
             let page = &self.pages[p as usize];
-            if page.owner() == UNOWNED && page.may_have_free() && page.try_acquire(token) {
+            if page.owner() == UNOWNED && page.may_have_free() && self.pages.try_acquire(p, token) {
                 self.collect(class, p);
                 if page.has_local_free() {
                     class.cursor.store(rel + 1, Ordering::Relaxed);
@@ -579,7 +616,7 @@ impl SizeClassPool {
                     }
                     return Some(p);
                 }
-                page.release();
+                self.pages.release(p);
             }
         }
         None
@@ -592,10 +629,10 @@ impl SizeClassPool {
     fn alloc_uncached(&self, first: usize) -> Result<Option<NonNull<u8>>> {
         let token = thread_cache::token();
         for (i, class) in self.classes.iter().enumerate().skip(first) {
-            if let Some(p) = self.acquire(class, token) {
+            if let Some(p) = self.acquire(i, token) {
                 let taken = self.pages[p as usize].take().expect("acquire returns a page with a free block");
                 let result = self.hand_out_taken(class, p, taken);
-                self.pages[p as usize].release();
+                self.pages.release(p);
                 if i != first {
                     self.counters.fallback();
                 }
@@ -720,7 +757,7 @@ impl SizeClassPool {
             // SAFETY: forwarded contract; `page` is this thread's (just checked).
             unsafe { self.free_here(page, offset, bit) }.is_ok()
         } else {
-            page.free_remote(bit).is_ok()
+            self.free_remote(page, bit).is_ok()
         }
     }
 
@@ -739,7 +776,7 @@ impl SizeClassPool {
             // SAFETY: forwarded contract; `page` is this thread's (just checked).
             unsafe { self.free_here(page, offset, bit) }
         } else {
-            page.free_remote(bit)
+            self.free_remote(page, bit)
         };
         freed.map_err(|()| Error::DoubleFree { addr })
     }
@@ -750,6 +787,26 @@ impl SizeClassPool {
     #[inline(always)]
     fn is_local(&self, page: &Page) -> bool {
         page.owner() == thread_cache::token_if_any() && self.pressure.load(Ordering::Relaxed) & 1 << page.class() == 0
+    }
+
+    /// Frees block `bit` of `page` into its remote mask, for its owner to collect or a
+    /// starving thread to claim: `Err` if it is free already. While the page's class is
+    /// under pressure (a thread is claiming such blocks), hints the page for it.
+    #[inline(always)]
+    fn free_remote(&self, page: &Page, bit: u32) -> std::result::Result<(), ()> {
+        page.free_remote(bit)?;
+        if self.pressure.load(Ordering::Relaxed) & 1 << page.class() != 0 {
+            self.hint_remote(page);
+        }
+        Ok(())
+    }
+
+    /// [`PageTable::hint_remote`] for `page`, one of the pool's.
+    #[cold]
+    #[inline(never)]
+    fn hint_remote(&self, page: &Page) {
+        let p = (page as *const Page as usize - self.pages.as_ptr() as usize) / std::mem::size_of::<Page>();
+        self.pages.hint_remote(p as u32);
     }
 
     /// Frees block `bit` of `page`, at `offset` in the region, on the page owner's path:

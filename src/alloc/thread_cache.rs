@@ -1,5 +1,5 @@
 //! Per-thread state of the allocators with a per-thread fast path ([`SizeClassPool`] and
-//! [`SmallObjectAllocator`]): a token per thread (what a [`Page`] records as its owner) and,
+//! [`SmallObjectAllocator`]): a token per thread (what a [`Page`](super::page::Page) records as its owner) and,
 //! per (allocator, thread), a cache entry holding what the thread owns in that allocator.
 //!
 //! An allocator is a value, so the caches are keyed by the allocator's id in a thread-local
@@ -19,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use super::page::Page;
+use super::page_table::PageTable;
 use super::small_object::SmallCache;
 
 /// "No page" in a class cache.
@@ -64,7 +64,7 @@ pub(crate) trait CacheEntry: Sized + 'static {
 pub(crate) struct PoolCache {
     pool: u64,
     /// The pool's page table, to give the pages back when the thread exits.
-    pages: Weak<[Page]>,
+    pages: Weak<PageTable>,
     /// Per `k` (the log2 of a request's rounded-up size, as the pool's `by_log2` index, at
     /// most 64): the page of class `by_log2[k]` that allocations come from first (one of
     /// `owned`), or [`NO_PAGE`]; all the `k` of one class hold the same entry, and a class's
@@ -92,7 +92,7 @@ pub(crate) struct PoolCache {
 
 impl PoolCache {
     /// An empty cache for pool `pool` with `classes` classes.
-    pub(crate) fn new(pool: u64, pages: &Arc<[Page]>, classes: usize) -> PoolCache {
+    pub(crate) fn new(pool: u64, pages: &Arc<PageTable>, classes: usize) -> PoolCache {
         PoolCache {
             pool,
             pages: Arc::downgrade(pages),
@@ -129,7 +129,7 @@ impl Drop for PoolCache {
         if let Some(pages) = self.pages.upgrade() {
             for owned in self.owned.iter() {
                 for &p in owned {
-                    pages[p as usize].release();
+                    pages.release(p);
                 }
             }
         }

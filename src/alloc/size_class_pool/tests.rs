@@ -534,3 +534,55 @@ proptest! {
         prop_assert_eq!(pool.stats().in_use, 0);
     }
 }
+
+#[test]
+fn a_thread_lives_on_blocks_freed_into_an_idle_owners_pages() {
+    // One class of 640 blocks in pages of 64: another thread takes every block and then
+    // idles, holding all ten pages, while this one frees and allocates.
+    let pool = SizeClassPool::new(&[(8, 640)]);
+    let (held, wait) = std::sync::mpsc::channel();
+    let (go, idle) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let pool = &pool;
+        s.spawn(move || {
+            let blocks: Vec<usize> = (0..640).map(|_| pool.alloc(Layout::new::<u8>()).as_ptr() as usize).collect();
+            held.send(blocks).unwrap();
+            let _ = idle.recv();
+        });
+        let go = go; // dropped if this thread panics, so the owner stops idling
+        let mut blocks: Vec<usize> = wait.recv().unwrap();
+        let block = |addr: usize| NonNull::new(addr as *mut u8).unwrap();
+        // Freed before any thread starved: no page is hinted, so only the walk finds them.
+        let early: Vec<usize> = blocks.iter().copied().step_by(97).collect();
+        blocks.retain(|p| !early.contains(p));
+        for &p in &early {
+            // SAFETY: handed out by the pool, freed once.
+            unsafe { pool.free(block(p)) };
+        }
+        let mut taken: Vec<usize> =
+            (0..early.len()).map(|_| pool.alloc(Layout::new::<u8>()).as_ptr() as usize).collect();
+        taken.sort_unstable();
+        let mut early = early;
+        early.sort_unstable();
+        assert_eq!(taken, early, "every block freed before the pressure is claimed");
+        assert!(matches!(pool.try_alloc(Layout::new::<u8>()), Err(Error::OutOfMemory { .. })));
+        // Under pressure now: blocks freed one by one, from pages all over the class.
+        for round in 0..200 {
+            let i = round * 37 % blocks.len();
+            let freed = std::mem::replace(&mut blocks[i], 0);
+            // SAFETY: as above.
+            unsafe { pool.free(block(freed)) };
+            let again = pool.alloc(Layout::new::<u8>()).as_ptr() as usize;
+            assert_eq!(again, freed, "the one free block is claimed");
+            blocks[i] = again;
+        }
+        assert!(pool.try_alloc(Layout::new::<u8>()).is_err());
+        assert_eq!(pool.stats().live, 640);
+        for &p in blocks.iter().chain(&taken) {
+            // SAFETY: as above.
+            unsafe { pool.free(block(p)) };
+        }
+        go.send(()).unwrap();
+    });
+    assert_eq!(pool.stats().live, 0);
+}
