@@ -1,7 +1,7 @@
 //! [`PageTable`]: a size-class pool's pages, with the two indexes that spare a thread
 //! visiting every page when it looks for one it can use.
 
-use std::ops::Deref;
+use std::sync::Arc;
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
@@ -37,27 +37,33 @@ use super::page::Page;
 /// [`release`]: Self::release
 /// [`try_acquire`]: Self::try_acquire
 pub(crate) struct PageTable {
-    pages: Box<[Page]>,
-    unowned: Box<[AtomicU32]>,
+    /// The pool holds the slice itself as well, for its hot paths (one load fewer).
+    pages: Arc<[Page]>,
+    unowned: Box<[Unowned]>,
     remote_hints: Box<[AtomicU64]>,
     /// Bit `w` is set when word `w` of `remote_hints` may have a bit set, so a claim skips
     /// the words without: one load finds the hinted pages among 4,096.
     remote_words: Box<[AtomicU64]>,
 }
 
+/// A class's count of unowned pages, on a cache line of its own: threads that take over
+/// and give up pages of different classes do not contend for it.
+#[repr(align(64))]
+struct Unowned(AtomicU32);
+
 impl PageTable {
     /// A table of `pages`, all unowned, whose classes are their [`Page::class`], each of
     /// `0..classes`.
-    pub(crate) fn new(pages: Vec<Page>, classes: usize) -> PageTable {
+    pub(crate) fn new(pages: Arc<[Page]>, classes: usize) -> PageTable {
         let mut unowned = vec![0u32; classes];
-        for page in &pages {
+        for page in pages.iter() {
             unowned[page.class()] += 1;
         }
         PageTable {
             remote_hints: (0..pages.len().div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             remote_words: (0..pages.len().div_ceil(64 * 64)).map(|_| AtomicU64::new(0)).collect(),
-            pages: pages.into_boxed_slice(),
-            unowned: unowned.into_iter().map(AtomicU32::new).collect(),
+            pages,
+            unowned: unowned.into_iter().map(|n| Unowned(AtomicU32::new(n))).collect(),
         }
     }
 
@@ -65,7 +71,7 @@ impl PageTable {
     /// over or giving up a page of it).
     #[inline]
     pub(crate) fn has_unowned(&self, class: usize) -> bool {
-        self.unowned[class].load(Ordering::Relaxed) != 0
+        self.unowned[class].0.load(Ordering::Relaxed) != 0
     }
 
     /// Takes page `p` if nobody owns it ([`Page::try_acquire`]).
@@ -77,7 +83,7 @@ impl PageTable {
         }
         // After the compare-exchange that read the release's store: the release counted
         // the page before that store, so this never takes the count below zero.
-        self.unowned[page.class()].fetch_sub(1, Ordering::Relaxed);
+        self.unowned[page.class()].0.fetch_sub(1, Ordering::Relaxed);
         true
     }
 
@@ -87,7 +93,7 @@ impl PageTable {
         let page = &self.pages[p as usize];
         // Before the store: the next owner's compare-exchange reads it, so its decrement
         // comes after this increment (type invariants).
-        self.unowned[page.class()].fetch_add(1, Ordering::Relaxed);
+        self.unowned[page.class()].0.fetch_add(1, Ordering::Relaxed);
         page.release();
     }
 
@@ -193,23 +199,14 @@ fn for_set_bits<R>(
     None
 }
 
-impl Deref for PageTable {
-    type Target = [Page];
-
-    #[inline(always)]
-    fn deref(&self) -> &[Page] {
-        &self.pages
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Three pages of class 0, then 130 of class 1 (so class 1 spans three hint words).
     fn table() -> PageTable {
-        let pages = (0..133).map(|p| Page::new(64, p * 512, 3, usize::from(p >= 3))).collect();
-        PageTable::new(pages, 2)
+        let pages: Vec<Page> = (0..133).map(|p| Page::new(64, p * 512, 3, usize::from(p >= 3))).collect();
+        PageTable::new(pages.into(), 2)
     }
 
     #[test]
