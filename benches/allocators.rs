@@ -281,7 +281,7 @@ fn a1s_full_class(c: &mut Criterion) {
 /// 200k 64-byte blocks of the class (every page becomes its own) and then idles; this
 /// thread frees one of them at random each step and allocates one, which it can only
 /// claim from the remote masks of the loader's pages. Until the thirty-sixth session each
-/// such request visited every page of the class three times (13.5 µs a step; see
+/// such request visited every page of the class three times (8–13 µs a step; see
 /// BENCHMARKS.md). The peers run the same pattern.
 fn a1i_idle_owner(c: &mut Criterion) {
     let layout = Layout::from_size_align(64, 8).unwrap();

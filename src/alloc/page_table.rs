@@ -16,7 +16,7 @@ use super::page::Page;
 ///   that found no page of its own may claim (see [`hint_remote`](Self::hint_remote)).
 ///
 /// Without them, a thread that allocates while another, idle thread owns every page of a
-/// class visited all the class's pages three times per allocation: 13.5 µs a request with
+/// class visited all the class's pages three times per allocation: 8–13 µs a request with
 /// 3,125 pages (see `BENCHMARKS.md`, thirty-sixth session).
 ///
 /// # Invariants

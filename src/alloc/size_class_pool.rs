@@ -157,7 +157,7 @@ pub struct SizeClassStats {
 ///   does) finds them through hints: threads that free into a class under pressure mark
 ///   the page in a bitmap with a summary word, and a count of each class's unowned pages
 ///   spares the search for one when there is none. Such a request costs a few atomic
-///   operations (about 150 ns with 3,125 pages; 13.5 µs before the hints, when each one
+///   operations (100–170 ns with 3,125 pages; 8–13 µs before the hints, when each one
 ///   visited every page three times).
 /// - **Alignment**: classes are laid out largest first from a 4096-aligned base, each
 ///   starting on a 512-byte boundary, so each block is aligned to `min(block size, 4096)`;

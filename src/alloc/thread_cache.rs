@@ -1,6 +1,7 @@
 //! Per-thread state of the allocators with a per-thread fast path ([`SizeClassPool`] and
-//! [`SmallObjectAllocator`]): a token per thread (what a [`Page`](super::page::Page) records as its owner) and,
-//! per (allocator, thread), a cache entry holding what the thread owns in that allocator.
+//! [`SmallObjectAllocator`]): a token per thread (what a [`Page`](super::page::Page)
+//! records as its owner) and, per (allocator, thread), a cache entry holding what the
+//! thread owns in that allocator.
 //!
 //! An allocator is a value, so the caches are keyed by the allocator's id in a thread-local
 //! list, with a one-entry check for the allocator used last. An entry holds indices and a
@@ -64,7 +65,7 @@ pub(crate) trait CacheEntry: Sized + 'static {
 pub(crate) struct PoolCache {
     pool: u64,
     /// The pool's page table, to give the pages back when the thread exits.
-    pages: Weak<PageTable>,
+    table: Weak<PageTable>,
     /// Per `k` (the log2 of a request's rounded-up size, as the pool's `by_log2` index, at
     /// most 64): the page of class `by_log2[k]` that allocations come from first (one of
     /// `owned`), or [`NO_PAGE`]; all the `k` of one class hold the same entry, and a class's
@@ -92,10 +93,10 @@ pub(crate) struct PoolCache {
 
 impl PoolCache {
     /// An empty cache for pool `pool` with `classes` classes.
-    pub(crate) fn new(pool: u64, pages: &Arc<PageTable>, classes: usize) -> PoolCache {
+    pub(crate) fn new(pool: u64, table: &Arc<PageTable>, classes: usize) -> PoolCache {
         PoolCache {
             pool,
-            pages: Arc::downgrade(pages),
+            table: Arc::downgrade(table),
             active: [NO_PAGE; 256],
             owned: (0..classes).map(|_| Vec::new()).collect(),
             ready: (0..classes).map(|_| Vec::new()).collect(),
@@ -110,7 +111,7 @@ impl CacheEntry for PoolCache {
     }
 
     fn is_alive(&self) -> bool {
-        self.pages.strong_count() > 0
+        self.table.strong_count() > 0
     }
 
     fn caches() -> &'static LocalKey<Caches<Self>> {
@@ -126,10 +127,10 @@ impl Drop for PoolCache {
     fn drop(&mut self) {
         // The pool may be gone (its pages with it), or alive on another thread: hand the
         // pages back so other threads can take them over.
-        if let Some(pages) = self.pages.upgrade() {
+        if let Some(table) = self.table.upgrade() {
             for owned in self.owned.iter() {
                 for &p in owned {
-                    pages.release(p);
+                    table.release(p);
                 }
             }
         }
