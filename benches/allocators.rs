@@ -209,6 +209,13 @@ fn a1_size_class_pool(c: &mut Criterion) {
 /// How many blocks A1f keeps live.
 const FRAGMENTED_LIVE: usize = 200_000;
 
+/// 65,536 random indices below [`FRAGMENTED_LIVE`], from `seed`: the blocks A1f and A1i
+/// replace, in turn.
+fn fragmented_picks(seed: u64) -> Vec<u32> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..1 << 16).map(|_| rng.gen_range(0..FRAGMENTED_LIVE as u32)).collect()
+}
+
 /// A1f: a long-lived, fragmented class. 200k live 64-byte blocks (a particle or entity
 /// pool), each step frees one at random and allocates one in its place: every page of the
 /// class is full but for scattered free blocks. Until the thirty-fifth session a refill
@@ -218,10 +225,7 @@ fn a1f_fragmented(c: &mut Criterion) {
     let layout = Layout::from_size_align(64, 8).unwrap();
     let mut g = c.benchmark_group("A1f_fragmented_200k_live_64B");
     g.throughput(Throughput::Elements(1));
-    let picks: Vec<u32> = {
-        let mut rng = SmallRng::seed_from_u64(0xF4A6);
-        (0..1 << 16).map(|_| rng.gen_range(0..FRAGMENTED_LIVE as u32)).collect()
-    };
+    let picks = fragmented_picks(0xF4A6);
     let pool = SizeClassPool::new(&[(64, FRAGMENTED_LIVE * 2)]);
     fragmented_bench(
         &mut g,
@@ -287,10 +291,7 @@ fn a1i_idle_owner(c: &mut Criterion) {
     let layout = Layout::from_size_align(64, 8).unwrap();
     let mut g = c.benchmark_group("A1i_idle_owner_200k_64B");
     g.throughput(Throughput::Elements(1));
-    let picks: Vec<u32> = {
-        let mut rng = SmallRng::seed_from_u64(0x1D1E);
-        (0..1 << 16).map(|_| rng.gen_range(0..FRAGMENTED_LIVE as u32)).collect()
-    };
+    let picks = fragmented_picks(0x1D1E);
     let pool = SizeClassPool::new(&[(64, FRAGMENTED_LIVE)]);
     idle_owner_bench(
         &mut g,
