@@ -932,7 +932,8 @@ fn o6_threads(c: &mut Criterion) {
 /// `Vec` (slotmap: 100k inserts into an empty map, keys kept in a `Vec`).
 /// Dropping what was loaded is not timed. `mmobject_create_many` loads the
 /// same objects with one `create_many` call, the bulk form a level loader
-/// uses (the same `Vec` of handles comes back).
+/// uses (the same `Vec` of handles comes back); `mmobject_loader` and
+/// `mmobject_loader_create_many` load them through a [`mmobject::Loader`].
 fn o1b_load(c: &mut Criterion) {
     let mut group = c.benchmark_group("O1b_load");
     group.throughput(Throughput::Elements(FRAME_LIVE as u64));
@@ -950,6 +951,21 @@ fn o1b_load(c: &mut Criterion) {
         })
     });
     group.bench_function("mmobject_global_alloc", |b| cpu_iter_with_setup(b, manager_on_global, load));
+    // Through a loader, on this thread: the path a level stream takes, one
+    // `create` at a time and as one batch.
+    group.bench_function("mmobject_loader", |b| {
+        cpu_iter_with_setup(b, ObjectManager::new, |mm: ObjectManager| {
+            let loader = mm.loader();
+            let handles: Vec<Handle<Obj>> = (0..FRAME_LIVE).map(|i| loader.create(Obj(payload(i)))).collect();
+            (handles, mm)
+        })
+    });
+    group.bench_function("mmobject_loader_create_many", |b| {
+        cpu_iter_with_setup(b, ObjectManager::new, |mm: ObjectManager| {
+            let handles: Vec<Handle<Obj>> = mm.loader().create_many((0..FRAME_LIVE).map(|i| Obj(payload(i))));
+            (handles, mm)
+        })
+    });
     group.bench_function("slotmap_insert", |b| {
         cpu_iter_with_setup(b, SlotMap::<DefaultKey, Payload>::new, |mut map| {
             let keys: Vec<DefaultKey> = (0..FRAME_LIVE).map(|i| map.insert(payload(i))).collect();

@@ -358,7 +358,9 @@
 //!
 //! Also threaded through the header words. `create` (under `&self`, from any
 //! thread) pops it with a CAS. A [`Loader`](crate::Loader) pops it too, with
-//! the same CAS, but holding the store's `free_lock`. Pushes happen only in
+//! the same CAS, but holding the store's `free_lock` (it looks at the head
+//! first, and takes no lock for an empty list: a push it misses is one that
+//! came after it). Pushes happen only in
 //! collection, under `&mut ObjectManager`: the slots one collection frees are
 //! linked into a chain as they are freed and kept for the owner thread (see
 //! "Slots held for the owner thread"), and the next collection puts what the

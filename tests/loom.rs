@@ -673,6 +673,60 @@ fn a_batch_races_the_owners_create() {
     });
 }
 
+/// A loader's `create_many` on another thread, whose iterator oversizes its
+/// run (so the rest goes onto the returned stack), races the owner's
+/// collection, which pushes a freed slot onto the free list and swaps that
+/// stack out: every object gets its own slot, and after the next collection
+/// every slot is back, with no phantom object in the counts.
+#[test]
+fn a_loader_batch_races_a_collection() {
+    /// Yields one texture while promising 3.
+    struct Oversized {
+        left: u32,
+        drops: Arc<AtomicUsize>,
+    }
+    impl Iterator for Oversized {
+        type Item = Texture;
+        fn next(&mut self) -> Option<Texture> {
+            (self.left > 0).then(|| {
+                self.left -= 1;
+                Texture { id: 10 + self.left, token: DropToken(Arc::clone(&self.drops)) }
+            })
+        }
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            (3, Some(3))
+        }
+    }
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        mm.reserve::<Texture>(7);
+        let dead = mm.create(Texture { id: 1, token: DropToken(Arc::clone(&drops)) });
+        let batch = {
+            let loader = mm.loader();
+            let drops = Arc::clone(&drops);
+            thread::spawn(move || loader.create_many(Oversized { left: 1, drops }))
+        };
+        drop(dead);
+        assert_eq!(mm.collect_garbage().objects, 1);
+        let made = batch.join().unwrap();
+        assert_eq!(made.len(), 1);
+        assert_eq!(mm.count::<Texture>(), 1, "the run's unfilled slots are not objects");
+        mm.collect_garbage();
+        let more: Vec<Handle<Texture>> =
+            (0..3).map(|id| mm.create(Texture { id: 20 + id, token: DropToken(Arc::clone(&drops)) })).collect();
+        let mut slots: Vec<u32> = made.iter().chain(&more).map(|h| h.key().index()).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), 4, "every object has a slot of its own");
+        drop((made, more));
+        assert_eq!(mm.collect_garbage().objects, 4);
+        let report = mm.shutdown();
+        assert!(report.is_empty() && report.leaked_bytes() == 0);
+        assert_eq!(drops.load(Ordering::SeqCst), 5);
+    });
+}
+
 /// `release_many` of one handle while a worker drops the object's other
 /// handle: whichever goes last makes the object dead (the release with a
 /// plain load when it sees a count of one, and destroys it; else an

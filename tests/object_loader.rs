@@ -178,3 +178,164 @@ fn a_drop_inside_collection_may_create_through_a_loader() {
     assert_eq!(mm.count::<Prop>(), 1);
     assert_eq!(mm.iter::<Prop>().next().unwrap().1.id, 99);
 }
+
+// ---- batches ----------------------------------------------------------------
+
+#[test]
+fn loader_batches_create_while_the_main_thread_collects() {
+    let mut mm = quiet_with(2);
+    let (batches, per_batch) = if cfg!(miri) { (3, 10) } else { (60, 50) };
+    let (send, loaded) = mpsc::channel::<Vec<Handle<Prop>>>();
+    let threads: Vec<_> = (0..2u32)
+        .map(|t| {
+            let loader = mm.loader();
+            let send = send.clone();
+            std::thread::spawn(move || {
+                for b in 0..batches {
+                    let first = t * 1_000_000 + b * per_batch;
+                    send.send(loader.create_many((first..first + per_batch).map(prop))).unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(send);
+    let mut kept = Vec::new();
+    loop {
+        let mut disconnected = false;
+        loop {
+            match loaded.try_recv() {
+                Ok(batch) => {
+                    assert_eq!(batch.len(), per_batch as usize);
+                    // Keep half; the other half dies, and the loaders pop its slots.
+                    kept.extend(batch.into_iter().filter(|h| mm[h].id % 2 == 0));
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    disconnected = true;
+                    break;
+                }
+            }
+        }
+        for (_, p) in mm.iter_mut::<Prop>() {
+            p.payload[0] = p.id;
+        }
+        mm.collect_garbage();
+        if disconnected {
+            break;
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    mm.collect_garbage();
+    let made = 2 * u64::from(batches * per_batch);
+    assert_eq!(kept.len() as u64, made / 2);
+    assert_eq!(mm.count::<Prop>(), kept.len());
+    for h in &kept {
+        assert_eq!(mm[h].payload, vec![mm[h].id; 4], "no slot was handed out twice");
+    }
+    let line = mm.report().get("Prop").unwrap().clone();
+    assert_eq!((line.created, line.destroyed), (made, made / 2));
+    drop(kept);
+    mm.collect_garbage();
+    let report = mm.shutdown();
+    assert!(report.is_empty(), "{report}");
+    assert_eq!(report.leaked_bytes(), 0);
+}
+
+/// An iterator whose `size_hint` promises far more than it yields.
+struct Promises {
+    next: u32,
+    yields: u32,
+}
+
+impl Iterator for Promises {
+    type Item = Prop;
+    fn next(&mut self) -> Option<Prop> {
+        (self.next < self.yields).then(|| {
+            self.next += 1;
+            prop(500 + self.next)
+        })
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (1000, Some(1000))
+    }
+}
+
+/// A value whose `Drop` runs a loader batch that takes more never-used slots
+/// than it fills: inside a collection, on the thread that collects.
+struct RespawnMany(Option<Loader>);
+
+impl Drop for RespawnMany {
+    fn drop(&mut self) {
+        if let Some(loader) = self.0.take() {
+            for h in loader.create_many(Promises { next: 0, yields: 2 }) {
+                let _held_by_raw = h.into_raw();
+            }
+        }
+    }
+}
+
+#[derive(MMObject)]
+struct ManySpawner {
+    #[mm(skip)]
+    _respawn: RespawnMany,
+}
+
+/// A batch's unfilled slots never become the collecting thread's own run
+/// while its collection runs: they go back through the next collection,
+/// and no slot is handed out twice afterwards.
+#[test]
+fn a_drop_inside_collection_may_create_many_through_a_loader() {
+    let mut mm = quiet_with(2);
+    // This thread's run of fresh slots is used up, and a collection keeps
+    // it 16 freed slots: the state a batch must leave alone.
+    let mut first: Vec<Handle<Prop>> = (0..64).map(prop).map(|p| mm.create(p)).collect();
+    first.truncate(48);
+    mm.collect_garbage();
+    drop(mm.create(ManySpawner { _respawn: RespawnMany(Some(mm.loader())) }));
+    assert_eq!(mm.collect_garbage().objects, 1);
+    assert_eq!(mm.count::<Prop>(), 50);
+    mm.collect_garbage();
+    let more: Vec<Handle<Prop>> = (0..300).map(|i| mm.create(prop(1000 + i))).collect();
+    assert_eq!(mm.count::<Prop>(), 350);
+    let mut ids: Vec<u32> = mm.iter::<Prop>().map(|(_, p)| p.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 350, "every object has a slot of its own");
+    drop((first, more));
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Prop>(), 2, "the batch's two, held by raw handles");
+}
+
+#[test]
+fn a_loader_batch_after_shutdown_gives_the_first_value_back() {
+    let mm = quiet_with(2);
+    let loader = mm.loader();
+    let id = mm.id();
+    drop(mm);
+    let mut handles = Vec::new();
+    let mut stream = (0..5).map(prop);
+    let err = loader.try_create_many(stream.by_ref(), &mut handles).unwrap_err();
+    assert_eq!(err.error, Error::ManagerShutDown { manager: id });
+    assert_eq!(err.into_value().id, 0);
+    assert_eq!(stream.map(|p| p.id).collect::<Vec<_>>(), [1, 2, 3, 4], "the rest stay in the iterator");
+    assert!(handles.is_empty());
+    let caught = catch_unwind(AssertUnwindSafe(|| loader.create_many((0..3).map(prop))));
+    let message = caught.unwrap_err().downcast::<String>().unwrap();
+    assert!(message.contains("has shut down"), "{message}");
+}
+
+#[test]
+fn a_loader_batch_that_promises_too_much_loses_no_capacity() {
+    let limit = 64;
+    let mut mm = mmobject::ObjectManager::builder().max_objects_per_type(limit).report_leaks(false).build();
+    let loader = mm.loader();
+    let two = std::thread::spawn(move || loader.create_many(Promises { next: 0, yields: 2 })).join().unwrap();
+    assert_eq!(mm.count::<Prop>(), 2, "counts see no phantom objects");
+    mm.collect_garbage(); // the unfilled slots go back
+    let mut rest = Vec::new();
+    assert!(mm.loader().try_create_many((0..limit).map(prop), &mut rest).is_err());
+    assert_eq!(rest.len(), limit as usize - 2, "every slot but the two objects' is back");
+    drop((two, rest));
+}

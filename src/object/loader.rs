@@ -110,6 +110,107 @@ impl Loader {
         self.create_at(value, Location::caller(), true)
     }
 
+    /// Creates one object from each value, in order, and returns their
+    /// handles: [`ObjectManager::create_many`] from a loader thread, the bulk
+    /// form a level stream uses. All are created at the caller's location.
+    ///
+    /// Per object it skips what a [`create`](Self::create) loop pays each
+    /// time: the manager's open state is checked once for the whole batch,
+    /// and never-used slots are taken a run at a time. Freed slots are still
+    /// popped one at a time under the store's lock, as `create` pops them.
+    ///
+    /// A shutdown on another thread waits for the whole batch, as it waits
+    /// for a `create` under way: the iterator must not wait for the thread
+    /// that drops or shuts down the manager.
+    ///
+    /// # Panics
+    ///
+    /// Panics with the [`try_create_many`](Self::try_create_many) error's message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Rock { size: u32 }
+    ///
+    /// let mut mm = ObjectManager::new();
+    /// let loader = mm.loader();
+    /// let level = std::thread::spawn(move || loader.create_many((0..1000).map(|size| Rock { size })));
+    /// mm.collect_garbage(); // the frame goes on meanwhile
+    /// let rocks = level.join().unwrap();
+    /// assert_eq!(mm[&rocks[999]].size, 999);
+    /// assert_eq!(mm.count::<Rock>(), 1000);
+    /// ```
+    #[track_caller]
+    pub fn create_many<T: MMObject>(&self, values: impl IntoIterator<Item = T>) -> Vec<Handle<T>> {
+        let mut handles = Vec::new();
+        if let Err(e) = self.create_many_at(values.into_iter(), Location::caller(), false, &mut handles) {
+            fail(e.error)
+        }
+        handles
+    }
+
+    /// Creates one object from each value, in order, pushing their handles
+    /// onto `handles`, until a value cannot be stored: the
+    /// [`try_create`](Self::try_create) of [`create_many`](Self::create_many).
+    ///
+    /// Nothing is lost on an error: the objects made before the refused value
+    /// keep their handles in `handles`, the error hands the refused value
+    /// back, and the values after it stay in the iterator (pass
+    /// `iter.by_ref()` to keep it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ManagerShutDown`] once the manager has shut down (with the
+    /// first value, and nothing created); otherwise the errors of
+    /// [`ObjectManager::try_create_many`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mmobject::{Error, MMObject, ObjectManager};
+    ///
+    /// #[derive(MMObject)]
+    /// struct Rock { size: u32 }
+    ///
+    /// let mm = ObjectManager::new();
+    /// let loader = mm.loader();
+    /// drop(mm);
+    /// let mut rocks = Vec::new();
+    /// let mut stream = (0..10).map(|size| Rock { size });
+    /// let refused = loader.try_create_many(stream.by_ref(), &mut rocks).unwrap_err();
+    /// assert!(matches!(refused.error, Error::ManagerShutDown { .. }));
+    /// assert_eq!(refused.value.size, 0, "the first value comes back");
+    /// assert_eq!(stream.next().map(|r| r.size), Some(1), "the rest stay in the iterator");
+    /// assert!(rocks.is_empty());
+    /// ```
+    #[track_caller]
+    pub fn try_create_many<T: MMObject>(
+        &self,
+        values: impl IntoIterator<Item = T>,
+        handles: &mut Vec<Handle<T>>,
+    ) -> Result<(), TryCreateError<T>> {
+        self.create_many_at(values.into_iter(), Location::caller(), true, handles)
+    }
+
+    fn create_many_at<T: MMObject>(
+        &self,
+        mut values: impl Iterator<Item = T>,
+        site: &'static Location<'static>,
+        strict_budget: bool,
+        handles: &mut Vec<Handle<T>>,
+    ) -> Result<(), TryCreateError<T>> {
+        // Held through the batch, as through one create (see `create_at`).
+        let open = self.registry.open.read_recursive();
+        if !*open {
+            let error = Error::ManagerShutDown { manager: self.registry.id };
+            return values.next().map_or(Ok(()), |value| Err(TryCreateError { value, error }));
+        }
+        self.registry.create_many_at(values, site, strict_budget, SlotSource::Loader, handles)
+    }
+
     fn create_at<T: MMObject>(
         &self,
         value: T,

@@ -286,7 +286,13 @@ impl ObjectManager {
     #[track_caller]
     pub fn create_many<T: MMObject>(&self, values: impl IntoIterator<Item = T>) -> Vec<Handle<T>> {
         let mut handles = Vec::new();
-        if let Err(e) = self.registry.create_many_at(values.into_iter(), Location::caller(), false, &mut handles) {
+        if let Err(e) = self.registry.create_many_at(
+            values.into_iter(),
+            Location::caller(),
+            false,
+            SlotSource::Manager,
+            &mut handles,
+        ) {
             fail(e.error)
         }
         handles
@@ -327,7 +333,7 @@ impl ObjectManager {
         values: impl IntoIterator<Item = T>,
         handles: &mut Vec<Handle<T>>,
     ) -> std::result::Result<(), TryCreateError<T>> {
-        self.registry.create_many_at(values.into_iter(), Location::caller(), true, handles)
+        self.registry.create_many_at(values.into_iter(), Location::caller(), true, SlotSource::Manager, handles)
     }
 
     #[inline]

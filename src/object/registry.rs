@@ -311,6 +311,7 @@ impl Registry {
         mut values: impl Iterator<Item = T>,
         site: &'static Location<'static>,
         strict_budget: bool,
+        source: SlotSource,
         handles: &mut Vec<Handle<T>>,
     ) -> std::result::Result<(), TryCreateError<T>> {
         let store = match self.store_or_register::<T>() {
@@ -319,7 +320,7 @@ impl Registry {
         };
         handles.reserve(values.size_hint().0);
         store
-            .insert_many(values, site, strict_budget, handles)
+            .insert_many(values, site, strict_budget, source, handles)
             .map_err(|(value, error)| TryCreateError { value, error })
     }
 }

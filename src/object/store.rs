@@ -415,10 +415,7 @@ impl<T: MMObject> Store<T> {
         let reused = match source {
             _ if self.iterating.load(Ordering::Relaxed) > 0 => None,
             SlotSource::Manager => self.pop_reused(self.owner_slots.is_owner()),
-            SlotSource::Loader => {
-                let _free = self.free_lock.lock();
-                self.pop_free()
-            }
+            SlotSource::Loader => self.pop_free_locked(),
         };
         let vacant = match reused {
             Some(vacant) => vacant,
@@ -496,6 +493,20 @@ impl<T: MMObject> Store<T> {
             (unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG, slot)
         })?;
         Some(VacantSlot { local, slot })
+    }
+
+    /// Pops the free list under `free_lock`, as a loader must (it may run
+    /// during a collection, which pushes). An empty list is seen without
+    /// the lock: a level streamed into a fresh store skips two locked
+    /// operations per object (a push that lands meanwhile waits for the
+    /// next create, which is as if it had come after this one).
+    #[inline]
+    fn pop_free_locked(&self) -> Option<VacantSlot<T>> {
+        if split_free(self.free_head.load(Ordering::Relaxed)).0 == NIL {
+            return None;
+        }
+        let _free = self.free_lock.lock();
+        self.pop_free()
     }
 
     /// Pops the free list, decrementing its length in the same CAS.

@@ -1,9 +1,10 @@
 //! Many objects of one type at once.
 //!
-//! [`ObjectManager::create_many`] (a level load): the creation site is
-//! numbered once, and never-used slots are taken from `len` a run at a
-//! time, then filled by stepping through each chunk, instead of one
-//! compare-exchange (or one owner's-run step) per object.
+//! [`ObjectManager::create_many`] and [`Loader::create_many`] (a level
+//! load): the creation site is numbered once, and never-used slots are
+//! taken from `len` a run at a time, then filled by stepping through each
+//! chunk, instead of one compare-exchange (or one owner's-run step) per
+//! object.
 //!
 //! [`ObjectManager::release_many`] (an unload): under `&mut ObjectManager`,
 //! the objects the handles alone hold are given up with a plain load each
@@ -11,6 +12,7 @@
 //! `implementation.rs`).
 //!
 //! [`ObjectManager::create_many`]: crate::ObjectManager::create_many
+//! [`Loader::create_many`]: crate::Loader::create_many
 //! [`ObjectManager::release_many`]: crate::ObjectManager::release_many
 
 use std::panic::Location;
@@ -47,6 +49,10 @@ const MAX_TAKE: u32 = 1 << 12;
 ///   `in_chunk > 0`, and `in_chunk` slots lie contiguously from it.
 struct Taken<'s, T: MMObject> {
     store: &'s Store<T>,
+    /// Whether the rest may refill the owner's run (a batch through the
+    /// manager on its owner thread; never a loader's, which may run inside
+    /// a collection).
+    owner: bool,
     next: u32,
     end: u32,
     slot: NonNull<Slot<T>>,
@@ -81,7 +87,7 @@ impl<T: MMObject> Taken<'_, T> {
 impl<T: MMObject> Drop for Taken<'_, T> {
     fn drop(&mut self) {
         if self.next < self.end {
-            self.store.give_back(self.next, self.end);
+            self.store.give_back(self.next, self.end, self.owner);
         }
     }
 }
@@ -94,21 +100,29 @@ impl<T: MMObject> Store<T> {
     ///
     /// Each object takes the path `create` would: with a tracker, or while an
     /// iterator runs, [`try_insert`](Self::try_insert)'s general path; else a
-    /// free slot, or a never-used one from the batch's run.
+    /// free slot (popped under `free_lock` for a loader, as its `create`
+    /// does), or a never-used one from the batch's run.
     pub(crate) fn insert_many(
         &self,
         mut values: impl Iterator<Item = T>,
         site: &'static Location<'static>,
         strict: bool,
+        source: SlotSource,
         handles: &mut Vec<Handle<T>>,
     ) -> Result<(), (T, Error)> {
         let site_number = self.sites.number(site);
-        let mut taken = Taken { store: self, next: 0, end: 0, slot: NonNull::dangling(), in_chunk: 0 };
-        // The owner changes only under `&mut ObjectManager`, never during a batch.
-        let owner = self.owner_slots.is_owner();
+        // The owner changes only under `&mut ObjectManager`, never during a
+        // batch through the manager. A loader's batch never takes the owner's
+        // slots: it may run inside the owner's collection.
+        let owner = source == SlotSource::Manager && self.owner_slots.is_owner();
+        let mut taken = Taken { store: self, owner, next: 0, end: 0, slot: NonNull::dangling(), in_chunk: 0 };
         while let Some(value) = values.next() {
             let slot = if self.tracking.is_none() && self.iterating.load(Ordering::Relaxed) == 0 {
-                match self.pop_reused(owner) {
+                let reused = match source {
+                    SlotSource::Manager => self.pop_reused(owner),
+                    SlotSource::Loader => self.pop_free_locked(),
+                };
+                match reused {
                     // SAFETY: a `VacantSlot` is a slot of this store's published
                     // segment that this thread took (its invariants).
                     Some(vacant) => unsafe { self.place_at(vacant.slot, value, site_number) },
@@ -122,7 +136,7 @@ impl<T: MMObject> Store<T> {
                     },
                 }
             } else {
-                self.try_insert(value, site, strict, SlotSource::Manager)?
+                self.try_insert(value, site, strict, source)?
             };
             // SAFETY: `place_at` and `try_insert` return an occupied slot of
             // this store (a published segment's) with a count of one, which
@@ -230,14 +244,15 @@ impl<T: MMObject> Store<T> {
     /// Takes back never-used slots `start..end` a batch did not fill (an
     /// iterator that yielded less than its `size_hint`, or panicked, as a
     /// level file found corrupt halfway does): as the owner's run of fresh
-    /// slots if the calling thread owns an empty one, else onto the store's
+    /// slots if `owner` (a batch through the manager on its owner thread)
+    /// and that run is empty, else onto the store's
     /// stack of returned slots, which the next collection puts on the free
     /// list. (Not onto the free list at once: only collection pushes there,
     /// which the free list's lock-free pops rely on.) Until then the counts
     /// leave them out, as free slots.
     #[cold]
-    fn give_back(&self, start: u32, end: u32) {
-        if self.owner_slots.is_owner() && self.owner_slots.run_left() == 0 {
+    fn give_back(&self, start: u32, end: u32, owner: bool) {
+        if owner && self.owner_slots.run_left() == 0 {
             self.owner_slots.refill(start, end);
             return;
         }
