@@ -1,4 +1,4 @@
-//! Object-layer benches O1–O6 from `BENCHMARKS.md` (the shared targets file).
+//! Object-layer benches O1–O8 from `BENCHMARKS.md` (the shared targets file).
 //!
 //! Every target is a ratio against a peer measured in the same run, so each
 //! workload is one criterion group that holds our implementation and all of
@@ -928,6 +928,115 @@ fn o6_threads(c: &mut Criterion) {
     group.finish();
 }
 
+// ---- O8 ---------------------------------------------------------------------
+
+/// Handles each O8 worker keeps, replacing them in turn.
+const WORKER_KEPT: usize = 1_000;
+/// Objects an O8 worker makes per `create_many` batch.
+const WORKER_BATCH: usize = 100;
+
+/// Runs `workers` threads that each make `iters` objects with `make`
+/// (replacing, in turn, the `WORKER_KEPT` handles the thread keeps, so the
+/// old one drops), while the calling thread runs `frame` once a millisecond
+/// until they finish (a fast game's frame, well within a 60 Hz one).
+/// Returns the workers' wall time.
+fn worker_churn<H: Send>(
+    workers: usize,
+    iters: u64,
+    make: impl Fn(&mut Vec<H>, u64) + Sync,
+    mut frame: impl FnMut(),
+) -> Duration {
+    let finished = AtomicUsize::new(0);
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            let (make, finished) = (&make, &finished);
+            scope.spawn(move || {
+                let mut kept = Vec::with_capacity(WORKER_KEPT);
+                make(&mut kept, iters);
+                drop(black_box(kept));
+                finished.fetch_add(1, Ordering::Release);
+            });
+        }
+        while finished.load(Ordering::Acquire) < workers {
+            frame();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    start.elapsed()
+}
+
+/// Puts `made` into `kept`, replacing from `*at` on once it is full.
+fn replace_in_turn<H>(kept: &mut Vec<H>, at: &mut usize, made: H) {
+    if kept.len() < WORKER_KEPT {
+        kept.push(made);
+    } else {
+        kept[*at] = made;
+        *at = (*at + 1) % WORKER_KEPT;
+    }
+}
+
+/// O8 (information, no target yet): worker threads create objects while the
+/// main thread collects, as a job system spawning entities would. Each of 1
+/// or 2 workers keeps 1,000 objects and replaces them in turn, through a
+/// [`mmobject::Loader`] (one `create` at a time, or `create_many` batches of
+/// 100); the main thread calls `collect_garbage` once a millisecond. Time
+/// per object made, per worker. The peer does the same with `Arc::new`, its
+/// main thread only sleeping.
+fn o8_worker_creates(c: &mut Criterion) {
+    let mut group = c.benchmark_group("O8_worker_creates");
+    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for workers in [1usize, 2] {
+        group.throughput(Throughput::Elements(workers as u64));
+        let mut mm = ObjectManager::new();
+        let loader = mm.loader();
+        group.bench_function(BenchmarkId::new("mmobject_loader", workers), |b| {
+            b.iter_custom(|iters| {
+                let make = |kept: &mut Vec<Handle<Obj>>, iters: u64| {
+                    let mut at = 0;
+                    for n in 0..iters as usize {
+                        replace_in_turn(kept, &mut at, loader.create(Obj(payload(n))));
+                    }
+                };
+                worker_churn(workers, iters, make, || {
+                    black_box(mm.collect_garbage());
+                })
+            })
+        });
+        group.bench_function(BenchmarkId::new("mmobject_loader_create_many", workers), |b| {
+            b.iter_custom(|iters| {
+                let make = |kept: &mut Vec<Handle<Obj>>, iters: u64| {
+                    let (mut at, mut made) = (0, 0);
+                    while made < iters as usize {
+                        let batch = WORKER_BATCH.min(iters as usize - made);
+                        for handle in loader.create_many((made..made + batch).map(|n| Obj(payload(n)))) {
+                            replace_in_turn(kept, &mut at, handle);
+                        }
+                        made += batch;
+                    }
+                };
+                worker_churn(workers, iters, make, || {
+                    black_box(mm.collect_garbage());
+                })
+            })
+        });
+        drop(loader);
+        mm.collect_garbage();
+        group.bench_function(BenchmarkId::new("arc", workers), |b| {
+            b.iter_custom(|iters| {
+                let make = |kept: &mut Vec<Arc<Payload>>, iters: u64| {
+                    let mut at = 0;
+                    for n in 0..iters as usize {
+                        replace_in_turn(kept, &mut at, Arc::new(payload(n)));
+                    }
+                };
+                worker_churn(workers, iters, make, || {})
+            })
+        });
+    }
+    group.finish();
+}
+
 /// O1b, a level load: 100k creates into an empty manager, handles kept in a
 /// `Vec` (slotmap: 100k inserts into an empty map, keys kept in a `Vec`).
 /// Dropping what was loaded is not timed. `mmobject_create_many` loads the
@@ -1292,6 +1401,7 @@ mod harness {
         o5_collect,
         o6_threads,
         o7_iteration,
+        o8_worker_creates,
         f1_leak_report,
         f2_cycles
     );
