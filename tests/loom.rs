@@ -625,29 +625,32 @@ fn the_owners_kept_slots_race_another_creator() {
     });
 }
 
+/// Yields `left` textures while promising 3: a batch's run that its
+/// iterator oversizes.
+struct Oversized {
+    left: u32,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Iterator for Oversized {
+    type Item = Texture;
+    fn next(&mut self) -> Option<Texture> {
+        (self.left > 0).then(|| {
+            self.left -= 1;
+            Texture { id: 10 + self.left, token: DropToken(Arc::clone(&self.drops)) }
+        })
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (3, Some(3))
+    }
+}
+
 /// `create_many` on another thread, taking a run from `len` that its
 /// iterator's `size_hint` oversizes (so it retires the rest), races the
 /// owner's `create` from its own run; every object gets its own slot, and
 /// the counts and shutdown see no phantom objects.
 #[test]
 fn a_batch_races_the_owners_create() {
-    /// Yields `left` textures while promising 3.
-    struct Oversized {
-        left: u32,
-        drops: Arc<AtomicUsize>,
-    }
-    impl Iterator for Oversized {
-        type Item = Texture;
-        fn next(&mut self) -> Option<Texture> {
-            (self.left > 0).then(|| {
-                self.left -= 1;
-                Texture { id: 10 + self.left, token: DropToken(Arc::clone(&self.drops)) }
-            })
-        }
-        fn size_hint(&self) -> (usize, Option<usize>) {
-            (3, Some(3))
-        }
-    }
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let mm = quiet();
@@ -680,23 +683,6 @@ fn a_batch_races_the_owners_create() {
 /// every slot is back, with no phantom object in the counts.
 #[test]
 fn a_loader_batch_races_a_collection() {
-    /// Yields one texture while promising 3.
-    struct Oversized {
-        left: u32,
-        drops: Arc<AtomicUsize>,
-    }
-    impl Iterator for Oversized {
-        type Item = Texture;
-        fn next(&mut self) -> Option<Texture> {
-            (self.left > 0).then(|| {
-                self.left -= 1;
-                Texture { id: 10 + self.left, token: DropToken(Arc::clone(&self.drops)) }
-            })
-        }
-        fn size_hint(&self) -> (usize, Option<usize>) {
-            (3, Some(3))
-        }
-    }
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut mm = quiet();

@@ -7,7 +7,7 @@ mod support;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 
-use mmobject::{Error, Handle, Loader, MMObject};
+use mmobject::{Error, Handle, Loader, MMObject, ObjectManager};
 use support::quiet_with;
 
 #[derive(MMObject, Debug)]
@@ -29,6 +29,28 @@ fn loader_is_send_sync_clone() {
     check::<Loader>();
 }
 
+/// The main thread's frames while loader threads send it what they made:
+/// each frame takes what arrived (`take`), writes every `Prop` and collects,
+/// until the loaders hang up. Runs at least one frame.
+fn frames_until_loaded<T>(mm: &mut ObjectManager, loaded: &mpsc::Receiver<T>, mut take: impl FnMut(&ObjectManager, T)) {
+    loop {
+        let disconnected = loop {
+            match loaded.try_recv() {
+                Ok(made) => take(mm, made),
+                Err(mpsc::TryRecvError::Empty) => break false,
+                Err(mpsc::TryRecvError::Disconnected) => break true,
+            }
+        };
+        for (_, p) in mm.iter_mut::<Prop>() {
+            p.payload[0] = p.id;
+        }
+        mm.collect_garbage();
+        if disconnected {
+            return;
+        }
+    }
+}
+
 #[test]
 fn loader_threads_create_while_the_main_thread_updates_and_collects() {
     let mut mm = quiet_with(2);
@@ -47,41 +69,19 @@ fn loader_threads_create_while_the_main_thread_updates_and_collects() {
         .collect();
     drop(send);
     let mut kept = Vec::new();
-    let mut frames = 0u32;
-    loop {
-        frames += 1;
-        let mut disconnected = false;
-        loop {
-            match loaded.try_recv() {
-                // Visible at once: read through the handle on this thread.
-                Ok(h) => {
-                    assert_eq!(mm[&h].payload, vec![mm[&h].id; 4]);
-                    // Keep half; the other half dies and is collected while
-                    // the loaders pop freed slots.
-                    if mm[&h].id % 2 == 0 {
-                        kept.push(h);
-                    }
-                }
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    disconnected = true;
-                    break;
-                }
-            }
+    frames_until_loaded(&mut mm, &loaded, |mm, h| {
+        // Visible at once: read through the handle on this thread.
+        assert_eq!(mm[&h].payload, vec![mm[&h].id; 4]);
+        // Keep half; the other half dies and is collected while the loaders
+        // pop freed slots.
+        if mm[&h].id % 2 == 0 {
+            kept.push(h);
         }
-        for (_, p) in mm.iter_mut::<Prop>() {
-            p.payload[0] = p.id;
-        }
-        mm.collect_garbage();
-        if disconnected {
-            break;
-        }
-    }
+    });
     for t in threads {
         t.join().unwrap();
     }
     mm.collect_garbage();
-    assert!(frames > 0);
     assert_eq!(mm.count::<Prop>(), kept.len());
     assert_eq!(kept.len(), per_thread as usize);
     for h in &kept {
@@ -200,30 +200,11 @@ fn loader_batches_create_while_the_main_thread_collects() {
         .collect();
     drop(send);
     let mut kept = Vec::new();
-    loop {
-        let mut disconnected = false;
-        loop {
-            match loaded.try_recv() {
-                Ok(batch) => {
-                    assert_eq!(batch.len(), per_batch as usize);
-                    // Keep half; the other half dies, and the loaders pop its slots.
-                    kept.extend(batch.into_iter().filter(|h| mm[h].id % 2 == 0));
-                }
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    disconnected = true;
-                    break;
-                }
-            }
-        }
-        for (_, p) in mm.iter_mut::<Prop>() {
-            p.payload[0] = p.id;
-        }
-        mm.collect_garbage();
-        if disconnected {
-            break;
-        }
-    }
+    frames_until_loaded(&mut mm, &loaded, |mm, batch| {
+        assert_eq!(batch.len(), per_batch as usize);
+        // Keep half; the other half dies, and the loaders pop its slots.
+        kept.extend(batch.into_iter().filter(|h| mm[h].id % 2 == 0));
+    });
     for t in threads {
         t.join().unwrap();
     }
@@ -329,7 +310,7 @@ fn a_loader_batch_after_shutdown_gives_the_first_value_back() {
 #[test]
 fn a_loader_batch_that_promises_too_much_loses_no_capacity() {
     let limit = 64;
-    let mut mm = mmobject::ObjectManager::builder().max_objects_per_type(limit).report_leaks(false).build();
+    let mut mm = ObjectManager::builder().max_objects_per_type(limit).report_leaks(false).build();
     let loader = mm.loader();
     let two = std::thread::spawn(move || loader.create_many(Promises { next: 0, yields: 2 })).join().unwrap();
     assert_eq!(mm.count::<Prop>(), 2, "counts see no phantom objects");

@@ -171,14 +171,11 @@ impl Loader {
         handles
     }
 
-    /// Creates one object from each value, in order, pushing their handles
-    /// onto `handles`, until a value cannot be stored: the
-    /// [`try_create`](Self::try_create) of [`create_many`](Self::create_many).
-    ///
-    /// Nothing is lost on an error: the objects made before the refused value
-    /// keep their handles in `handles`, the error hands the refused value
-    /// back, and the values after it stay in the iterator (pass
-    /// `iter.by_ref()` to keep it).
+    /// The [`try_create`](Self::try_create) of [`create_many`](Self::create_many),
+    /// pushing the handles onto `handles`. As with
+    /// [`ObjectManager::try_create_many`], an error loses nothing: the
+    /// handles made so far are in `handles`, the refused value comes back,
+    /// and the rest stay in the iterator.
     ///
     /// # Errors
     ///
