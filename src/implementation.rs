@@ -447,12 +447,21 @@
 //! store's stack of returned slots (linked through their words, pushed with
 //! a compare-exchange, counted in `returned`), which the next collection,
 //! under `&mut ObjectManager`, puts on the free list: only collection pushes
-//! there, which the free list's lock-free pops rely on, and batches never run
-//! during a collection. So no capacity is lost (they used to be retired for
+//! there, which the free list's lock-free pops rely on. A batch through the
+//! manager never runs during a collection; a loader's may (its iterator may
+//! even run inside one), so its push onto the returned stack can race the
+//! collection's swap of the whole stack, which a compare-exchange push
+//! tolerates as it is. So no capacity is lost (they used to be retired for
 //! good), and every count derived from `len` stays exact. While a batch holds
 //! a run, a report taken on another thread counts its unfilled slots as
 //! objects (at most 4,096).
-//! Loom: `tests/loom.rs`, `a_batch_races_the_owners_create`.
+//! Loom: `tests/loom.rs`, `a_batch_races_the_owners_create` and
+//! `a_loader_batch_races_a_collection`.
+//!
+//! [`Loader::create_many`](crate::Loader::create_many) runs the same batch
+//! for a loader thread, with a loader's rules: freed slots popped under
+//! `free_lock`, never the collecting thread's own slots (the batch may run
+//! inside its collection), and the open state held for the whole batch.
 //!
 //! [`release_many`](crate::ObjectManager::release_many) (an unload) is the
 //! other direction, under `&mut ObjectManager`. A handle whose slot's count

@@ -279,7 +279,10 @@ impl<T: MMObject> Store<T> {
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager (no
-    /// batch runs, and collection may push onto the free list).
+    /// batch through the manager runs, and collection may push onto the free
+    /// list). A loader's batch may run, and push onto the returned stack
+    /// meanwhile: the swap below takes the stack whole, so a push lands
+    /// either in what it takes or in the next stack.
     pub(crate) unsafe fn free_returned(&self) {
         if self.returned_head.load(Ordering::Relaxed) == NIL {
             return;
