@@ -263,9 +263,11 @@ struct ManySpawner {
     _respawn: RespawnMany,
 }
 
-/// A batch's unfilled slots never become the collecting thread's own run
-/// while its collection runs: they go back through the next collection,
-/// and no slot is handed out twice afterwards.
+/// A loader batch that a `Drop` runs inside a collection, on the collecting
+/// thread, and that takes more never-used slots than it fills, leaves the
+/// store consistent: the counts see its two objects only, and no slot is
+/// handed out twice afterwards. (Whether it takes that thread's own slots is
+/// not observable here: a version that did passed too.)
 #[test]
 fn a_drop_inside_collection_may_create_many_through_a_loader() {
     let mut mm = quiet_with(2);

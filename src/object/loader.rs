@@ -38,8 +38,9 @@ use super::{Handle, MMObject, ObjectManager, TryCreateError};
 /// # What it costs
 ///
 /// Each [`create`](Self::create) takes a shared lock on the manager's open
-/// state and, when freed slots are waiting, the store's lock on its free
-/// list: four locked operations on lines that every loader thread shares.
+/// state, then either the store's lock on its free list and a pop (when
+/// freed slots are waiting) or a compare-exchange on the store's length:
+/// three to five locked operations on lines every loader thread shares.
 /// A level streamed in through [`create_many`](Self::create_many) pays
 /// them once per batch for the open state, and not at all for never-used
 /// slots: 100k objects into an empty manager cost about slotmap's
