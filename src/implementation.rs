@@ -503,10 +503,16 @@
 //! [`ObjectViewMut`](crate::ObjectViewMut), or a type taken for writing from
 //! [`Views`](crate::Views), whose flags never reset while the views live).
 //!
-//! Shutdown closes the registry first: a loader holds its read lock across a
-//! create, shutdown takes the write lock to set it closed, so no loader is
-//! inside a store while shutdown tears it down, and later creates return
-//! [`Error::ManagerShutDown`](crate::Error::ManagerShutDown). Loom models
+//! Shutdown closes the registry first: a loader holds the read lock of its
+//! open state (`object/open_gate.rs`) across a create, shutdown takes the
+//! write lock to set it closed, so no loader is inside a store while
+//! shutdown tears it down, and later creates return
+//! [`Error::ManagerShutDown`](crate::Error::ManagerShutDown). A shutdown
+//! reached from user code inside a create of its own manager's loader, on
+//! the same thread, would wait for itself: each thread lists the gates it is
+//! inside (entries in the frames of the calls that entered, no allocation),
+//! and such a shutdown panics instead, after leaking the registry's `Arc`
+//! so that the manager stays as `mem::forget` leaves it. Loom models
 //! (`tests/loom.rs`) cover a loader popping while the owner collects, and a
 //! loader racing shutdown. Under loom, `src/sync.rs` swaps in loom's atomics,
 //! locks and `UnsafeCell` (slot values are only reached through

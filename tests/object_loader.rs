@@ -309,6 +309,32 @@ fn a_loader_batch_after_shutdown_gives_the_first_value_back() {
     assert!(message.contains("has shut down"), "{message}");
 }
 
+/// A loader batch whose iterator panics part way, with freed slots and a
+/// run of fresh ones in play: the objects made so far go with the unwind,
+/// and no slot is lost (the type's limit is reached again exactly).
+#[test]
+fn a_loader_batch_whose_iterator_panics_loses_no_capacity() {
+    let limit = 64;
+    let mut mm = ObjectManager::builder().max_objects_per_type(limit).report_leaks(false).build();
+    drop(mm.create_many((0..20).map(prop)));
+    mm.collect_garbage(); // 20 freed slots wait on the free list
+    let loader = mm.loader();
+    let unwound = std::thread::spawn(move || {
+        let values = (0..40).map(|i| if i == 30 { panic!("the level file is corrupt") } else { prop(i) });
+        catch_unwind(AssertUnwindSafe(|| loader.create_many(values))).is_err()
+    })
+    .join()
+    .unwrap();
+    assert!(unwound);
+    mm.collect_garbage();
+    assert_eq!(mm.count::<Prop>(), 0, "the 30 made before the panic went with the unwind");
+    let mut all = Vec::new();
+    assert!(mm.loader().try_create_many((0..limit).map(prop), &mut all).is_ok());
+    assert_eq!(all.len(), limit as usize, "every slot is back");
+    assert!(mm.try_create(prop(99)).is_err(), "and no more");
+    drop(all);
+}
+
 #[test]
 fn a_loader_batch_that_promises_too_much_loses_no_capacity() {
     let limit = 64;

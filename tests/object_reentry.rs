@@ -688,3 +688,118 @@ fn a_panicking_allocator_in_a_tracked_create_leaves_no_charge() {
         assert_eq!(TRACKER.tag_stats(tag).bytes, before.bytes);
     });
 }
+
+/// What a shutdown inside its own loader's create says (one writer: the manager).
+const INSIDE_OWN_LOADER: &str = "inside a create through its own `Loader` on the same thread";
+
+/// The manager dropped by the iterator of its own loader's batch, on the
+/// batch's thread: shutdown would wait for the batch, which waits for it. It
+/// panics instead and leaves the manager as `mem::forget` would: the
+/// handles made before stay sound, and the loader goes on creating.
+#[test]
+fn dropping_the_manager_inside_its_own_loader_batch_panics_instead_of_hanging() {
+    let (text, after) = within_10s(|| {
+        let mm = ObjectManager::builder().report_leaks(false).build();
+        let loader = mm.loader();
+        let kept = mm.create(Rock { id: 7 });
+        let mut mm = Some(mm);
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            loader.create_many((0..4).map(|id| {
+                if id == 2 {
+                    drop(mm.take());
+                }
+                Rock { id }
+            }))
+        }));
+        let text = message(outcome.expect_err("the drop inside the batch must panic"));
+        assert_eq!(kept.ref_count(), 1, "a handle made before stays sound");
+        assert!(loader.is_open(), "left as `mem::forget` leaves it: never shut down");
+        let after = loader.try_create(Rock { id: 8 }).map(|rock| rock.ref_count());
+        drop(kept);
+        (text, after.ok())
+    });
+    assert!(text.contains(INSIDE_OWN_LOADER) && text.contains("mem::forget"), "{text}");
+    assert_eq!(after, Some(1));
+}
+
+/// The same from a store allocator under a single `Loader::create` (a new
+/// type registers its store): the shutdown panics with the same message.
+#[test]
+fn shutting_the_manager_down_in_an_allocator_under_its_own_loader_create_panics() {
+    let text = within_10s(|| {
+        let mm = std::rc::Rc::new(RefCell::new(Some(hooked())));
+        let loader = mm.borrow().as_ref().unwrap().loader();
+        let inside = std::rc::Rc::clone(&mm);
+        arm(move |_| {
+            if let Some(mm) = inside.borrow_mut().take() {
+                drop(mm.shutdown());
+            }
+        });
+        let outcome = catch_unwind(AssertUnwindSafe(|| loader.try_create(Sand { id: 0 }).is_ok()));
+        disarm();
+        message(outcome.expect_err("the shutdown inside the create must panic"))
+    });
+    assert!(text.contains(INSIDE_OWN_LOADER), "{text}");
+}
+
+/// An iterator that owns the manager drops it after the batch, outside the
+/// loader's create: an ordinary shutdown, which the handles outlive.
+#[test]
+fn a_batch_iterator_that_owns_the_manager_drops_it_after_the_batch() {
+    let (open, ids) = within_10s(|| {
+        let mm = ObjectManager::builder().report_leaks(false).build();
+        let loader = mm.loader();
+        let mut id = 0;
+        let rocks = loader.create_many(std::iter::from_fn(move || {
+            let _owned = &mm;
+            id += 1;
+            (id <= 3).then_some(Rock { id })
+        }));
+        (loader.is_open(), rocks.iter().map(|rock| rock.ref_count()).collect::<Vec<_>>())
+    });
+    assert!(!open, "the manager shut down when the iterator dropped");
+    assert_eq!(ids, [1, 1, 1]);
+}
+
+/// Only the gate of the manager whose loader is creating counts: another
+/// manager dropped inside the batch shuts down as usual.
+#[test]
+fn dropping_another_manager_inside_a_loader_batch_shuts_it_down() {
+    let (other_open, made) = within_10s(|| {
+        let mm = ObjectManager::builder().report_leaks(false).build();
+        let other = ObjectManager::builder().report_leaks(false).build();
+        let other_loader = other.loader();
+        let mut other = Some(other);
+        let rocks = mm.loader().create_many((0..3).map(|id| {
+            drop(other.take());
+            Rock { id }
+        }));
+        (other_loader.is_open(), rocks.len())
+    });
+    assert!(!other_open);
+    assert_eq!(made, 3);
+}
+
+/// A drop of the manager while the batch's thread unwinds from the user's
+/// own panic, inside the batch: a second panic would abort the process, so
+/// the error is logged and the user's panic goes on.
+#[test]
+fn a_manager_dropped_while_unwinding_inside_its_own_loader_batch_does_not_abort() {
+    let text = within_10s(|| {
+        let mm = ObjectManager::builder().report_leaks(false).build();
+        let loader = mm.loader();
+        let mut mm = Some(mm);
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            loader.create_many((0..3).map(|id| {
+                if id == 1 {
+                    let _dropped_while_unwinding = mm.take();
+                    panic!("the level file is corrupt");
+                }
+                Rock { id }
+            }))
+        }));
+        assert!(loader.is_open(), "left as `mem::forget` leaves it");
+        message(outcome.expect_err("the user's panic goes on"))
+    });
+    assert_eq!(text, "the level file is corrupt");
+}

@@ -198,6 +198,11 @@ impl ObjectManagerBuilder {
     ///   Each would wait for a lock its own thread holds: the manager panics
     ///   instead, with a message that names what the thread was doing
     ///   ("this thread is already growing the store of `Prop`").
+    /// - Under a create through a [`Loader`](crate::Loader), it must not
+    ///   shut down or drop that loader's own manager: shutdown waits for the
+    ///   create under way, so it would wait for itself. It panics instead, and
+    ///   leaves the manager as [`mem::forget`](std::mem::forget) would (see
+    ///   [`Loader`](crate::Loader)).
     /// - It may panic (on a refusal it cannot report, say): the operation
     ///   that allocated panics with it and the manager stays consistent,
     ///   though objects whose bookkeeping the allocation was for may be

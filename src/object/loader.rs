@@ -62,6 +62,16 @@ use super::{Handle, MMObject, ObjectManager, TryCreateError};
 /// [`ObjectManagerBuilder::allocator`](crate::ObjectManagerBuilder::allocator),
 /// even while another thread's shutdown waits for the create under way.
 ///
+/// The one thing such code must not do is shut down or drop this loader's
+/// own manager on the same thread, from inside a create: in the iterator of
+/// [`create_many`](Self::create_many), or in a store allocator under a
+/// create. Shutdown waits for every create under way, so it would wait for
+/// itself. It panics instead, with a message that says so, and leaves the
+/// manager as [`mem::forget`](std::mem::forget) would: its objects are never
+/// destroyed and its memory is never freed, so every handle stays sound.
+/// (While the thread is already unwinding, it logs that error instead of
+/// panicking a second time.)
+///
 /// # After shutdown
 ///
 /// Once the manager has shut down (or dropped), [`try_create`](Self::try_create)
@@ -141,7 +151,9 @@ impl Loader {
     ///
     /// A shutdown on another thread waits for the whole batch, as it waits
     /// for a `create` under way: the iterator must not wait for the thread
-    /// that drops or shuts down the manager.
+    /// that drops or shuts down the manager. A shutdown or drop of the
+    /// manager *inside* the iterator, on the batch's own thread, would wait
+    /// for itself: it panics instead (see the type's docs).
     ///
     /// # Panics
     ///
@@ -219,13 +231,16 @@ impl Loader {
         strict_budget: bool,
         handles: &mut Vec<Handle<T>>,
     ) -> Result<(), TryCreateError<T>> {
-        // Held through the batch, as through one create (see `create_at`).
-        let open = self.registry.open.read_recursive();
-        if !*open {
-            let error = Error::ManagerShutDown { manager: self.registry.id };
-            return values.next().map_or(Ok(()), |value| Err(TryCreateError { value, error }));
-        }
-        self.registry.create_many_at(values, site, strict_budget, SlotSource::Loader, handles)
+        // Inside the gate through the batch, as through one create (see
+        // `create_at`). The iterator itself drops after the batch, outside:
+        // it may own the manager.
+        self.registry.gate.enter(|open| {
+            if !open {
+                let error = Error::ManagerShutDown { manager: self.registry.id };
+                return values.next().map_or(Ok(()), |value| Err(TryCreateError { value, error }));
+            }
+            self.registry.create_many_at(values.by_ref(), site, strict_budget, SlotSource::Loader, handles)
+        })
     }
 
     fn create_at<T: MMObject>(
@@ -234,16 +249,16 @@ impl Loader {
         site: &'static Location<'static>,
         strict_budget: bool,
     ) -> Result<Handle<T>, TryCreateError<T>> {
-        // Held through the create, so shutdown waits for it (see `Registry`).
-        // Recursive: the create runs user code (the store allocator, `size()`
-        // under a tracker, a logger), which may create through a loader
-        // again; a plain read would queue behind a waiting shutdown, which
-        // waits for this one: a deadlock.
-        let open = self.registry.open.read_recursive();
-        if !*open {
-            return Err(TryCreateError { value, error: Error::ManagerShutDown { manager: self.registry.id } });
-        }
-        self.registry.create_at(value, site, strict_budget, SlotSource::Loader)
+        // Inside the gate through the create, so shutdown waits for it (see
+        // `Registry`); the create runs user code (the store allocator,
+        // `size()` under a tracker, a logger), which may create through a
+        // loader again (see `OpenGate::enter`).
+        self.registry.gate.enter(|open| {
+            if !open {
+                return Err(TryCreateError { value, error: Error::ManagerShutDown { manager: self.registry.id } });
+            }
+            self.registry.create_at(value, site, strict_budget, SlotSource::Loader)
+        })
     }
 
     /// The id of the manager this loader creates in.
@@ -253,7 +268,7 @@ impl Loader {
 
     /// True until the manager shuts down.
     pub fn is_open(&self) -> bool {
-        *self.registry.open.read_recursive()
+        self.registry.gate.is_open()
     }
 }
 

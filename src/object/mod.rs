@@ -41,6 +41,7 @@ mod leak;
 mod leak_render;
 mod loader;
 mod manager;
+mod open_gate;
 mod owner_counts;
 mod owner_slots;
 mod raw;

@@ -14,11 +14,12 @@ use std::panic::Location;
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
-use crate::sync::{AtomicUsize, Ordering, RwLock};
+use crate::sync::{AtomicUsize, Ordering};
 use crate::track::Tracker;
 use crate::{Error, Result};
 
 use super::index_space::IndexSpace;
+use super::open_gate::OpenGate;
 use super::reentry::NamedMutex;
 use super::store::{ErasedStore, SlotSource, Store, StoreConfig};
 use super::store_alloc::StoreAlloc;
@@ -86,9 +87,9 @@ unsafe impl Sync for TypeEntry {}
 /// - Stores are only ever borrowed shared. Changes that need the manager's
 ///   exclusive access go through `unsafe` store methods whose callers hold
 ///   `&mut ObjectManager`; loaders never call them.
-/// - `open` is true until the manager shuts down. A loader holds its read
-///   lock for the whole of a create; shutdown takes the write lock to close
-///   it, so no loader touches a store after shutdown began.
+/// - `gate` is open until the manager shuts down. A loader is inside it
+///   for the whole of a create; shutdown closes it, which waits for every
+///   create inside, so no loader touches a store after shutdown began.
 pub(crate) struct Registry {
     pub(crate) id: u32,
     types: Box<[OnceLock<TypeEntry>; TYPE_TABLE]>,
@@ -97,7 +98,7 @@ pub(crate) struct Registry {
     register_lock: NamedMutex<()>,
     pub(crate) index_space: Arc<IndexSpace>,
     config: RegistryConfig,
-    pub(crate) open: RwLock<bool>,
+    pub(crate) gate: OpenGate,
 }
 
 impl Registry {
@@ -116,7 +117,7 @@ impl Registry {
             register_lock: NamedMutex::new((), "registering an object type", ""),
             index_space: Arc::new(IndexSpace::new(config.alloc.clone())),
             config,
-            open: RwLock::new(true),
+            gate: OpenGate::new(),
         }
     }
 

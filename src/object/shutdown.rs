@@ -23,10 +23,40 @@ impl ObjectManager {
         self.shutdown_in_place()
     }
 
+    /// A shutdown from user code that runs inside a create through this
+    /// manager's own [`Loader`](crate::Loader), on the same thread (see
+    /// `open_gate.rs`). It cannot wait for that create, which waits for it,
+    /// so it leaves the manager as `mem::forget` would, and says why: with a
+    /// panic, or in the log if the thread is already unwinding (a second
+    /// panic would abort).
+    #[cold]
+    #[inline(never)]
+    fn shutdown_inside_own_loader(&mut self) -> ObjectLeakReport {
+        // The registry, and so every store's memory, is never freed: every
+        // handle stays sound, and the create under way finishes into it.
+        std::mem::forget(Arc::clone(self.registry()));
+        let message = format!(
+            "mmobject: object manager #{} was shut down or dropped inside a create through its own `Loader` on the \
+             same thread (in the iterator given to `Loader::create_many`, or in user code that a create runs). \
+             Shutdown waits for every create under way, so it would wait for itself forever. The manager is left \
+             as `mem::forget` leaves it: its objects are never destroyed and its memory is never freed",
+            self.id()
+        );
+        if std::thread::panicking() {
+            log::error!(target: "mmobject", "{message}");
+            return ObjectLeakReport::default();
+        }
+        panic!("{message}");
+    }
+
     pub(crate) fn shutdown_in_place(&mut self) -> ObjectLeakReport {
         self.shut_down = true;
-        // No loader creates from here on (it waits for the lock, then finds the manager closed).
-        *self.registry().open.write() = false;
+        if self.registry().gate.entered_here() {
+            return self.shutdown_inside_own_loader();
+        }
+        // No loader creates from here on (closing waits for every create
+        // under way; later ones find the manager closed).
+        self.registry().gate.close();
         // Before any user code runs: if it panics, the stores leak their
         // memory rather than free it under live handles.
         for store in self.all_stores() {
