@@ -9,7 +9,7 @@ pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, Ato
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{Mutex, RwLock};
+pub(crate) use parking_lot::Mutex;
 
 /// A mutex loom can schedule around (a `parking_lot` lock would block the
 /// model's only OS thread), with `parking_lot`'s poison-free `lock`.
@@ -25,32 +25,6 @@ impl<T> Mutex<T> {
 
     pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// As [`Mutex`], for a reader-writer lock.
-#[cfg(loom)]
-#[derive(Debug, Default)]
-pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
-
-#[cfg(loom)]
-impl<T> RwLock<T> {
-    pub(crate) fn new(value: T) -> Self {
-        RwLock(loom::sync::RwLock::new(value))
-    }
-
-    pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
-        self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Loom's read lock never waits behind a queued writer, so it is
-    /// already what `parking_lot`'s `read_recursive` promises.
-    pub(crate) fn read_recursive(&self) -> loom::sync::RwLockReadGuard<'_, T> {
-        self.read()
-    }
-
-    pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
-        self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

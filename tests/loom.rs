@@ -1088,6 +1088,52 @@ fn loader_races_shutdown() {
     });
 }
 
+/// A loader batch whose iterator creates through the loader again, racing
+/// shutdown. If the batch got in, shutdown waits for it, and the nested
+/// create gets in too although the gate may have closed meanwhile (its
+/// thread is inside already); if the batch was refused, so is the nested
+/// create, made while the refusal reads the first value. Either way
+/// shutdown reports exactly what was made.
+#[test]
+fn a_nested_loader_create_races_shutdown() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mm = ObjectManager::builder().report_leaks(false).segment_base(1).build();
+        mm.reserve::<Texture>(2);
+        let loader = mm.loader();
+        let loader_drops = Arc::clone(&drops);
+        let t = thread::spawn(move || {
+            let token = || DropToken(Arc::clone(&loader_drops));
+            let mut nested = None;
+            let mut handles = Vec::new();
+            let outer = loader.try_create_many(
+                std::iter::once_with(|| {
+                    nested = Some(loader.try_create(Texture { id: 8, token: token() }).map_err(|e| e.into_value().id));
+                    Texture { id: 7, token: token() }
+                }),
+                &mut handles,
+            );
+            (outer.map_err(|e| e.into_value().id), handles, nested.expect("the batch read its first value"))
+        });
+        let report = mm.shutdown();
+        let (outer, handles, nested) = t.join().unwrap();
+        match outer {
+            Ok(()) => {
+                assert_eq!(handles.len(), 1);
+                assert!(nested.is_ok(), "a create nested in one that got in gets in");
+                assert_eq!(report.len(), 2, "both were made before shutdown tore the store down");
+            }
+            Err(id) => {
+                assert_eq!(id, 7);
+                assert!(matches!(nested, Err(8)), "refused like the batch it runs in");
+                assert!(report.is_empty());
+            }
+        }
+        drop((handles, nested)); // outlive the manager
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "each value dropped exactly once");
+    });
+}
+
 // ---- Allocators: helpers of the models below -------------------------------------------
 
 fn one_word() -> std::alloc::Layout {

@@ -37,21 +37,22 @@ use super::{Handle, MMObject, ObjectManager, TryCreateError};
 ///
 /// # What it costs
 ///
-/// Each [`create`](Self::create) takes a shared lock on the manager's open
-/// state, then either the store's lock on its free list and a pop (when
-/// freed slots are waiting) or a compare-exchange on the store's length:
-/// three to five locked operations on lines every loader thread shares.
-/// A level streamed in through [`create_many`](Self::create_many) pays
-/// them once per batch for the open state, and not at all for never-used
-/// slots: 100k objects into an empty manager cost about slotmap's
-/// inserts (1.0–1.2× [`ObjectManager::create_many`]), a loop of `create`
-/// over 4× that (`BENCHMARKS.md`, O1b).
+/// Each [`create`](Self::create) enters the manager's open state (a count
+/// on a line of the calling thread's own, and a fence), then takes either
+/// the store's lock on its free list and a pop (when freed slots are
+/// waiting) or a compare-exchange on the store's length: one to three
+/// locked operations on lines every loader thread shares. A level streamed
+/// in through [`create_many`](Self::create_many) enters once per batch, and
+/// takes never-used slots a run at a time: 100k objects into an empty
+/// manager cost about slotmap's inserts (1.0–1.2×
+/// [`ObjectManager::create_many`]), a loop of `create` over 4× that
+/// (`BENCHMARKS.md`, O1b).
 ///
 /// Loader threads that create objects all the time, replacing them while
 /// the main thread collects (a job system spawning entities), pay more:
 /// each object's slot crosses from the thread that made it to the thread
 /// that destroys it and back, and threads creating at once wait on the
-/// shared locks. One such thread took 4.8–5.6× `Arc::new`'s time on the
+/// store's shared locks. One such thread took 4.8–5.6× `Arc::new`'s time on the
 /// machine measured, two 12–19× (`BENCHMARKS.md`, O8); in batches of 100,
 /// 4.1–4.4× and 7–12×.
 ///

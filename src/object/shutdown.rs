@@ -19,6 +19,15 @@ impl ObjectManager {
     /// If handles outlive the manager, their slot memory is leaked on purpose
     /// so they stay sound, and the report says so. Dropping the manager does
     /// the same. Panics from `Drop` impls are caught and logged here.
+    ///
+    /// # Panics
+    ///
+    /// Panics if called (or the manager dropped) from user code inside a
+    /// create through this manager's own [`Loader`](crate::Loader) on the
+    /// same thread, such as the iterator given to
+    /// [`Loader::create_many`](crate::Loader::create_many): shutdown waits
+    /// for every loader create under way, so it would wait for itself. The
+    /// manager is then left as [`mem::forget`](std::mem::forget) leaves it.
     pub fn shutdown(mut self) -> ObjectLeakReport {
         self.shutdown_in_place()
     }
