@@ -1059,16 +1059,23 @@ fn loader_creates_while_the_owner_collects() {
     });
 }
 
+/// A manager with room for two `Texture`s, its loader, and the count of
+/// `Texture` drops: the set-up of the models that race a loader's create
+/// against shutdown.
+fn manager_and_loader() -> (ObjectManager, mmobject::Loader, Arc<AtomicUsize>) {
+    let mm = ObjectManager::builder().report_leaks(false).segment_base(1).build();
+    mm.reserve::<Texture>(2);
+    let loader = mm.loader();
+    (mm, loader, Arc::new(AtomicUsize::new(0)))
+}
+
 /// Shutdown racing a loader's create: either the create finishes first (and
 /// its object is reported and destroyed by shutdown) or it is refused with
 /// the value handed back; never a create into a store being torn down.
 #[test]
 fn loader_races_shutdown() {
     model(|| {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let mm = ObjectManager::builder().report_leaks(false).segment_base(1).build();
-        mm.reserve::<Texture>(2);
-        let loader = mm.loader();
+        let (mm, loader, drops) = manager_and_loader();
         let loader_drops = Arc::clone(&drops);
         let t = thread::spawn(move || {
             loader.try_create(Texture { id: 7, token: DropToken(loader_drops) }).map_err(|e| e.into_value().id)
@@ -1097,10 +1104,7 @@ fn loader_races_shutdown() {
 #[test]
 fn a_nested_loader_create_races_shutdown() {
     model(|| {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let mm = ObjectManager::builder().report_leaks(false).segment_base(1).build();
-        mm.reserve::<Texture>(2);
-        let loader = mm.loader();
+        let (mm, loader, drops) = manager_and_loader();
         let loader_drops = Arc::clone(&drops);
         let t = thread::spawn(move || {
             let token = || DropToken(Arc::clone(&loader_drops));
