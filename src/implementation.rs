@@ -503,18 +503,22 @@
 //! [`ObjectViewMut`](crate::ObjectViewMut), or a type taken for writing from
 //! [`Views`](crate::Views), whose flags never reset while the views live).
 //!
-//! Shutdown closes the registry first: a loader holds the read lock of its
-//! open state (`object/open_gate.rs`) across a create, shutdown takes the
-//! write lock to set it closed, so no loader is inside a store while
-//! shutdown tears it down, and later creates return
-//! [`Error::ManagerShutDown`](crate::Error::ManagerShutDown). A shutdown
-//! reached from user code inside a create of its own manager's loader, on
-//! the same thread, would wait for itself: each thread lists the gates it is
-//! inside (entries in the frames of the calls that entered, no allocation),
-//! and such a shutdown panics instead, after leaking the registry's `Arc`
-//! so that the manager stays as `mem::forget` leaves it. Loom models
-//! (`tests/loom.rs`) cover a loader popping while the owner collects, and a
-//! loader racing shutdown. Under loom, `src/sync.rs` swaps in loom's atomics,
+//! Shutdown closes the registry first. A loader's create is inside the
+//! manager's open gate (`object/open_gate.rs`) throughout: it counts itself
+//! on one of 16 counters, each on a line of its own, then reads a `closed`
+//! flag, with a `SeqCst` fence between. Shutdown stores the flag, fences,
+//! and waits for every counter to read zero. So no loader is inside a store
+//! while shutdown tears it down, and later creates return
+//! [`Error::ManagerShutDown`](crate::Error::ManagerShutDown). Each thread
+//! lists the gates it is inside (entries in the frames of the calls that
+//! entered, no allocation): a create nested in one that is inside gets in
+//! even after the flag is set (shutdown waits for the outer one anyway), and
+//! a shutdown reached from user code inside a create of its own manager's
+//! loader, on the same thread, which would wait for itself, panics instead,
+//! after leaking the registry's `Arc` so that the manager stays as
+//! `mem::forget` leaves it. Loom models (`tests/loom.rs`) cover a loader
+//! popping while the owner collects, a loader racing shutdown, and a loader
+//! create nested in a batch racing shutdown. Under loom, `src/sync.rs` swaps in loom's atomics,
 //! locks and `UnsafeCell` (slot values are only reached through
 //! `Slot::value_ref`, `value_mut`, `write_value` and `drop_value`), so the
 //! models check every write and read of a value against the atomics that
@@ -584,7 +588,7 @@
 //! | [`ObjectView<'m, T>`](crate::ObjectView), [`Iter<'m, T>`](crate::object::Iter) | invariant (they borrow the `T` store, whose atomics make it invariant); covariant in `'m` | as `&ObjectManager` | Shared borrows of the manager. |
 //! | [`ObjectViewMut<'m, T>`](crate::ObjectViewMut), [`IterMut<'m, T>`](crate::IterMut) | invariant (`PhantomData<&'m mut T>`, as `&mut T` is) | as `&mut T` (both, since `T: Send + Sync`) | They hand out `&mut T`; one coerced to a supertype could write a value the slot's real type forbids. |
 //! | [`Views<'m>`](crate::Views) | (not generic) | `Send`, not `Sync` | Its borrow flags are `Cell`s: only one thread may hand out views from it. |
-//! | [`Loader`](crate::Loader) | (not generic) | both | An `Arc` of the registry; every store it touches is `Sync`, and a create holds the registry's read lock. |
+//! | [`Loader`](crate::Loader) | (not generic) | both | An `Arc` of the registry; every store it touches is `Sync`, and a create is inside the registry's open gate (`object/open_gate.rs`). |
 //! | [`Destroyed`](crate::Destroyed) | (not generic) | both | A key, a name and a `TypeId`. |
 //! | [`TryCreateError<T>`](crate::object::TryCreateError) | covariant | as `T` | It only owns the refused value. |
 //! | [`ObjectManager`](crate::ObjectManager) | (not generic) | both | Every stored type is `Send + Sync` (a bound of [`MMObject`](crate::MMObject)): the manager hands `&T` to any thread holding `&ObjectManager` and drops values on the thread that collects. A `!Send` or `!Sync` type is refused at compile time. |

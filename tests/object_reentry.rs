@@ -257,7 +257,7 @@ fn nested_loader_create_while_shutdown_waits_completes() {
                 if let Some((inside, closes)) = once.take() {
                     inside.send(()).unwrap();
                     closes.recv().unwrap();
-                    // Give shutdown time to queue for the write lock.
+                    // Give shutdown time to close the gate and wait for this create.
                     std::thread::sleep(Duration::from_millis(200));
                     assert!(nested.try_create(Pebble { id: 1 }).is_ok());
                 }

@@ -63,8 +63,9 @@ struct Shard(AtomicUsize);
 ///   A count is added, then a `SeqCst` fence, then `closed` is read; it is
 ///   taken away (`Release`) after `f` returns or unwinds. `close` stores
 ///   `closed`, then a `SeqCst` fence, then reads the counts (`Acquire`).
-/// - Once `close` returns, every shard stays zero except for a call nested
-///   in one that was inside before: none is left, so none is nested.
+/// - Once `close` returns, no call is inside, and none gets in: a later
+///   `enter` reads `closed` (and takes its count away at once), and there
+///   is no call inside left for it to be nested in.
 #[derive(Debug)]
 pub(crate) struct OpenGate {
     closed: AtomicBool,
