@@ -746,7 +746,7 @@ fn shutting_the_manager_down_in_an_allocator_under_its_own_loader_create_panics(
 /// loader's create: an ordinary shutdown, which the handles outlive.
 #[test]
 fn a_batch_iterator_that_owns_the_manager_drops_it_after_the_batch() {
-    let (open, ids) = within_10s(|| {
+    let (open, counts) = within_10s(|| {
         let mm = ObjectManager::builder().report_leaks(false).build();
         let loader = mm.loader();
         let mut id = 0;
@@ -758,7 +758,7 @@ fn a_batch_iterator_that_owns_the_manager_drops_it_after_the_batch() {
         (loader.is_open(), rocks.iter().map(|rock| rock.ref_count()).collect::<Vec<_>>())
     });
     assert!(!open, "the manager shut down when the iterator dropped");
-    assert_eq!(ids, [1, 1, 1]);
+    assert_eq!(counts, [1, 1, 1]);
 }
 
 /// Only the gate of the manager whose loader is creating counts: another
