@@ -357,7 +357,8 @@
 //! # The free list
 //!
 //! Also threaded through the header words. `create` (under `&self`, from any
-//! thread) pops it with a CAS. A [`Loader`](crate::Loader) pops it too, with
+//! thread) pops it with a CAS. A [`Loader`](crate::Loader) whose shard is
+//! empty (see "Slots held for loader threads") pops it too, with
 //! the same CAS, but holding the store's `free_lock` (it looks at the head
 //! first, and takes no lock for an empty list: a push it misses is one that
 //! came after it). Pushes happen only in
@@ -421,9 +422,38 @@
 //! over with it when another thread collects, and put on the free list by
 //! shutdown. Loom: `the_owners_kept_slots_race_another_creator`.
 //!
+//! # Slots held for loader threads
+//!
+//! A loader's pop of the free list reads the popped slot's link, a miss (the
+//! collecting thread wrote it last), while it holds `free_lock`: two loader
+//! threads replacing their objects all the time spent half their time there,
+//! waiting for each other (`BENCHMARKS.md`, O8). So a store also holds freed
+//! slots for loader threads (`loader_slots.rs`): eight shards, each a chain
+//! under a lock of its own on a line of its own, chosen by the calling
+//! thread's token (threads made one after another take different ones). A
+//! loader's create counts itself in its shard (its *demand*) and pops the
+//! shard's chain; only when that is empty does it go to the free list, then
+//! to `len`.
+//!
+//! Collection fills the shards. Each `collect_garbage` call begins by making
+//! twice each shard's demand since the last call its *target* (at most
+//! 65,536), and by putting the chains of shards whose threads made nothing
+//! meanwhile on the free list (so an idle loader holds slots for one frame
+//! at most). The slots the collection then frees go to the shards until each
+//! holds its target (every shard half of its target first, so the first does
+//! not take what the next needs), splitting the freed chain by walking its
+//! links; the rest are kept for the owner as above. A loader thread that
+//! replaces its objects every frame thus creates them in the slots the last
+//! collection freed (`tests/object_loader.rs`). A collection writes a
+//! shard's chain under the shard's lock, and a loader pops it under the
+//! same lock, so the two never interleave; the held slots are vacant and on
+//! no other list, counted (a length per shard, stored under its lock) like
+//! the owner's, and put on the free list by shutdown. Loom:
+//! `a_loader_threads_shard_races_the_collections_that_fill_it`.
+//!
 //! A type with a [capacity](crate::ObjectManagerBuilder::max_objects_per_type)
-//! holds neither: its collections push what they free straight onto the free
-//! list, and its owner takes slots as every thread does. Slots held for one
+//! holds none of these: its collections push what they free straight onto the free
+//! list, and its owner and loaders take slots as every thread does. Slots held for one
 //! thread would be refused to the others while fewer objects than the limit
 //! exist (a loader was refused at 2 objects of 64).
 //!
@@ -459,9 +489,10 @@
 //! `a_loader_batch_races_a_collection`.
 //!
 //! [`Loader::create_many`](crate::Loader::create_many) runs the same batch
-//! for a loader thread, with a loader's rules: freed slots popped under
-//! `free_lock`, never the collecting thread's own slots (the batch may run
-//! inside its collection), and the open state held for the whole batch.
+//! for a loader thread, with a loader's rules: freed slots popped from its
+//! shard or under `free_lock`, never the collecting thread's own slots (the
+//! batch may run inside its collection), and the open state held for the
+//! whole batch.
 //!
 //! [`release_many`](crate::ObjectManager::release_many) (an unload) is the
 //! other direction, under `&mut ObjectManager`. A handle whose slot's count

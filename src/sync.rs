@@ -79,6 +79,24 @@ pub(crate) fn thread_token() -> u64 {
     })
 }
 
+/// The calling thread's shard of `shards` (sharded counters and lists):
+/// threads made one after another (a job system's workers) take different
+/// ones.
+#[cfg(not(loom))]
+#[inline(always)]
+pub(crate) fn thread_shard(shards: usize) -> usize {
+    thread_token() as usize % shards
+}
+
+/// Under loom, by the model thread's number, which each execution replays
+/// alike (the thread token's counter runs on across executions and tests,
+/// and a model must be deterministic). Loom shows it only through `Debug`.
+#[cfg(loom)]
+pub(crate) fn thread_shard(shards: usize) -> usize {
+    let id = format!("{:?}", loom::thread::current().id());
+    id.bytes().filter(u8::is_ascii_digit).fold(0, |n: usize, digit| n * 10 + usize::from(digit - b'0')) % shards
+}
+
 /// A pause in a retry loop: a spin hint, or under loom a yield, so that the
 /// model schedules the thread being waited for.
 #[inline(always)]

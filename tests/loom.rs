@@ -1138,6 +1138,42 @@ fn a_nested_loader_create_races_shutdown() {
     });
 }
 
+/// A loader thread creates, drops and creates again while the main thread
+/// collects twice: a collection may hand the first object's slot to the
+/// thread's shard (its create told it the thread makes objects) while the
+/// thread pops the shard or the free list. A slot is reused only once its
+/// object was collected, the counts stay exact while the shard holds a
+/// slot, and shutdown finds every slot free.
+#[test]
+fn a_loader_threads_shard_races_the_collections_that_fill_it() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut mm = quiet();
+        mm.reserve::<Texture>(3);
+        let loader = mm.loader();
+        let loader_drops = Arc::clone(&drops);
+        let t = thread::spawn(move || {
+            let token = || DropToken(Arc::clone(&loader_drops));
+            let first = loader.create(Texture { id: 1, token: token() });
+            let index = first.key().index();
+            drop(first);
+            (index, loader.create(Texture { id: 2, token: token() }))
+        });
+        let collected = mm.collect_garbage().objects + mm.collect_garbage().objects;
+        let (first, second) = t.join().unwrap();
+        if first == second.key().index() {
+            assert_eq!(collected, 1, "a slot is reused only after its object was collected");
+        }
+        assert_eq!(mm.count::<Texture>(), 1, "a slot the shard holds is not an object");
+        assert_eq!(collected + mm.collect_garbage().objects, 1);
+        drop(second);
+        assert_eq!(mm.collect_garbage().objects, 1);
+        let report = mm.shutdown();
+        assert!(report.is_empty() && report.leaked_bytes() == 0 && report.outliving_handles() == 0);
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
+    });
+}
+
 // ---- Allocators: helpers of the models below -------------------------------------------
 
 fn one_word() -> std::alloc::Layout {

@@ -30,9 +30,10 @@ use super::{Handle, MMObject, ObjectManager, TryCreateError};
 ///
 /// The thread that holds `&mut ObjectManager` owns collection: it alone
 /// destroys objects and puts their slots back on the free list. A loader
-/// only ever *takes* slots: it pops the free list under the store's lock,
-/// which collection also takes for its one push per store, so the two never
-/// interleave. Handles made by a loader are ordinary handles: they may be
+/// only ever *takes* slots: those a collection freed and handed to its
+/// thread (under a lock of the thread's own), or from the free list under
+/// the store's lock, which collection also takes for its one push per
+/// store, so the two never interleave. Handles made by a loader are ordinary handles: they may be
 /// cloned and dropped on any thread.
 ///
 /// # What it costs

@@ -40,6 +40,7 @@ mod layout;
 mod leak;
 mod leak_render;
 mod loader;
+mod loader_slots;
 mod manager;
 mod open_gate;
 mod owner_counts;

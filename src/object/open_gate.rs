@@ -125,7 +125,7 @@ impl OpenGate {
     /// gets in while a shutdown waits for the outer one.
     #[inline]
     pub(crate) fn enter<R>(&self, f: impl FnOnce(bool) -> R) -> R {
-        let shard = &self.inside[shard_index()];
+        let shard = &self.inside[crate::sync::thread_shard(SHARDS)];
         shard.0.fetch_add(1, Ordering::Relaxed);
         // Pairs with `close`'s: the count is seen, or the closing is.
         fence(Ordering::SeqCst);
@@ -181,23 +181,6 @@ impl OpenGate {
             waits = waits.saturating_add(1);
         }
     }
-}
-
-/// The calling thread's shard: threads made one after another (a job
-/// system's workers) take different ones.
-#[cfg(not(loom))]
-#[inline(always)]
-fn shard_index() -> usize {
-    crate::sync::thread_token() as usize % SHARDS
-}
-
-/// Under loom, by the model thread's number, which each execution replays
-/// alike (the thread token's counter runs on across executions and tests,
-/// and a model must be deterministic). Loom shows it only through `Debug`.
-#[cfg(loom)]
-fn shard_index() -> usize {
-    let id = format!("{:?}", loom::thread::current().id());
-    id.bytes().filter(u8::is_ascii_digit).fold(0, |n: usize, digit| n * 10 + usize::from(digit - b'0')) % SHARDS
 }
 
 /// The `waits`th pause of a shutdown waiting for creates to leave.

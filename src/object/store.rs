@@ -4,12 +4,14 @@
 //! allocated once, when the store first needs it, and never moved or freed
 //! while the store lives. Handles can therefore point straight at their slot.
 //! Free slots form a list threaded through their header words; `create` pops it with one CAS (no lock), a
-//! [`Loader`](super::Loader) pops it under the store's `free_lock`, and only
+//! [`Loader`](super::Loader) pops it under the store's `free_lock` (when its
+//! thread's shard of freed slots, `loader_slots.rs`, is empty), and only
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
 //! The slots a collection frees are first kept for the owner thread, whose
 //! creates pop them with plain loads and stores, and the next collection
-//! pushes what the owner did not use; never-used slots come from raising
+//! pushes what the owner did not use; a collection first hands freed slots
+//! to the shards of the threads that create through loaders; never-used slots come from raising
 //! `len`, by the owner thread a run at a time (both in `owner_slots.rs`), and
 //! by `create_many` a run per batch (`store/batch.rs`). Collection, which
 //! destroys the dead and frees their slots, is in `store/collect.rs`.
@@ -38,6 +40,7 @@ use super::index_space::{IndexSpace, MAX_INDEX};
 use super::layout::{
     allocate_segment, free_segment, init_vacant, locate, segment_first, segment_len, Chunks, SegmentOwner, MAX_SEGMENTS,
 };
+use super::loader_slots::LoaderSlots;
 use super::owner_counts::RESERVE_COUNT;
 use super::owner_slots::{Chain, OwnerSlots, RUN};
 use super::reentry::NamedMutex;
@@ -94,7 +97,8 @@ pub(crate) struct StoreConfig {
 ///   list, on the free list (or is about to be, inside `create`), retired
 ///   (generation [`GENERATION_LIMIT`] and word `LINK_FLAG | NIL`, counted in
 ///   `retired`), held for the owner thread, in its run of fresh slots or
-///   its chain of kept ones (`owner_slots`, counted in its `left`), or
+///   its chain of kept ones (`owner_slots`, counted in its `left`), held for
+///   loader threads (`loader_slots`, counted in its `held`), or
 ///   returned by a batch that did not fill them (on `returned_head`, counted
 ///   in `returned`, vacant and never used). `len` only grows, and only over
 ///   slots of published segments.
@@ -113,7 +117,8 @@ pub(crate) struct StoreConfig {
 /// - The free list's length is the high half of `free_head`, kept in the same
 ///   word as its head so that a pop updates both with its one CAS. Objects
 ///   created and not yet destroyed are therefore
-///   `len - free length - retired - destroyed_in_place - owner_slots.left()`, with
+///   `len - free length - retired - destroyed_in_place - owner_slots.left()
+///   - loader_slots.held() - returned`, with
 ///   no counter on `create`.
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
@@ -131,6 +136,8 @@ pub(crate) struct Store<T> {
     /// The slots held for the owner thread: a run of never-used ones and
     /// those the last collection kept (see `owner_slots.rs`).
     owner_slots: OwnerSlots,
+    /// Freed slots handed to loader threads (see `loader_slots.rs`).
+    loader_slots: LoaderSlots,
     destroyed: AtomicU64,
     /// Objects destroyed by `destroy_all`, whose slots never return to the free list.
     destroyed_in_place: AtomicU64,
@@ -255,6 +262,7 @@ impl<T: MMObject> Store<T> {
             len: AtomicU32::new(0),
             initialized: AtomicU32::new(0),
             owner_slots: OwnerSlots::new(config.max_objects >= MAX_INDEX),
+            loader_slots: LoaderSlots::new(config.max_objects >= MAX_INDEX),
             destroyed: AtomicU64::new(0),
             destroyed_in_place: AtomicU64::new(0),
             retired: AtomicU64::new(0),
@@ -415,7 +423,7 @@ impl<T: MMObject> Store<T> {
         let reused = match source {
             _ if self.iterating.load(Ordering::Relaxed) > 0 => None,
             SlotSource::Manager => self.pop_reused(self.owner_slots.is_owner()),
-            SlotSource::Loader => self.pop_free_locked(),
+            SlotSource::Loader => self.pop_for_loader(),
         };
         let vacant = match reused {
             Some(vacant) => vacant,
@@ -487,12 +495,27 @@ impl<T: MMObject> Store<T> {
     /// thread calls it.
     #[inline(always)]
     fn take_kept(&self) -> Option<VacantSlot<T>> {
-        let (local, slot) = self.owner_slots.take_kept(|head| {
-            let slot = self.slot_ptr(head).expect("kept slots live in published segments");
-            // SAFETY: a published segment's slots are initialised and live as long as the store.
-            (unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG, slot)
-        })?;
+        let (local, slot) = self.owner_slots.take_kept(|head| self.read_link(head))?;
         Some(VacantSlot { local, slot })
+    }
+
+    /// A held slot's link (the next slot of its chain) and its pointer.
+    #[inline(always)]
+    fn read_link(&self, local: u32) -> (u32, NonNull<Slot<T>>) {
+        let slot = self.slot_ptr(local).expect("held slots live in published segments");
+        // SAFETY: a published segment's slots are initialised and live as long as the store.
+        (unsafe { slot.as_ref() }.header.word.load(Ordering::Relaxed) & !LINK_FLAG, slot)
+    }
+
+    /// Takes a freed slot for a loader: from the calling thread's shard of
+    /// those collection handed out (see `loader_slots.rs`), else from the
+    /// free list under its lock.
+    #[inline]
+    fn pop_for_loader(&self) -> Option<VacantSlot<T>> {
+        match self.loader_slots.take(|head| self.read_link(head)) {
+            Some((local, slot)) => Some(VacantSlot { local, slot }),
+            None => self.pop_free_locked(),
+        }
     }
 
     /// Pops the free list under `free_lock`, as a loader must (it may run
@@ -659,7 +682,8 @@ impl<T: MMObject> Store<T> {
         // Room for the next `additional` creates: never-used slots under the limit, free
         // ones, and those held for the owner thread.
         let free = split_free(self.free_head.load(Ordering::Relaxed)).1;
-        let room = u64::from(max.saturating_sub(len)) + u64::from(free) + u64::from(self.owner_slots.left());
+        let held = u64::from(self.owner_slots.left()) + u64::from(self.loader_slots.held());
+        let room = u64::from(max.saturating_sub(len)) + u64::from(free) + held;
         if additional as u64 > room {
             return Err(Error::CapacityExceeded { what: T::TYPE_NAME, limit: max as usize });
         }
@@ -860,7 +884,9 @@ impl<T> Store<T> {
         let used = u64::from(self.len.load(Ordering::Relaxed));
         let free = u64::from(split_free(self.free_head.load(Ordering::Relaxed)).1);
         let retired = self.retired.load(Ordering::Relaxed);
-        let held = u64::from(self.owner_slots.left()) + self.returned.load(Ordering::Relaxed);
+        let held = u64::from(self.owner_slots.left())
+            + u64::from(self.loader_slots.held())
+            + self.returned.load(Ordering::Relaxed);
         used.saturating_sub(free + retired + held + self.destroyed_in_place.load(Ordering::Relaxed))
     }
 
@@ -1020,6 +1046,7 @@ impl<T: MMObject> ErasedStore for Store<T> {
         // SAFETY: the caller's contract is theirs.
         unsafe {
             Store::share_unused_kept(self);
+            Store::share_idle_loader_slots(self);
             Store::free_returned(self);
         }
     }
@@ -1149,9 +1176,14 @@ impl<T: MMObject> ErasedStore for Store<T> {
     /// handle is being dropped on another thread right now: then the memory
     /// is leaked on purpose, so those handles stay sound.
     unsafe fn settle(&self) -> Settled {
-        // The owner's fresh and kept slots go on the free list, where they are accounted for.
-        // SAFETY: the caller holds `&mut ObjectManager` (trait contract).
-        unsafe { self.release_owner_slots(false) };
+        // The owner's fresh and kept slots, and the loaders', go on the free
+        // list, where they are accounted for.
+        // SAFETY: the caller holds `&mut ObjectManager` (trait contract); no
+        // loader creates any more (the registry is closed).
+        unsafe {
+            self.release_owner_slots(false);
+            self.loader_slots.release_all(|chain| self.push_free_chain(chain));
+        }
         // Last drops made before now (`destroy_all`'s cascades among them)
         // are listed, so they are accounted for below; so are the objects
         // that the owner's give-back of its reservations leaves dead (on the

@@ -100,8 +100,8 @@ impl<T: MMObject> Store<T> {
     ///
     /// Each object takes the path `create` would: with a tracker, or while an
     /// iterator runs, [`try_insert`](Self::try_insert)'s general path; else a
-    /// free slot (popped under `free_lock` for a loader, as its `create`
-    /// does), or a never-used one from the batch's run.
+    /// free slot (for a loader, from its thread's shard or the free list, as
+    /// its `create` takes one), or a never-used one from the batch's run.
     pub(crate) fn insert_many(
         &self,
         mut values: impl Iterator<Item = T>,
@@ -120,7 +120,7 @@ impl<T: MMObject> Store<T> {
             let slot = if self.tracking.is_none() && self.iterating.load(Ordering::Relaxed) == 0 {
                 let reused = match source {
                     SlotSource::Manager => self.pop_reused(owner),
-                    SlotSource::Loader => self.pop_free_locked(),
+                    SlotSource::Loader => self.pop_for_loader(),
                 };
                 match reused {
                     // SAFETY: a `VacantSlot` is a slot of this store's published

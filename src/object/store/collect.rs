@@ -18,8 +18,10 @@ use super::super::{CollectStats, Destroyed, MMObject};
 use super::{DestroyHook, Store};
 
 impl<T: MMObject> Store<T> {
-    /// Adds the slots a collection (or `release_many`) freed to those kept
-    /// for the owner's `create`s (see `owner_slots.rs`).
+    /// Hands the slots a collection (or `release_many`) freed to the
+    /// loader threads that made objects since the last hand-out (see
+    /// `loader_slots.rs`), and adds the rest to those kept for the owner's
+    /// `create`s (see `owner_slots.rs`).
     ///
     /// # Safety
     ///
@@ -35,12 +37,18 @@ impl<T: MMObject> Store<T> {
             return;
         }
         // SAFETY: the caller's contract.
+        let freed = unsafe {
+            self.loader_slots.hand_out(freed, |chain, n| self.split_chain(chain, n), |tail, head| self.link(tail, head))
+        };
+        if freed.len == 0 {
+            return;
+        }
+        // SAFETY: the caller's contract.
         let kept = unsafe { self.owner_slots.kept() };
         let chain = if kept.len == 0 {
             freed
         } else {
-            let tail = self.slot(freed.tail).expect("freed slots live in published segments");
-            tail.header.word.store(LINK_FLAG | kept.head, Ordering::Relaxed);
+            self.link(freed.tail, kept.head);
             Chain { head: freed.head, tail: kept.tail, len: freed.len + kept.len }
         };
         // SAFETY: the caller's contract; `chain` links the freed slots, then the kept ones.
@@ -57,6 +65,42 @@ impl<T: MMObject> Store<T> {
         // SAFETY: the caller's contract; the old chain goes on the free list.
         let unused = unsafe { self.owner_slots.set_kept(Chain::EMPTY) };
         self.push_free_chain(unused);
+    }
+
+    /// Starts a `collect_garbage` call: the slots held for loader threads
+    /// that made nothing since the last hand-out go on the free list, for
+    /// every thread (see `loader_slots.rs`).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `&mut ObjectManager` of this store's manager.
+    pub(super) unsafe fn share_idle_loader_slots(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.loader_slots.begin_collection(|chain| self.push_free_chain(chain)) };
+    }
+
+    /// Links slot `tail` (vacant, at the end of a chain) to slot `head`.
+    fn link(&self, tail: u32, head: u32) {
+        let tail = self.slot(tail).expect("chained slots live in published segments");
+        tail.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
+    }
+
+    /// Cuts `chain` after its first `n` slots (`0 < n <= chain.len`):
+    /// returns them, then the rest. Walks `n - 1` links.
+    fn split_chain(&self, chain: Chain, n: u32) -> (Chain, Chain) {
+        debug_assert!(0 < n && n <= chain.len);
+        if n == chain.len {
+            return (chain, Chain::EMPTY);
+        }
+        let mut cut = chain.head;
+        for _ in 1..n {
+            cut = self.slot(cut).expect("chained slots live in published segments").header.word.load(Ordering::Relaxed)
+                & !LINK_FLAG;
+        }
+        let after =
+            self.slot(cut).expect("chained slots live in published segments").header.word.load(Ordering::Relaxed)
+                & !LINK_FLAG;
+        (Chain { head: chain.head, tail: cut, len: n }, Chain { head: after, tail: chain.tail, len: chain.len - n })
     }
 
     /// Objects on the dead list, counted by walking it, and those whose
