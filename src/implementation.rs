@@ -351,8 +351,12 @@
 //! each lane back onto it before the panic propagates; the slot being dropped is already free, and
 //! its value counts as dropped, as after any panicking drop in Rust.
 //! Destroying values drops the handles they hold, which may push more slots:
-//! collection loops until a pass finds every dead lane empty, so cascades end
-//! in the same call. The cost is O(dead + types).
+//! collection goes on with another pass while the one before recorded drops
+//! on the collecting thread (`last_drops::noted_here`, which also counts an
+//! owner's marks of its last handles), so cascades end in the same call.
+//! What other threads release meanwhile waits for the next call: a
+//! collection that took another pass for those could go on for as long as
+//! they kept releasing. The cost is O(dead + types).
 //!
 //! # The free list
 //!

@@ -679,3 +679,47 @@ fn a_run_of_last_drops_ends_with_its_store() {
     // SAFETY: allocated from `System` with `ONE_BLOCK`, and no longer in use.
     unsafe { System.deallocate(state.block.expect("handed out"), ONE_BLOCK) };
 }
+
+/// An object whose drop has another thread release an object and waits
+/// until it has.
+#[derive(MMObject)]
+struct Messenger {
+    #[mm(skip)]
+    ask: Mutex<std::sync::mpsc::SyncSender<()>>,
+    #[mm(skip)]
+    done: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Drop for Messenger {
+    fn drop(&mut self) {
+        self.ask.lock().unwrap().send(()).unwrap();
+        self.done.lock().unwrap().recv().unwrap();
+    }
+}
+
+/// A collection destroys what was dead when it began and what its own
+/// destruction releases (cascades), not what other threads release while it
+/// runs: that waits for the next call. (It used to take another round for
+/// those, so a collection racing threads that release all the time went on
+/// for as long as they did.)
+#[test]
+fn a_collection_leaves_what_other_threads_release_meanwhile_to_the_next() {
+    let drops = Drops::default();
+    let mut mm = quiet_with(2);
+    let theirs = mm.create(Texture { id: 1, token: drops.token() });
+    let (ask, asked) = std::sync::mpsc::sync_channel(1);
+    let (done, finished) = std::sync::mpsc::sync_channel(1);
+    let worker = std::thread::spawn(move || {
+        asked.recv().unwrap();
+        drop(theirs);
+        done.send(()).unwrap();
+        // The thread lives on: its drop waits in its ring until a drain.
+        asked.recv().unwrap_err();
+    });
+    drop(mm.create(Messenger { ask: Mutex::new(ask), done: Mutex::new(finished) }));
+    assert_eq!(mm.collect_garbage().objects, 1, "the messenger alone");
+    assert_eq!(drops.count(), 0);
+    assert_eq!(mm.collect_garbage().objects, 1, "the texture, at the next call");
+    assert_eq!(drops.count(), 1);
+    worker.join().unwrap();
+}

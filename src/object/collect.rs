@@ -71,16 +71,21 @@ impl Destroyed {
 
 impl ObjectManager {
     /// Destroys every dead object, including those that become dead while
-    /// others are destroyed (cascades finish in the same call).
+    /// others are destroyed (cascades finish in the same call). Objects
+    /// that other threads release while it runs wait for the next call, so
+    /// it ends even while they go on releasing.
     ///
     /// Costs O(dead + types), never O(live). If a `Drop` panics, the manager
     /// stays consistent (that object counts as destroyed, the rest stay
     /// queued) and the panic propagates; the next call carries on.
     ///
-    /// The slots it frees are kept for the calling thread's next `create`s,
-    /// which reuse them without an atomic read-modify-write; the next call
-    /// hands the ones not reused to every thread (so a `create` on another
-    /// thread waits at most one collection for a freed slot).
+    /// The slots it frees go first to the threads that create through a
+    /// [`Loader`](crate::Loader), until each holds twice what it made since
+    /// the last call, and the rest are kept for the calling
+    /// thread's next `create`s, which reuse them without an atomic
+    /// read-modify-write; the next call hands the ones not reused to every
+    /// thread (so a `create` on another thread waits at most one collection
+    /// for a freed slot).
     pub fn collect_garbage(&mut self) -> CollectStats {
         self.collect_garbage_budgeted(usize::MAX)
     }
@@ -153,6 +158,7 @@ impl ObjectManager {
             unsafe { store.share_held_slots() };
         }
         loop {
+            let noted = super::last_drops::noted_here();
             // Every round: the last drops made so far, including the
             // cascades of the round before, go onto their dead lists.
             super::last_drops::drain_all();
@@ -167,6 +173,13 @@ impl ObjectManager {
             }
             stats.rounds += 1;
             if budget == 0 {
+                break;
+            }
+            // Another round only for a cascade: drops made on this thread
+            // by the values it destroyed. Objects that other threads release
+            // meanwhile wait for the next call, so a collection ends while
+            // other threads go on releasing (it used to chase them).
+            if super::last_drops::noted_here() == noted {
                 break;
             }
         }

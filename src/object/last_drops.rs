@@ -709,6 +709,7 @@ unsafe fn record_release_rest(shared: &StoreShared, local: u32, word: NonNull<At
     // SAFETY: the caller's count is still in the word, which has its
     // segment's provenance (`record_release`'s contract).
     if unsafe { release(word) } {
+        note_here();
         // SAFETY: the word outlives a dead slot's push.
         shared.push_dead(local, unsafe { word.as_ref() });
     }
@@ -722,6 +723,7 @@ unsafe fn record_release_rest(shared: &StoreShared, local: u32, word: NonNull<At
 fn record_rest(shared: &StoreShared, local: u32, word: NonNull<AtomicU32>, stride: usize) {
     // SAFETY: the caller took the slot's count to zero.
     if !unsafe { record_mine(Entry::new(shared, word, Found::Dead { local, stride })) } {
+        note_here();
         // SAFETY: the slot's word outlives a dead slot's record.
         shared.push_dead(local, unsafe { word.as_ref() });
     }
@@ -745,6 +747,31 @@ unsafe fn record_mine(entry: Entry) -> bool {
     });
     matches!(recorded, Ok(true))
 }
+
+/// A number that grows whenever the calling thread records a drop (in its
+/// ring, or straight onto a dead list) or, as an owner, marks an object
+/// [`PENDING`](super::owner_counts::PENDING): a collection compares it
+/// around a round to learn whether the objects it destroyed released
+/// others (a cascade), which only this thread's drops can do.
+pub(crate) fn noted_here() -> usize {
+    let ring = RING.try_with(Cell::get).ok().flatten();
+    // SAFETY: a ring in `RING` is this thread's own and still allocated
+    // (`RING`'s invariant); only this thread stores `recorded`.
+    let recorded = ring.map_or(0, |ring| unsafe { ring.as_ref() }.recorded.load(Ordering::Relaxed));
+    recorded.wrapping_add(NOTED.try_with(Cell::get).unwrap_or(0))
+}
+
+/// Counts a drop or mark that [`noted_here`] does not find in the ring.
+#[cold]
+pub(crate) fn note_here() {
+    let _ = NOTED.try_with(|noted| noted.set(noted.get().wrapping_add(1)));
+}
+
+// Drops pushed straight onto a dead list and owners' marks (see `noted_here`).
+#[cfg(not(loom))]
+std::thread_local!(static NOTED: Cell<usize> = const { Cell::new(0) });
+#[cfg(loom)]
+loom::thread_local!(static NOTED: Cell<usize> = Cell::new(0));
 
 /// Drains every thread's ring: afterwards every last drop that happened
 /// before the call is on its store's dead list.

@@ -1,24 +1,28 @@
 //! Slots held for loader threads: freed slots a collection hands to the
 //! shard of each thread that creates through a [`Loader`](super::Loader).
 //!
-//! A loader's `create` used to pop the store's shared free list under its
-//! lock, reading the popped slot's link (a miss: the collecting thread wrote
-//! it last) while it held the lock. Two loader threads creating all the
-//! time then spent half their time there, waiting for each other (see
-//! `BENCHMARKS.md`, O8). Instead, each loader thread pops a chain of its own
-//! shard (one of [`SHARDS`], chosen by the thread), under a lock no other
-//! thread takes unless two threads share the shard; the miss on the slot's
-//! line is then paid outside any lock the other threads wait on.
+//! A pop of the store's shared free list reads the popped slot's link (a
+//! miss: the collecting thread wrote it last) while it holds the list's
+//! lock, so two loader threads creating all the time spent half their time
+//! there, waiting for each other (see `BENCHMARKS.md`, O8). Instead, each
+//! loader thread pops a chain of its own shard (one of [`SHARDS`], chosen by
+//! the thread), under a lock no other thread takes unless two threads share
+//! the shard: the miss on the slot's line is paid outside any lock the
+//! other threads wait on. Only a thread whose shard is empty pops the free
+//! list.
 //!
 //! **Who fills the chains.** Collection, which frees the slots, under `&mut
 //! ObjectManager`. Each shard counts the creates its threads made since the
 //! last collection (its *demand*). A collection starts by making twice that
-//! the shard's *target* (at most [`SHARD_MAX`]), and then gives each shard
-//! the slots it frees until the shard holds its target, before it keeps the
-//! rest for the owner thread (`owner_slots.rs`). A thread that replaces the
-//! objects it made, as a job system spawning entities does, thus finds in
-//! its shard what it will make until the next collection, even in a frame
-//! that makes twice as many as the last.
+//! the shard's *target* (at most [`SHARD_MAX`]), and then gives the shards
+//! the slots it frees until each holds its target (every shard half of its
+//! target first, so that the first does not take what the next needs),
+//! before it keeps the rest for the owner thread (`owner_slots.rs`). It
+//! decides where each slot goes as it frees it ([`Share`]), so no chain is
+//! walked to split it. A thread that replaces the objects it made, as a job
+//! system spawning entities does, thus finds in its shard what it will make
+//! until the next collection, even in a frame that makes twice as many as
+//! the last.
 //!
 //! **When they go back.** A collection first puts the chains of shards
 //! whose threads made nothing since the last one back on the free list,
@@ -162,40 +166,37 @@ impl LoaderSlots {
         }
     }
 
-    /// Gives each shard slots from `freed` until it holds its target (all
-    /// of them half of theirs first), and returns the rest. `split(chain, n)` cuts a chain after its first `n`
-    /// slots; `link(tail, head)` links a chain's last slot to another's first.
+    /// What the shards want of the slots a collection frees from now on:
+    /// each up to half its target first, then up to the whole (so that the
+    /// first does not take what the next needs for its next frame).
+    pub(crate) fn share(&self) -> Share {
+        let mut share = Share { wants: [0; 2 * SHARDS], step: 2 * SHARDS, chains: [Chain::EMPTY; SHARDS] };
+        if !self.holds || !self.active.load(Ordering::Relaxed) {
+            return share;
+        }
+        for (i, shard) in self.shards.iter().enumerate() {
+            let state = shard.state.lock();
+            let half = (state.target / 2).saturating_sub(state.chain.len);
+            share.wants[i] = half;
+            share.wants[SHARDS + i] = state.target.saturating_sub(state.chain.len + half);
+        }
+        share.step = 0;
+        share
+    }
+
+    /// Puts the chains of `share` in front of their shards' chains.
+    /// `link(tail, head)` links a chain's last slot to another's first.
     ///
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of the store's manager, and
-    /// `freed` is a chain of vacant slots of the store on no list.
-    pub(crate) unsafe fn hand_out(
-        &self,
-        mut freed: Chain,
-        split: impl Fn(Chain, u32) -> (Chain, Chain),
-        link: impl Fn(u32, u32),
-    ) -> Chain {
-        if !self.active.load(Ordering::Relaxed) {
-            return freed;
-        }
-        // First up to half the target (the last frame's demand) each, then
-        // the rest: so that the first shard does not take what the next
-        // one needs for its next frame.
-        for (shard, half) in
-            self.shards.iter().map(|shard| (shard, true)).chain(self.shards.iter().map(|shard| (shard, false)))
-        {
-            if freed.len == 0 {
-                break;
-            }
-            let mut state = shard.state.lock();
-            let target = if half { state.target / 2 } else { state.target };
-            let want = target.saturating_sub(state.chain.len).min(freed.len);
-            if want == 0 {
+    /// `share`'s chains hold vacant slots of the store on no list.
+    pub(crate) unsafe fn take_share(&self, share: &Share, link: impl Fn(u32, u32)) {
+        for (shard, &given) in self.shards.iter().zip(&share.chains) {
+            if given.len == 0 {
                 continue;
             }
-            let (given, rest) = split(freed, want);
-            freed = rest;
+            let mut state = shard.state.lock();
             let held = state.chain;
             state.chain = if held.len == 0 {
                 given
@@ -205,7 +206,6 @@ impl LoaderSlots {
             };
             shard.held.store(state.chain.len, Ordering::Relaxed);
         }
-        freed
     }
 
     /// Empties every shard into `give_back` (shutdown).
@@ -223,5 +223,39 @@ impl LoaderSlots {
             drop(state);
             give_back(chain);
         }
+    }
+}
+
+/// Where the slots one collection frees go, decided as each is freed so
+/// that no chain is walked to split it: to the loader shards' chains while
+/// they want slots (see [`LoaderSlots::share`]), then to the caller's.
+#[derive(Debug)]
+pub(crate) struct Share {
+    /// Slots still wanted at each step; step `i` fills shard `i % SHARDS`.
+    wants: [u32; 2 * SHARDS],
+    /// The first step that may still want slots.
+    step: usize,
+    /// What each shard was given (see [`LoaderSlots::take_share`]).
+    chains: [Chain; SHARDS],
+}
+
+impl Share {
+    /// The shard chain the next freed slot goes on, or `None` when no shard
+    /// wants more.
+    #[inline]
+    pub(crate) fn next(&mut self) -> Option<&mut Chain> {
+        while self.step < 2 * SHARDS {
+            if self.wants[self.step] > 0 {
+                self.wants[self.step] -= 1;
+                return Some(&mut self.chains[self.step % SHARDS]);
+            }
+            self.step += 1;
+        }
+        None
+    }
+
+    /// True if a shard was given slots.
+    pub(crate) fn gives(&self) -> bool {
+        self.chains.iter().any(|chain| chain.len > 0)
     }
 }

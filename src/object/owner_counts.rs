@@ -310,6 +310,9 @@ impl SlotHeader {
         let last = self.word.load(Ordering::Relaxed) & COUNT_MASK == kept;
         self.reserve
             .store(kept | reserve & (PENDING | LEASED | USED) | if last { PENDING } else { 0 }, Ordering::Relaxed);
+        if last {
+            super::last_drops::note_here();
+        }
         Released::Kept
     }
 

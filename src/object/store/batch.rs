@@ -28,7 +28,7 @@ use super::super::shared::DEAD_LANES;
 use super::super::slot::{Slot, LINK_FLAG, NIL};
 use super::super::{CollectStats, Destroyed};
 use super::super::{Handle, HandleOrigin, MMObject};
-use super::collect::{Requeue, SlotChain};
+use super::collect::Requeue;
 use super::{DestroyHook, SlotSource, Store};
 
 /// The most never-used slots one step of a batch takes from `len`.
@@ -167,7 +167,7 @@ impl<T: MMObject> Store<T> {
         let mut stats = CollectStats::default();
         self.note_peak();
         let mut hook = self.on_destroy.lock();
-        let mut requeue = Requeue { store: self, rest: [NIL; DEAD_LANES], current: NIL, freed: SlotChain::default() };
+        let mut requeue = Requeue::new(self, [NIL; DEAD_LANES]);
         let owner_here = self.reads_reservations_here();
         // Unswitched as a collection's walk is (see `Store::collect`).
         if self.destroys_plainly(&hook, &events) {

@@ -10,6 +10,7 @@
 
 use crate::sync::Ordering;
 
+use super::super::loader_slots::Share;
 use super::super::owner_counts::Decided;
 use super::super::owner_slots::Chain;
 use super::super::shared::DEAD_LANES;
@@ -18,29 +19,26 @@ use super::super::{CollectStats, Destroyed, MMObject};
 use super::{DestroyHook, Store};
 
 impl<T: MMObject> Store<T> {
-    /// Hands the slots a collection (or `release_many`) freed to the
-    /// loader threads that made objects since the last hand-out (see
-    /// `loader_slots.rs`), and adds the rest to those kept for the owner's
-    /// `create`s (see `owner_slots.rs`).
+    /// Hands the slots a collection (or `release_many`) freed for the
+    /// loader threads' shards to them (see `loader_slots.rs`), and adds the
+    /// rest, `freed`, to those kept for the owner's `create`s (see
+    /// `owner_slots.rs`).
     ///
     /// # Safety
     ///
     /// The caller holds `&mut ObjectManager` of this store's manager, and
-    /// `freed` is a chain of vacant slots on no list.
-    unsafe fn keep_freed(&self, freed: Chain) {
+    /// `freed` and `share`'s chains hold vacant slots on no list.
+    unsafe fn keep_freed(&self, freed: Chain, share: &Share) {
+        if share.gives() {
+            // SAFETY: the caller's contract.
+            unsafe { self.loader_slots.take_share(share, |tail, head| self.link(tail, head)) };
+        }
         if freed.len == 0 {
             return;
         }
         if !self.owner_slots.holds() {
             // A capped store: every thread's `create` must find them.
             self.push_free_chain(freed);
-            return;
-        }
-        // SAFETY: the caller's contract.
-        let freed = unsafe {
-            self.loader_slots.hand_out(freed, |chain, n| self.split_chain(chain, n), |tail, head| self.link(tail, head))
-        };
-        if freed.len == 0 {
             return;
         }
         // SAFETY: the caller's contract.
@@ -83,24 +81,6 @@ impl<T: MMObject> Store<T> {
     fn link(&self, tail: u32, head: u32) {
         let tail = self.slot(tail).expect("chained slots live in published segments");
         tail.header.word.store(LINK_FLAG | head, Ordering::Relaxed);
-    }
-
-    /// Cuts `chain` after its first `n` slots (`0 < n <= chain.len`):
-    /// returns them, then the rest. Walks `n - 1` links.
-    fn split_chain(&self, chain: Chain, n: u32) -> (Chain, Chain) {
-        debug_assert!(0 < n && n <= chain.len);
-        if n == chain.len {
-            return (chain, Chain::EMPTY);
-        }
-        let mut cut = chain.head;
-        for _ in 1..n {
-            cut = self.slot(cut).expect("chained slots live in published segments").header.word.load(Ordering::Relaxed)
-                & !LINK_FLAG;
-        }
-        let after =
-            self.slot(cut).expect("chained slots live in published segments").header.word.load(Ordering::Relaxed)
-                & !LINK_FLAG;
-        (Chain { head: chain.head, tail: cut, len: n }, Chain { head: after, tail: chain.tail, len: chain.len - n })
     }
 
     /// Objects on the dead list, counted by walking it, and those whose
@@ -181,7 +161,7 @@ impl<T: MMObject> Store<T> {
         // `candidates.rs`), and nothing for a store with nothing to collect.
         super::super::candidates::compact(self);
         let mut hook = self.on_destroy.lock();
-        let mut requeue = Requeue { store: self, rest: heads, current: NIL, freed: SlotChain::default() };
+        let mut requeue = Requeue::new(self, heads);
         // The budget and the counts in locals, so that the loop keeps them in
         // registers (the caller's are behind references), and the loop
         // unswitched on what most collections have none of: a hook, events
@@ -330,7 +310,7 @@ impl<T: MMObject> Store<T> {
         }
         requeue.freed.destroyed += 1;
         if self.free_slot(slot) {
-            requeue.freed.push(local, slot);
+            requeue.push_freed(local, slot);
         }
         // Credited before the value drops: a panicking `Drop` still destroys
         // the object, so its charge must not stay on the tag.
@@ -495,14 +475,18 @@ impl Default for SlotChain {
 impl SlotChain {
     /// Links the slot `local` in front of the chain.
     pub(super) fn push<T>(&mut self, local: u32, slot: &Slot<T>) {
-        let chain = &mut self.chain;
-        slot.header.word.store(LINK_FLAG | chain.head, Ordering::Relaxed);
-        if chain.len == 0 {
-            chain.tail = local;
-        }
-        chain.head = local;
-        chain.len += 1;
+        push_front(&mut self.chain, local, slot);
     }
+}
+
+/// Links the vacant slot `local` in front of `chain`.
+fn push_front<T>(chain: &mut Chain, local: u32, slot: &Slot<T>) {
+    slot.header.word.store(LINK_FLAG | chain.head, Ordering::Relaxed);
+    if chain.len == 0 {
+        chain.tail = local;
+    }
+    chain.head = local;
+    chain.len += 1;
 }
 
 /// The objects a collection's checks (or shutdown's give-back) found dead,
@@ -529,15 +513,34 @@ pub(super) struct Requeue<'a, T: MMObject> {
     pub(super) rest: [u32; DEAD_LANES],
     /// A dead slot taken off its lane whose value is still in use.
     pub(super) current: u32,
+    /// The freed slots the loader threads' shards take first.
+    share: Share,
+    /// The rest, for the owner.
     pub(super) freed: SlotChain,
+}
+
+impl<'a, T: MMObject> Requeue<'a, T> {
+    /// A requeue of the dead lanes from `rest` on, which has freed nothing yet.
+    pub(super) fn new(store: &'a Store<T>, rest: [u32; DEAD_LANES]) -> Self {
+        Requeue { store, rest, current: NIL, share: store.loader_slots.share(), freed: SlotChain::default() }
+    }
+
+    /// Takes the vacant slot `local`, just freed.
+    #[inline]
+    fn push_freed(&mut self, local: u32, slot: &Slot<T>) {
+        match self.share.next() {
+            Some(chain) => push_front(chain, local, slot),
+            None => self.freed.push(local, slot),
+        }
+    }
 }
 
 impl<T: MMObject> Drop for Requeue<'_, T> {
     fn drop(&mut self) {
         self.store.destroyed.fetch_add(self.freed.destroyed, Ordering::Relaxed);
         // SAFETY: a `Requeue` is only made under `&mut ObjectManager`
-        // (collection, `release_many`), and its chain holds the slots it freed.
-        unsafe { self.store.keep_freed(self.freed.chain) };
+        // (collection, `release_many`), and its chains hold the slots it freed.
+        unsafe { self.store.keep_freed(self.freed.chain, &self.share) };
         let shared = self.store.shared();
         if self.current != NIL {
             let slot = self.store.slot(self.current).expect("published");
