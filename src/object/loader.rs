@@ -33,29 +33,32 @@ use super::{Handle, MMObject, ObjectManager, TryCreateError};
 /// only ever *takes* slots: those a collection freed and handed to its
 /// thread (under a lock of the thread's own), or from the free list under
 /// the store's lock, which collection also takes for its one push per
-/// store, so the two never interleave. Handles made by a loader are ordinary handles: they may be
-/// cloned and dropped on any thread.
+/// store, so the two never interleave. Handles made by a loader are
+/// ordinary handles: they may be cloned and dropped on any thread.
 ///
 /// # What it costs
 ///
 /// Each [`create`](Self::create) enters the manager's open state (a count
-/// on a line of the calling thread's own, and a fence), then takes either
-/// the store's lock on its free list and a pop (when freed slots are
-/// waiting) or a compare-exchange on the store's length: one to three
-/// locked operations on lines every loader thread shares. A level streamed
-/// in through [`create_many`](Self::create_many) enters once per batch, and
-/// takes never-used slots a run at a time: 100k objects into an empty
-/// manager cost about slotmap's inserts (1.0–1.2×
+/// on a line of the calling thread's own, and a fence), then takes a freed
+/// slot that a collection handed to the calling thread (under a lock of the
+/// thread's own), or, when it has none, either the store's lock on its free
+/// list and a pop (when freed slots are waiting) or a compare-exchange on
+/// the store's length: locked operations on lines every loader thread
+/// shares. A level streamed in through [`create_many`](Self::create_many)
+/// enters once per batch, and takes never-used slots a run at a time: 100k
+/// objects into an empty manager cost about slotmap's inserts (1.0–1.2×
 /// [`ObjectManager::create_many`]), a loop of `create` over 4× that
 /// (`BENCHMARKS.md`, O1b).
 ///
 /// Loader threads that create objects all the time, replacing them while
 /// the main thread collects (a job system spawning entities), pay more:
 /// each object's slot crosses from the thread that made it to the thread
-/// that destroys it and back, and threads creating at once wait on the
-/// store's shared locks. One such thread took 4.8–5.6× `Arc::new`'s time on the
-/// machine measured, two 12–19× (`BENCHMARKS.md`, O8); in batches of 100,
-/// 4.1–4.4× and 7–12×.
+/// that destroys it and back. Each collection hands a thread as many of the
+/// slots it freed as the thread made since the last one (up to twice that
+/// held), so a thread that keeps its pace creates without waiting for
+/// another. In a probe of that pattern (`BENCHMARKS.md`, O8), one such
+/// thread took 3.2× `Arc::new`'s time, two 6.3× each (11.4× when they
+/// shared the store's free list).
 ///
 /// # From user code the manager runs
 ///
