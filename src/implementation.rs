@@ -445,8 +445,9 @@
 //! meanwhile on the free list (so an idle loader holds slots for one frame
 //! at most). The slots the collection then frees go to the shards until each
 //! holds its target (every shard half of its target first, so the first does
-//! not take what the next needs), splitting the freed chain by walking its
-//! links; the rest are kept for the owner as above. A loader thread that
+//! not take what the next needs), each slot's place decided as it is freed,
+//! so no chain is walked to split it; the rest are kept for the owner as
+//! above. A loader thread that
 //! replaces its objects every frame thus creates them in the slots the last
 //! collection freed (`tests/object_loader.rs`). A collection writes a
 //! shard's chain under the shard's lock, and a loader pops it under the

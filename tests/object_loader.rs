@@ -357,9 +357,9 @@ fn indices(handles: &[Handle<Prop>]) -> Vec<u32> {
 }
 
 /// A loader thread driven a frame at a time: each message makes `n` props
-/// through the loader, sends back their slot indices, and drops the props
-/// the message before made (so their slots are freed by the main thread's
-/// next collection). Hangs up when the sender does.
+/// through the loader, drops the props the message before made (so the main
+/// thread's next collection frees their slots), and sends back the new
+/// props' slot indices. Hangs up when the sender does.
 fn frame_worker(loader: Loader, n: u32) -> (mpsc::Sender<()>, mpsc::Receiver<Vec<u32>>, std::thread::JoinHandle<()>) {
     let (go, frames) = mpsc::channel::<()>();
     let (send, made) = mpsc::channel();
@@ -391,9 +391,10 @@ fn a_loader_thread_creates_in_the_slots_the_last_collection_freed() {
         go.send(()).unwrap();
         let now = made.recv().unwrap();
         if frame >= 2 {
-            // Frames 0 and 1 take fresh slots (frame 1's objects die in
-            // frame 2). The collection after frame f - 1 freed the slots
-            // of frame f - 2's objects and handed them to the thread.
+            // Frames 0 and 1 take fresh slots (the first slots are freed
+            // by the collection after frame 1). The collection after frame
+            // f - 1 freed the slots of frame f - 2's objects, which frame
+            // f - 1 replaced, and handed them to the thread.
             assert_eq!(now, frames[frame - 2], "frame {frame}: the slots the last collection freed");
         }
         // The worker dropped its previous frame's objects before it replied.

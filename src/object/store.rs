@@ -8,10 +8,11 @@
 //! thread's shard of freed slots, `loader_slots.rs`, is empty), and only
 //! collection, which holds `&mut ObjectManager`, pushes onto it (one chain per
 //! collection, under the same lock). So pops never race a push: no ABA.
-//! The slots a collection frees are first kept for the owner thread, whose
-//! creates pop them with plain loads and stores, and the next collection
-//! pushes what the owner did not use; a collection first hands freed slots
-//! to the shards of the threads that create through loaders; never-used slots come from raising
+//! The slots a collection frees go first to the shards of the threads that
+//! create through loaders (`loader_slots.rs`), as many as each made since
+//! the last collection, and the rest are kept for the owner thread, whose
+//! creates pop them with plain loads and stores; the next collection
+//! pushes what the owner did not use. Never-used slots come from raising
 //! `len`, by the owner thread a run at a time (both in `owner_slots.rs`), and
 //! by `create_many` a run per batch (`store/batch.rs`). Collection, which
 //! destroys the dead and frees their slots, is in `store/collect.rs`.
@@ -117,9 +118,9 @@ pub(crate) struct StoreConfig {
 /// - The free list's length is the high half of `free_head`, kept in the same
 ///   word as its head so that a pop updates both with its one CAS. Objects
 ///   created and not yet destroyed are therefore
-///   `len - free length - retired - destroyed_in_place - owner_slots.left()
-///   - loader_slots.held() - returned`, with
-///   no counter on `create`.
+///   `len` less the free list's length, `retired`, `destroyed_in_place`,
+///   `owner_slots.left()`, `loader_slots.held()` and `returned`, with no
+///   counter on `create`.
 pub(crate) struct Store<T> {
     shared: NonNull<StoreShared>,
     segments: [AtomicPtr<u8>; MAX_SEGMENTS],
@@ -680,7 +681,7 @@ impl<T: MMObject> Store<T> {
         let len = self.len.load(Ordering::Relaxed);
         let max = self.config.max_objects;
         // Room for the next `additional` creates: never-used slots under the limit, free
-        // ones, and those held for the owner thread.
+        // ones, and those held for the owner thread and for loader threads.
         let free = split_free(self.free_head.load(Ordering::Relaxed)).1;
         let held = u64::from(self.owner_slots.left()) + u64::from(self.loader_slots.held());
         let room = u64::from(max.saturating_sub(len)) + u64::from(free) + held;
