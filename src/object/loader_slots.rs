@@ -197,13 +197,7 @@ impl LoaderSlots {
                 continue;
             }
             let mut state = shard.state.lock();
-            let held = state.chain;
-            state.chain = if held.len == 0 {
-                given
-            } else {
-                link(given.tail, held.head);
-                Chain { head: given.head, tail: held.tail, len: given.len + held.len }
-            };
+            state.chain = given.then(state.chain, &link);
             shard.held.store(state.chain.len, Ordering::Relaxed);
         }
     }

@@ -87,6 +87,19 @@ pub(crate) struct Chain {
 
 impl Chain {
     pub(crate) const EMPTY: Chain = Chain { head: NIL, tail: NIL, len: 0 };
+
+    /// This chain, then `rest`: `link(tail, head)` links this chain's last
+    /// slot to the first of `rest`.
+    pub(crate) fn then(self, rest: Chain, link: impl FnOnce(u32, u32)) -> Chain {
+        if self.len == 0 {
+            return rest;
+        }
+        if rest.len == 0 {
+            return self;
+        }
+        link(self.tail, rest.head);
+        Chain { head: self.head, tail: rest.tail, len: self.len + rest.len }
+    }
 }
 
 impl OwnerSlots {

@@ -43,12 +43,7 @@ impl<T: MMObject> Store<T> {
         }
         // SAFETY: the caller's contract.
         let kept = unsafe { self.owner_slots.kept() };
-        let chain = if kept.len == 0 {
-            freed
-        } else {
-            self.link(freed.tail, kept.head);
-            Chain { head: freed.head, tail: kept.tail, len: freed.len + kept.len }
-        };
+        let chain = freed.then(kept, |tail, head| self.link(tail, head));
         // SAFETY: the caller's contract; `chain` links the freed slots, then the kept ones.
         unsafe { self.owner_slots.set_kept(chain) };
     }
