@@ -226,6 +226,15 @@
 //!   queueing it unwound) delays an object to shutdown, never further.
 //! - Stores whose objects may hold handles count every handle in the word
 //!   (their drops mark candidate roots with `PURPLE`).
+//! - How a handle knows: the owner thread keeps a thread-local *owner key*,
+//!   its manager's id with the bit of the handles' "counts through an
+//!   owner" tag, and a handle's id and tag bits equal it exactly when the
+//!   calling thread counts it through its reservations (one compare, on
+//!   every clone and drop). That tag is then the only one set, so the
+//!   owner's paths find the slot by subtracting it, a constant folded into
+//!   the loads, instead of masking it out. The owner's drop inlines only
+//!   its common case (a reservation with room, a handle left); the rest
+//!   (no reservation, a full one, the last handle) is one call.
 //!
 //! Nothing that takes `&ObjectManager` can turn an occupied slot vacant: only
 //! collection and shutdown do, and they take `&mut`. So a generation check

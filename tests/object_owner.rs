@@ -636,3 +636,34 @@ fn a_renewed_lease_ends_with_the_last_drop_elsewhere() {
     assert_eq!(drops.count(), 1);
     assert!(mm.upgrade(weak).is_none());
 }
+
+/// A thread owns the last manager it built with an owner: the handles of
+/// one it built before count there as on any other thread (in the word, no
+/// reservation), so their last drop elsewhere kills the object at once,
+/// while the last manager's object lives on for other threads until its
+/// owner's collection.
+#[test]
+fn a_thread_counts_through_the_reservations_of_the_last_manager_it_built_only() {
+    let drops = Drops::new();
+    let mut first = owned();
+    let mut last = owned();
+    let a = first.create(Entity { id: 1, token: drops.token() });
+    let b = last.create(Entity { id: 2, token: drops.token() });
+    let (weak_a, weak_b) = (a.downgrade(), b.downgrade());
+    let sent = (a.clone(), b.clone());
+    drop((a, b));
+    let (first_ref, last_ref) = (&first, &last);
+    let (upgraded_a, upgraded_b) = std::thread::scope(|s| {
+        s.spawn(move || {
+            drop(sent);
+            (first_ref.upgrade(weak_a).is_some(), last_ref.upgrade(weak_b).is_some())
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(!upgraded_a, "the first manager's last handle went on the word: dead at once");
+    assert!(upgraded_b, "the last manager's object is held by its owner's reservation until it collects");
+    assert_eq!((first.collect_garbage().objects, last.collect_garbage().objects), (1, 1));
+    assert_eq!(drops.count(), 2);
+    assert!(!first.is_alive(weak_a) && !last.is_alive(weak_b));
+}

@@ -140,26 +140,39 @@ const _: () = assert!(
         && USED > RESERVE_COUNT
 );
 
-// The id of the manager the calling thread owns, the last one it built
-// with an owner (0 for none). Handles test it against the id they carry
-// (no load of their chunk header): a thread that built several owned
-// managers counts the others' handles as any other thread does (correct,
-// only slower: it still owns their reservations, which nobody else writes).
+// The calling thread's owner key: the id of the manager it owns (the last
+// one it built with an owner) with [`OWNER_KEY_FLAG`] set, or `NO_OWNER`.
+// Handles test it against their own low bits (no load of their chunk
+// header): a thread that built several owned managers counts the others'
+// handles as any other thread does (correct, only slower: it still owns
+// their reservations, which nobody else writes).
 #[cfg(not(loom))]
-std::thread_local!(static OWNED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
+std::thread_local!(static OWNED: std::cell::Cell<u32> = const { std::cell::Cell::new(NO_OWNER) });
 #[cfg(loom)]
-loom::thread_local!(static OWNED: std::cell::Cell<u32> = std::cell::Cell::new(0));
+loom::thread_local!(static OWNED: std::cell::Cell<u32> = std::cell::Cell::new(NO_OWNER));
 
-/// True if the calling thread owns the manager with id `manager_id`.
+/// The owner key of a thread that owns no manager: above every key's bits,
+/// so no handle's low bits equal it.
+const NO_OWNER: u32 = u32::MAX;
+
+/// Set in every owner key, above the 16-bit manager id: a handle's tag bit
+/// for "counts through the owner" sits there too (see `handle.rs`), so a
+/// handle's id and tags equal the key exactly when the calling thread
+/// counts it through its reservations.
+pub(crate) const OWNER_KEY_FLAG: u32 = 1 << 16;
+
+/// True if `key` (a manager id with [`OWNER_KEY_FLAG`], or anything else
+/// a handle's low bits hold) is the calling thread's owner key.
 #[inline]
-pub(crate) fn owns(manager_id: u32) -> bool {
-    OWNED.with(|owned| owned.get() == manager_id)
+pub(crate) fn owns_key(key: u32) -> bool {
+    OWNED.with(|owned| owned.get() == key)
 }
 
 /// Makes the calling thread the owner of the manager with id `manager_id`
 /// (it is the thread that builds it).
 pub(crate) fn claim(manager_id: u32) {
-    OWNED.with(|owned| owned.set(manager_id));
+    debug_assert!(manager_id < OWNER_KEY_FLAG, "manager ids are 16 bits");
+    OWNED.with(|owned| owned.set(manager_id | OWNER_KEY_FLAG));
 }
 
 /// A queued check, which renews or ends a lease: the slot's local index and the
@@ -206,10 +219,11 @@ impl SlotHeader {
     pub(crate) fn owner_clone(&self) -> bool {
         let reserve = self.reserve.load(Ordering::Relaxed);
         // The common case: a count to spend from a lease already `USED`, not
-        // `PENDING`. The stored value is one subtract from the load, so the
-        // next drop's load, which this store forwards to, waits as little as
-        // it can (see `owner_release`).
-        if reserve & (PENDING | USED) == USED && reserve & RESERVE_COUNT != 0 {
+        // `PENDING`: masked to those bits, `USED` plus a count of 1 to 255,
+        // one range test. The stored value is one subtract from the load, so
+        // the next drop's load, which this store forwards to, waits as
+        // little as it can (see `owner_release`).
+        if (reserve & (PENDING | USED | RESERVE_COUNT)).wrapping_sub(USED + 1) < RESERVE_COUNT {
             self.reserve.store(reserve - 1, Ordering::Relaxed);
             return false;
         }
@@ -274,24 +288,46 @@ impl SlotHeader {
     /// lease's check is queued already).
     #[inline]
     pub(crate) fn owner_release(&self) -> Released {
+        if self.owner_release_kept() {
+            return Released::Kept;
+        }
+        self.owner_release_rest()
+    }
+
+    /// [`owner_release`](Self::owner_release)'s common case, inline where
+    /// handles drop: true if the reservation had room and a handle is left,
+    /// and the handle's count joined it; false, with nothing done, for
+    /// [`owner_release_rest`](Self::owner_release_rest) to finish.
+    #[inline]
+    pub(crate) fn owner_release_kept(&self) -> bool {
         let reserve = self.reserve.load(Ordering::Relaxed);
         let count = reserve & RESERVE_COUNT;
-        if count == 0 {
-            return match self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK {
-                1 => Released::Last,
-                _ => Released::Kept,
-            };
-        }
-        // The common case: the reservation has room and a handle is left.
         // `reserve` holds nothing between its count and its flags, and the
         // count stays below `RESERVE_MAX`, so the new value is one add from
         // the load: the test of the word is a predicted branch beside it, not
         // a step between the load and the store. A clone followed by a drop
         // on the owner is a chain of store-to-load forwards through
         // `reserve`; each ALU step on it adds its latency to every pair.
-        if count < RESERVE_MAX && self.word.load(Ordering::Relaxed) & COUNT_MASK != count + 1 {
+        if count != 0 && count < RESERVE_MAX && self.word.load(Ordering::Relaxed) & COUNT_MASK != count + 1 {
             self.reserve.store(reserve + 1, Ordering::Relaxed);
-            return Released::Kept;
+            return true;
+        }
+        false
+    }
+
+    /// [`owner_release`](Self::owner_release) where
+    /// [`owner_release_kept`](Self::owner_release_kept) did nothing: an
+    /// object the owner holds no reservation on (one locked subtract, as a
+    /// drop elsewhere), a full reservation, or the last handle. Handles call
+    /// it out of line, so that their drop stays small enough to inline.
+    #[inline]
+    pub(crate) fn owner_release_rest(&self) -> Released {
+        let reserve = self.reserve.load(Ordering::Relaxed);
+        if reserve & RESERVE_COUNT == 0 {
+            return match self.word.fetch_sub(1, Ordering::Release) & COUNT_MASK {
+                1 => Released::Last,
+                _ => Released::Kept,
+            };
         }
         self.owner_release_full_or_last(reserve)
     }

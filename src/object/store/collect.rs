@@ -61,8 +61,8 @@ impl<T: MMObject> Store<T> {
     }
 
     /// Starts a `collect_garbage` call: the slots held for loader threads
-    /// that made nothing since the last hand-out go on the free list, for
-    /// every thread (see `loader_slots.rs`).
+    /// that made nothing since the last collection began go on the free
+    /// list, for every thread (see `loader_slots.rs`).
     ///
     /// # Safety
     ///
