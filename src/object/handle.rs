@@ -229,12 +229,11 @@ impl<T> Handle<T> {
     fn counting(&self) -> Counting {
         #[cfg(target_pointer_width = "64")]
         {
-            let tag = self.tagged.as_ptr().addr();
-            if tag & (CYCLABLE_TAG | OWNED_TAG) == 0 {
+            if self.plainly_atomic() {
                 Counting::Atomic
-            } else if super::owner_counts::owns_key((tag & OWNER_KEY_BITS) as u32) {
+            } else if self.counts_on_owner() {
                 Counting::Owner
-            } else if tag & CYCLABLE_TAG != 0 {
+            } else if self.tagged.as_ptr().addr() & CYCLABLE_TAG != 0 {
                 Counting::Cyclable
             } else if super::deferred_drops::defers(self.manager_id()) {
                 Counting::Deferred
