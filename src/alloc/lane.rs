@@ -302,6 +302,11 @@ impl Lanes {
         self.bits.len()
     }
 
+    /// Whole bitmap words of the class: all but the partial last one, if any.
+    pub(crate) fn whole_words(&self) -> usize {
+        self.bits.words.len()
+    }
+
     /// Whether other threads' frees wait queued for this thread's lanes (`cache` is its
     /// cache of the class), for its next refill to apply. A queued free that happened
     /// before this call set `pending` before it (invariant 3), so a relaxed load sees it.
@@ -428,12 +433,13 @@ impl Lanes {
 
     /// [`take_active`](Self::take_active) with the active word full: makes the next word of
     /// this thread's lanes with a free slot the active one and takes its lowest, with no lock.
-    /// `None` (take [`refill`](Self::refill)) if the thread's lanes have queued frees or no
-    /// free slot.
+    /// `None` (take `take_active`, then [`refill`](Self::refill)) if no whole word is active
+    /// (no word, or the partial last one), or the thread's lanes have queued frees or no free
+    /// slot.
     #[cold]
     #[inline(never)]
-    fn take_next(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
-        if self.has_queued_for(cache) {
+    pub(crate) fn take_next(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+        if cache.active_lane == 0 || self.has_queued_for(cache) {
             return None;
         }
         self.next_own_word(cache, counts)?;
@@ -502,17 +508,23 @@ impl Lanes {
     }
 
     /// [`free_owned`](Self::free_owned)'s common case, with no call in it: frees a handed-out
-    /// slot of a whole word in a quiet lane of this thread's and returns `true`; otherwise
-    /// returns `false` having changed nothing (the partial last word included), and
-    /// `free_owned` decides.
+    /// slot in a quiet lane of this thread's and returns `true`; otherwise returns `false`
+    /// having changed nothing, and `free_owned` decides.
+    ///
+    /// # Safety
+    ///
+    /// `slot` is in one of the bitmap's whole words (below [`whole_words`](Self::whole_words)
+    /// times 64), so its word is indexed without a bounds check.
     #[inline(always)]
-    pub(crate) fn free_owned_fast(&self, cache: &mut LaneCache, slot: usize, fill: impl FnOnce()) -> bool {
+    pub(crate) unsafe fn free_owned_fast(&self, cache: &mut LaneCache, slot: usize, fill: impl FnOnce()) -> bool {
         if !self.is_quiet_own_lane(cache, slot) {
             return false;
         }
         // The shift takes the slot's low six bits, as `slot % 64` would.
         let bit = 1u64.wrapping_shl(slot as u32);
-        let Some(cell) = self.bits.words.get(slot / 64) else { return false };
+        debug_assert!(slot / 64 < self.bits.words.len(), "slot {slot} past the whole words");
+        // SAFETY: the caller's contract.
+        let cell = unsafe { self.bits.words.get_unchecked(slot / 64) };
         let word = cell.load(Ordering::Relaxed);
         if word & bit == 0 {
             return false;

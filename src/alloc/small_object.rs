@@ -281,8 +281,8 @@ impl SmallObjectAllocator {
         });
         let route_lanes = route.map(|c| lanes[c.get()]);
         let granule_class = granule_of.map(|i| match i {
-            Some(i) => GranuleClass::new(Some(&classes[i]), i, lanes[i]),
-            None => GranuleClass::new(None, 0, lanes[0]),
+            Some(i) => GranuleClass::new(Some(&classes[i]), i, lanes[i], &shared.lanes[i]),
+            None => GranuleClass::new(None, 0, lanes[0], &shared.lanes[0]),
         });
         SmallObjectAllocator {
             region,
@@ -323,7 +323,10 @@ impl SmallObjectAllocator {
     /// [`Error::UnsupportedAlignment`] above 4096; [`Error::OutOfMemory`] only if the system
     /// fallback itself fails; in debug builds [`Error::UseAfterFree`] if the slot about to be
     /// handed out was written after it was freed (the slot is refilled and stays free).
-    #[inline]
+    // Always inlined: its fast path calls nothing, and inlined, its `Result` stays in
+    // registers (left to the inliner, a benchmark loop called it and read the result back
+    // from the stack).
+    #[inline(always)]
     pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
         let (size, align) = (layout.size(), layout.align());
         if size <= 128 {
@@ -368,7 +371,40 @@ impl SmallObjectAllocator {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
+        match self.take_next_own(i) {
+            Some(slot) => self.hand_out(i, slot),
+            None => self.alloc_slower(layout, i),
+        }
+    }
+
+    /// The rest of [`alloc_slow`](Self::alloc_slow), kept out of it so that its common case
+    /// needs no large stack frame.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slower(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
         self.take_slot(i).unwrap_or_else(|| self.fallback(layout, Some(i)))
+    }
+
+    /// The common way into [`alloc_slow`](Self::alloc_slow): the active word ran full, and a
+    /// slot of class `i` is taken from the next word of this thread's lanes, through the
+    /// last-used cache without [`take_slot`](Self::take_slot)'s setup. `None` (take
+    /// `take_slot` then) if this allocator's cache is not the last used, the class is dry
+    /// (a search of the thread's words found nothing lately: see `SmallCache::dry`), or its
+    /// lanes have queued frees or no free slot.
+    #[inline(always)]
+    fn take_next_own(&self, i: usize) -> Option<usize> {
+        let lanes = &self.shared.lanes[i];
+        // SAFETY: the closure only reads and writes bitmap words and this thread's counts:
+        // it calls nothing that could reach the thread cache again. And `cache.classes[i]` is
+        // this allocator's cache of class `i`, which only the class's `lanes` change.
+        unsafe {
+            thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
+                if cache.dry[i] != 0 {
+                    return None;
+                }
+                lanes.take_next(&mut cache.classes[i], &cache.counts.0[i])
+            })
+        }
     }
 
     /// A slot of class `i` for this thread, from its active word, its other words or an
@@ -564,12 +600,14 @@ impl SmallObjectAllocator {
     /// As `try_free`.
     #[inline(always)]
     unsafe fn free_owned_fast(&self, ptr: NonNull<u8>) -> bool {
-        let Some((class, slot, offset)) = self.locate(ptr) else { return false };
+        let Some((class, slot, offset)) = self.locate_whole(ptr) else { return false };
         let i = class.class.get();
         // SAFETY: `class` is one of `self.granule_class`, so its pointer is `self`'s.
         let lanes = unsafe { class.lanes.get(self) };
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
+        // And `slot` is below the record's `whole_slots`, so (`GranuleClass`'s invariant) in a
+        // whole word of `lanes`' bitmap, as `free_owned_fast` asks.
         let freed = unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                 Some(lanes.free_owned_fast(&mut cache.classes[i], slot, move || self.fill_slot(i, offset)))
@@ -603,15 +641,28 @@ impl SmallObjectAllocator {
     /// and the region offset.
     #[inline(always)]
     fn locate(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, usize, usize)> {
+        let (class, slot, offset) = self.granule_slot(ptr)?;
+        // Also past the region's end (in its last granule, or in a granule past it).
+        (slot < class.slots()).then_some((class, slot as usize, offset))
+    }
+
+    /// [`locate`](Self::locate) for the free's fast path: only the slots of whole bitmap
+    /// words (below the record's `whole_slots`); `None` for the rest too.
+    #[inline(always)]
+    fn locate_whole(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, usize, usize)> {
+        let (class, slot, offset) = self.granule_slot(ptr)?;
+        (slot < u64::from(class.whole_slots)).then_some((class, slot as usize, offset))
+    }
+
+    /// The record of `ptr`'s granule, `ptr`'s slot in its class by
+    /// [`slot_of`](GranuleClass::slot_of) (at least `2^32` if `ptr` starts no slot of it),
+    /// and its region offset; `None` past the granule table.
+    #[inline(always)]
+    fn granule_slot(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, u64, usize)> {
         // Below the region, the offset wraps to far past it.
         let offset = (ptr.as_ptr() as usize).wrapping_sub(self.region.addr());
         let class = self.granule_class.get(offset >> self.granule_shift)?;
-        let slot = class.slot_of(offset);
-        // Also past the region's end (in its last granule, or in a granule past it).
-        if slot >= u64::from(class.slots) {
-            return None;
-        }
-        Some((class, slot as usize, offset))
+        Some((class, class.slot_of(offset), offset))
     }
 
     /// Frees slot `slot` of `class` (at `offset`) if its lane is this thread's and has no

@@ -93,14 +93,19 @@ pub(super) const INVERSE: [(u64, u32); 7] = {
 /// What a free needs of the class a granule belongs to, copied from its [`SmallClass`]: one
 /// record per granule, so the free goes from an address to its slot, class and lanes with one
 /// table load (the record's fields share a line) and no class record or `Arc` on the way.
+///
+/// Invariant: `whole_slots` is at most 64 times the number of whole words in the bitmap of
+/// `lanes`, so the free's fast path indexes a slot's word below it without a bounds check.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(32))]
 pub(super) struct GranuleClass {
     start: u64,
     /// The class's inverse in [`INVERSE`].
     inverse: u64,
-    /// The class's slot count (below `2^32`).
-    pub(super) slots: u32,
+    /// The class's slots in whole bitmap words: a multiple of 64, below `2^32`.
+    pub(super) whole_slots: u32,
+    /// The class's other slots, in its bitmap's partial last word: under 64.
+    tail_slots: u8,
     /// The class's shift in [`INVERSE`].
     shift: u8,
     pub(super) class: ClassIndex,
@@ -109,18 +114,29 @@ pub(super) struct GranuleClass {
 }
 
 impl GranuleClass {
-    /// The record of class `i` (its lanes at `lanes`); `None` for a granule past the region,
-    /// which has no slots, so every free there takes the cold path.
-    pub(super) fn new(class: Option<&SmallClass>, i: usize, lanes: LanesPtr) -> GranuleClass {
+    /// The record of class `i`, whose lanes are `lanes` (`lanes_ref` the same, borrowed);
+    /// `None` for a granule past the region, which has no slots, so every free there takes
+    /// the cold path.
+    pub(super) fn new(class: Option<&SmallClass>, i: usize, lanes: LanesPtr, lanes_ref: &Lanes) -> GranuleClass {
         let (inverse, shift) = INVERSE[i];
+        let slots = class.map_or(0, |c| u32::try_from(c.slots).expect("fewer than 2^32 slots"));
+        // The invariant: whole words of this very bitmap.
+        let whole_slots = u32::try_from(lanes_ref.whole_words() * 64).expect("fewer than 2^32 slots").min(slots);
         GranuleClass {
             start: class.map_or(0, |c| c.start as u64),
             inverse,
-            slots: class.map_or(0, |c| u32::try_from(c.slots).expect("fewer than 2^32 slots")),
+            whole_slots,
+            tail_slots: u8::try_from(slots - whole_slots).expect("under 64 slots past the whole words"),
             shift: shift as u8,
             class: ClassIndex::ALL[i],
             lanes,
         }
+    }
+
+    /// The class's slot count.
+    #[inline(always)]
+    pub(super) fn slots(&self) -> u64 {
+        u64::from(self.whole_slots) + u64::from(self.tail_slots)
     }
 
     /// [`INVERSE`]'s `slot_of` for `offset` bytes into the region (at or after the class's

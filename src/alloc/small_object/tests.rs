@@ -174,7 +174,7 @@ fn classes_on_larger_granules() {
 fn slot_of_divides_and_rejects_non_multiples() {
     let small = config([1; 7]);
     for (i, size) in SMALL_OBJECT_CLASSES.into_iter().enumerate() {
-        let record = GranuleClass::new(Some(&small.classes[i]), i, small.lanes[i]);
+        let record = GranuleClass::new(Some(&small.classes[i]), i, small.lanes[i], &small.shared.lanes[i]);
         let start = small.classes[i].start;
         let slot_of = |rel: usize| record.slot_of(start.wrapping_add(rel));
         let last = ((1usize << 32) - 1) * size; // the start of the last possible slot
@@ -185,6 +185,54 @@ fn slot_of_divides_and_rejects_non_multiples() {
         for rel in [1, 7, size - 1, size + 1, 5 * size + 3, last - 1, last + 1, last + size, 1 << 40, usize::MAX] {
             assert!(slot_of(rel) >= 1 << 32, "class {i}, {rel} bytes in");
         }
+    }
+}
+
+/// A class whose slots end inside a bitmap word: its records send only the whole words'
+/// slots down the free's fast path, and the partial last word's slots are freed, and caught
+/// freed twice, by the checked path, on the owner's thread and on another.
+#[test]
+fn slots_of_the_partial_last_word_take_the_checked_free() {
+    let small = config([200, 0, 0, 0, 0, 0, 0]);
+    let record = small.granule_class[0];
+    assert_eq!((record.whole_slots, record.slots()), (192, 200), "three whole words and 8 slots");
+    let l = Layout::new::<u64>();
+    let mut blocks: Vec<_> = (0..200).map(|_| small.alloc(l)).collect();
+    assert_eq!(small.stats().fallbacks, 0, "every slot of the class handed out");
+    let first = small.classes[0].first.as_ptr() as usize;
+    blocks.sort_by_key(|p| p.as_ptr() as usize);
+    let slots: Vec<usize> = blocks.iter().map(|p| (p.as_ptr() as usize - first) / 8).collect();
+    assert_eq!(slots, (0..200).collect::<Vec<_>>());
+    let (tail, whole) = (blocks[199], blocks[0]);
+    // SAFETY: ours, each freed once before its second free, which is caught.
+    unsafe {
+        small.free(tail);
+        assert_eq!(small.try_free(tail), Err(Error::DoubleFree { addr: tail.as_ptr() as usize }));
+        small.free(whole);
+        assert_eq!(small.try_free(whole), Err(Error::DoubleFree { addr: whole.as_ptr() as usize }));
+    }
+    // Another tail slot freed on another thread, then again on this one.
+    let other = blocks[198];
+    let addr = other.as_ptr() as usize;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: ours, freed once.
+            unsafe { small.free(NonNull::new(addr as *mut u8).unwrap()) };
+        });
+    });
+    // SAFETY: freed already: caught.
+    assert_eq!(unsafe { small.try_free(other) }, Err(Error::DoubleFree { addr }));
+    for &p in &blocks[1..198] {
+        // SAFETY: ours, freed once.
+        unsafe { small.free(p) };
+    }
+    assert_eq!(small.stats().live, 0);
+    // All 200 again: the partial word's slots came back too.
+    let again: Vec<_> = (0..200).map(|_| small.alloc(l)).collect();
+    assert_eq!(small.stats().fallbacks, 0);
+    for p in again {
+        // SAFETY: ours, freed once.
+        unsafe { small.free(p) };
     }
 }
 
