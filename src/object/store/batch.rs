@@ -179,6 +179,8 @@ impl<T: MMObject> Store<T> {
                 self.release_each::<false>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut stats)
             };
         }
+        // Each step counts its object in `destroyed` (not in `stats` as well).
+        stats.objects = requeue.freed.destroyed as usize;
         stats.rounds = usize::from(stats.objects > 0);
         stats
     }

@@ -171,9 +171,11 @@ impl<T: MMObject> Store<T> {
             unsafe { self.collect_lanes::<false>(&mut requeue, &mut hook, &mut events, &mut left, &mut counted) };
         }
         *budget = left;
-        stats.objects += counted.objects;
+        // Each step counts its object in `destroyed` (not in `counted` as well).
+        let destroyed = requeue.freed.destroyed as usize;
+        stats.objects += destroyed;
         stats.bytes = stats.bytes.saturating_add(counted.bytes);
-        requeue.freed.destroyed as usize
+        destroyed
     }
 
     /// True if there is no destroy hook (`hook`, held locked), no `events`
@@ -281,8 +283,9 @@ impl<T: MMObject> Store<T> {
         stats: &mut CollectStats,
     ) {
         debug_assert!(!PLAIN || self.destroys_plainly(hook, &events), "a plain step has nothing to skip");
-        requeue.current = local;
-        let generation = slot.header.generation(Ordering::Relaxed);
+        // Only the hook and the events name the object (an atomic load is not
+        // left out when unused, so a plain step does not make it).
+        let generation = if PLAIN { 0 } else { slot.header.generation(Ordering::Relaxed) };
         // A panicking `size()` or hook must not keep the object queued
         // forever (every later collection, and shutdown, would stop at
         // it): destroy the object first, then let the panic propagate.
@@ -299,7 +302,6 @@ impl<T: MMObject> Store<T> {
             }
             bytes
         }));
-        requeue.current = NIL;
         if let Some(events) = events.filter(|_| !PLAIN) {
             events.push(Destroyed::new::<T>(self.key_of(local, generation)));
         }
@@ -312,7 +314,6 @@ impl<T: MMObject> Store<T> {
         if let Some(tracking) = self.tracking.as_ref().filter(|_| !PLAIN) {
             tracking.release(local);
         }
-        stats.objects += 1;
         // SAFETY: the slot was occupied (its value initialised) and is now
         // vacant and unreachable from any handle; the value is dropped
         // exactly once, here.
@@ -501,13 +502,14 @@ impl DeadChains {
 }
 
 /// Finishes a collection, also when it unwinds: keeps the chain of freed
-/// slots, and puts the unprocessed part of each dead lane back.
+/// slots, and puts the unprocessed part of each dead lane back. No object is
+/// half destroyed when it does: a panic in `size()` or the destroy hook is
+/// caught in `destroy_dead`, which destroys the object before it goes on, and
+/// a value's `Drop` runs once its slot is freed.
 pub(super) struct Requeue<'a, T: MMObject> {
     pub(super) store: &'a Store<T>,
     /// The next dead slot to process in each lane.
     pub(super) rest: [u32; DEAD_LANES],
-    /// A dead slot taken off its lane whose value is still in use.
-    pub(super) current: u32,
     /// The freed slots the loader threads' shards take first.
     share: Share,
     /// The rest, for the owner.
@@ -517,7 +519,7 @@ pub(super) struct Requeue<'a, T: MMObject> {
 impl<'a, T: MMObject> Requeue<'a, T> {
     /// A requeue of the dead lanes from `rest` on, which has freed nothing yet.
     pub(super) fn new(store: &'a Store<T>, rest: [u32; DEAD_LANES]) -> Self {
-        Requeue { store, rest, current: NIL, share: store.loader_slots.share(), freed: SlotChain::default() }
+        Requeue { store, rest, share: store.loader_slots.share(), freed: SlotChain::default() }
     }
 
     /// Takes the vacant slot `local`, just freed.
@@ -537,10 +539,6 @@ impl<T: MMObject> Drop for Requeue<'_, T> {
         // (collection, `release_many`), and its chains hold the slots it freed.
         unsafe { self.store.keep_freed(self.freed.chain, &self.share) };
         let shared = self.store.shared();
-        if self.current != NIL {
-            let slot = self.store.slot(self.current).expect("published");
-            shared.push_dead(self.current, &slot.header.word);
-        }
         for (lane, &rest) in self.rest.iter().enumerate() {
             let mut last = None;
             self.store.walk_chain(rest, |_, slot| last = Some(&slot.header.word));
