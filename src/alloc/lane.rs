@@ -438,7 +438,14 @@ impl Lanes {
     /// slot.
     #[cold]
     #[inline(never)]
-    pub(crate) fn take_next(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+    fn take_next(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+        self.take_next_inline(cache, counts)
+    }
+
+    /// [`take_next`](Self::take_next), inlined into the allocator's slow path (whose common
+    /// case it is), so that moving to the next word takes no call.
+    #[inline(always)]
+    pub(crate) fn take_next_inline(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
         if cache.active_lane == 0 || self.has_queued_for(cache) {
             return None;
         }
@@ -455,6 +462,7 @@ impl Lanes {
 
     /// Makes the next word after the active one, in this thread's lanes, that has a free slot
     /// the active one, or `None` if there is none.
+    #[inline(always)]
     fn next_own_word(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<()> {
         if cache.mine == 0 {
             return None;

@@ -402,7 +402,7 @@ impl SmallObjectAllocator {
                 if cache.dry[i] != 0 {
                     return None;
                 }
-                lanes.take_next(&mut cache.classes[i], &cache.counts.0[i])
+                lanes.take_next_inline(&mut cache.classes[i], &cache.counts.0[i])
             })
         }
     }
