@@ -439,19 +439,21 @@ impl Lanes {
     #[cold]
     #[inline(never)]
     fn take_next(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
-        self.take_next_inline(cache, counts)
+        self.take_next_inline(cache, counts).ok()
     }
 
     /// [`take_next`](Self::take_next), inlined into the allocator's slow path (whose common
-    /// case it is), so that moving to the next word takes no call.
+    /// case it is), so that moving to the next word takes no call. `Err(true)` if it searched
+    /// every word of the thread's lanes and found no free slot, so a refill need not search
+    /// them again; `Err(false)` if it did not search.
     #[inline(always)]
-    pub(crate) fn take_next_inline(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+    pub(crate) fn take_next_inline(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Result<usize, bool> {
         if cache.active_lane == 0 || self.has_queued_for(cache) {
-            return None;
+            return Err(false);
         }
-        self.next_own_word(cache, counts)?;
+        self.next_own_word(cache, counts).ok_or(true)?;
         // SAFETY: `next_own_word` just set the active word, through `set_active`.
-        unsafe { self.take_active(cache, counts) }
+        unsafe { self.take_active(cache, counts) }.ok_or(false)
     }
 
     /// Makes word `w` of this thread's lanes the active one (`LaneCache`'s invariant).
@@ -579,15 +581,26 @@ impl Lanes {
     /// Finds this thread a free slot and takes it: in its own lanes (after applying their
     /// queued frees), else in an unowned lane it takes over. Also returns the slots found
     /// freed twice while applying queued frees (see [`apply_queued`](Self::apply_queued)).
+    ///
+    /// `own_searched`: the caller has just searched every word of the thread's lanes and
+    /// found none free ([`take_next_inline`](Self::take_next_inline)'s `Err(true)`); they are
+    /// then searched again only if queued frees were applied to them since.
     #[cold]
     #[inline(never)]
-    pub(crate) fn refill(&self, cache: &mut LaneCache, counts: &LaneCounts) -> (Option<usize>, Vec<usize>) {
+    pub(crate) fn refill(
+        &self,
+        cache: &mut LaneCache,
+        counts: &LaneCounts,
+        own_searched: bool,
+    ) -> (Option<usize>, Vec<usize>) {
         let mut raced = Vec::new();
+        let mut search_own = !own_searched;
         if self.has_queued_for(cache) {
             let mut shared = self.lock();
             raced = self.apply_queued(&mut shared, cache);
+            search_own = true;
         }
-        if self.next_own_word(cache, counts).is_some() {
+        if search_own && self.next_own_word(cache, counts).is_some() {
             // SAFETY: `next_own_word` just set the active word, through `set_active`.
             return (unsafe { self.take_active(cache, counts) }, raced);
         }
@@ -835,17 +848,37 @@ mod tests {
     fn a_refill_that_finds_nothing_keeps_the_held_count() {
         let lanes = Lanes::new(64); // one word, one lane
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
-        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(0));
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(0));
         for _ in 1..64 {
             take(&lanes, &mut mine, &counts).unwrap();
         }
         assert_eq!(lanes.free_owned(&mut mine, 5, || {}), Some(Ok(())));
         assert_eq!(take(&lanes, &mut mine, &counts), Some(5));
         assert_eq!(take(&lanes, &mut mine, &counts), None, "full");
-        assert_eq!(lanes.refill(&mut mine, &counts).0, None, "no free slot anywhere");
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, None, "no free slot anywhere");
         assert_eq!(read(&counts, &mine).1, 64, "every slot held, each counted once");
         assert_eq!(lanes.free_owned(&mut mine, 7, || {}), Some(Ok(())), "the lane is still this thread's");
         assert_eq!(read(&counts, &mine).1, 63);
+    }
+
+    /// A refill told that the thread's words were just searched in vain skips them, and goes
+    /// back to them when it applies a free another thread queued there meanwhile.
+    #[test]
+    fn a_refill_after_a_search_looks_again_only_at_queued_frees() {
+        let lanes = Lanes::new(128); // 2 words, one lane each
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(0));
+        for slot in 1..64 {
+            assert_eq!(take(&lanes, &mut mine, &counts), Some(slot));
+        }
+        assert_eq!(lanes.take_next_inline(&mut mine, &counts), Err(true), "lane 0 searched: full");
+        // Another thread frees slot 9 into this thread's lane: queued.
+        assert_eq!(lanes.free_shared(None, 9, || {}), (Ok(()), vec![]));
+        assert_eq!(lanes.take_next_inline(&mut mine, &counts), Err(false), "queued frees: no search");
+        assert_eq!(lanes.refill(&mut mine, &counts, true).0, Some(9), "the queued free, in lane 0");
+        assert_eq!(lanes.take_next_inline(&mut mine, &counts), Err(true));
+        assert_eq!(lanes.refill(&mut mine, &counts, true).0, Some(64), "lane 1, taken over");
+        assert_eq!(read(&counts, &mine).1, 65);
     }
 
     #[test]
@@ -853,7 +886,7 @@ mod tests {
         let lanes = Lanes::new(130); // 3 words, one lane each
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(take(&lanes, &mut mine, &counts), None, "no lane yet");
-        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(0));
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(0));
         assert_eq!(take(&lanes, &mut mine, &counts), Some(1));
         assert_eq!(lanes.free_owned(&mut mine, 0, || {}), Some(Ok(())));
         assert_eq!(lanes.free_owned(&mut mine, 0, || {}), Some(Err(())), "double free");
@@ -882,7 +915,7 @@ mod tests {
             lanes.take_unowned(|_| true).unwrap().unwrap();
         }
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
-        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(50), "the lane with the 50 slots");
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(50), "the lane with the 50 slots");
         assert_eq!(lanes.totals([&counts].into_iter()), (51, 51));
         // More slots without a cache, in the other lane: 65 live, never more.
         for _ in 0..14 {
@@ -898,7 +931,7 @@ mod tests {
         let lanes = Lanes::new(128); // two lanes of one word
         let slots: Vec<_> = (0..40).map(|_| lanes.take_unowned(|_| true).unwrap().unwrap()).collect();
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
-        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(40), "the lane with the 40 slots");
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(40), "the lane with the 40 slots");
         for &slot in &slots[..10] {
             assert_eq!(lanes.free_owned(&mut mine, slot, || {}), Some(Ok(())));
         }
@@ -909,7 +942,7 @@ mod tests {
         // and the refill finds 30 of the 40 still live.
         assert_eq!(read(&counts, &mine).2, 34);
         assert_eq!(take(&lanes, &mut mine, &counts), None);
-        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(64));
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(64));
         assert_eq!(read(&counts, &mine), (35, 65, 35));
         // The 40 the unowned lanes' peak counted, and 35 of the thread's own: 10 were freed
         // between, so the true peak (65, now) is exceeded by those 10 only.
@@ -925,7 +958,7 @@ mod tests {
         assert_eq!((lanes.live(), lanes.totals(std::iter::empty())), (0, (0, 0)));
         assert_eq!(lanes.take_unowned(|_| true), Ok(Some(0)));
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
-        assert_eq!(lanes.refill(&mut mine, &counts).0, Some(1), "the lane of slot 0, taken over");
+        assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(1), "the lane of slot 0, taken over");
         let slot = take(&lanes, &mut mine, &counts).unwrap();
         assert!(lanes.untake(&mine, &counts, slot));
         assert_eq!(read(&counts, &mine), (1, 2, 1), "one allocation of its own, and slot 0 taken over");
@@ -938,13 +971,13 @@ mod tests {
     fn racing_double_free_shows_when_applied() {
         let lanes = Lanes::new(64);
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
-        let slot = lanes.refill(&mut mine, &counts).0.unwrap();
+        let slot = lanes.refill(&mut mine, &counts, false).0.unwrap();
         // The other thread's free is queued after the owner's passed its check (the race).
         assert_eq!(lanes.free_shared(None, slot, || {}), (Ok(()), vec![]));
         assert_eq!(lanes.clear(slot, || {}), Ok(()));
         mine.sub_held(1);
         assert_eq!(take(&lanes, &mut mine, &counts), None, "queued frees are applied first");
-        let (again, raced) = lanes.refill(&mut mine, &counts);
+        let (again, raced) = lanes.refill(&mut mine, &counts, false);
         assert_eq!((again, raced), (Some(slot), vec![slot]), "found, dropped, and the slot is free once");
     }
 }

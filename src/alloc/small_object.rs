@@ -372,27 +372,28 @@ impl SmallObjectAllocator {
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
         match self.take_next_own(i) {
-            Some(slot) => self.hand_out(i, slot),
-            None => self.alloc_slower(layout, i),
+            Ok(slot) => self.hand_out(i, slot),
+            Err(own_searched) => self.alloc_slower(layout, i, own_searched),
         }
     }
 
     /// The rest of [`alloc_slow`](Self::alloc_slow), kept out of it so that its common case
-    /// needs no large stack frame.
+    /// needs no large stack frame. `own_searched`: as for [`take_slot`](Self::take_slot).
     #[cold]
     #[inline(never)]
-    fn alloc_slower(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
-        self.take_slot(i).unwrap_or_else(|| self.fallback(layout, Some(i)))
+    fn alloc_slower(&self, layout: Layout, i: usize, own_searched: bool) -> Result<NonNull<u8>> {
+        self.take_slot(i, own_searched).unwrap_or_else(|| self.fallback(layout, Some(i)))
     }
 
     /// The common way into [`alloc_slow`](Self::alloc_slow): the active word ran full, and a
     /// slot of class `i` is taken from the next word of this thread's lanes, through the
-    /// last-used cache without [`take_slot`](Self::take_slot)'s setup. `None` (take
-    /// `take_slot` then) if this allocator's cache is not the last used, the class is dry
-    /// (a search of the thread's words found nothing lately: see `SmallCache::dry`), or its
-    /// lanes have queued frees or no free slot.
+    /// last-used cache without [`take_slot`](Self::take_slot)'s setup. `Err(true)` if every
+    /// word of the thread's lanes was searched and none has a free slot; `Err(false)` if none
+    /// was searched: this allocator's cache is not the last used, the class is dry (a search
+    /// found nothing lately: see `SmallCache::dry`), or its lanes have queued frees. Take
+    /// `take_slot` then.
     #[inline(always)]
-    fn take_next_own(&self, i: usize) -> Option<usize> {
+    fn take_next_own(&self, i: usize) -> Result<usize, bool> {
         let lanes = &self.shared.lanes[i];
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts:
         // it calls nothing that could reach the thread cache again. And `cache.classes[i]` is
@@ -400,17 +401,20 @@ impl SmallObjectAllocator {
         unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                 if cache.dry[i] != 0 {
-                    return None;
+                    return Some(Err(false));
                 }
-                lanes.take_next_inline(&mut cache.classes[i], &cache.counts.0[i])
+                Some(lanes.take_next_inline(&mut cache.classes[i], &cache.counts.0[i]))
             })
         }
+        .unwrap_or(Err(false))
     }
 
     /// A slot of class `i` for this thread, from its active word, its other words or an
     /// unowned lane, or `None`: there is none, or the thread's cache says the class is dry
-    /// (see `SmallCache::dry`).
-    fn take_slot(&self, i: usize) -> Option<Result<NonNull<u8>>> {
+    /// (see `SmallCache::dry`). `own_searched`: the caller has just searched every word of
+    /// the thread's lanes and found none free, so they are not searched again (unless queued
+    /// frees come to them meanwhile: see [`Lanes::refill`]).
+    fn take_slot(&self, i: usize, own_searched: bool) -> Option<Result<NonNull<u8>>> {
         let lanes = &self.shared.lanes[i];
         let cached = thread_cache::with_cache(
             self.id,
@@ -424,9 +428,10 @@ impl SmallObjectAllocator {
                 let cache = &mut cache.classes[i];
                 // SAFETY: `cache` is this allocator's cache of class `i`, which only the
                 // class's `lanes` change.
-                let found = match unsafe { lanes.take_active(cache, counts) } {
+                let taken = if own_searched { None } else { unsafe { lanes.take_active(cache, counts) } };
+                let found = match taken {
                     Some(slot) => (Some(slot), Vec::new()),
-                    None => lanes.refill(cache, counts),
+                    None => lanes.refill(cache, counts, own_searched),
                 };
                 if found.0.is_none() {
                     *dry = u32::try_from(lanes.words()).unwrap_or(u32::MAX);
