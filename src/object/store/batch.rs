@@ -164,25 +164,24 @@ impl<T: MMObject> Store<T> {
         handles: impl Iterator<Item = Handle<T>>,
         mut events: Option<&mut Vec<Destroyed>>,
     ) -> CollectStats {
-        let mut stats = CollectStats::default();
         self.note_peak();
         let mut hook = self.on_destroy.lock();
         let mut requeue = Requeue::new(self, [NIL; DEAD_LANES]);
         let owner_here = self.reads_reservations_here();
+        let mut bytes = 0;
         // Unswitched as a collection's walk is (see `Store::collect`).
         if self.destroys_plainly(&hook, &events) {
             // SAFETY: the caller's contract; none of the three is there.
-            unsafe { self.release_each::<true>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut stats) };
+            unsafe { self.release_each::<true>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut bytes) };
         } else {
             // SAFETY: the caller's contract.
             unsafe {
-                self.release_each::<false>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut stats)
+                self.release_each::<false>(handles, owner_here, &mut requeue, &mut hook, &mut events, &mut bytes)
             };
         }
-        // Each step counts its object in `destroyed` (not in `stats` as well).
-        stats.objects = requeue.freed.destroyed as usize;
-        stats.rounds = usize::from(stats.objects > 0);
-        stats
+        // Each step counts its object in `destroyed`.
+        let objects = requeue.freed.destroyed as usize;
+        CollectStats { objects, bytes, rounds: usize::from(objects > 0) }
     }
 
     /// The loop of [`release_many`](Self::release_many) over `handles`.
@@ -200,7 +199,7 @@ impl<T: MMObject> Store<T> {
         requeue: &mut Requeue<'_, T>,
         hook: &mut Option<DestroyHook<T>>,
         events: &mut Option<&mut Vec<Destroyed>>,
-        stats: &mut CollectStats,
+        bytes: &mut usize,
     ) {
         for handle in handles {
             if !handle.belongs_to(self.config.manager_id) {
@@ -223,7 +222,7 @@ impl<T: MMObject> Store<T> {
                 // SAFETY: the object is dead (its last reference was the
                 // handle just given up) and on no list; the caller holds
                 // `&mut ObjectManager` (and the caller's `PLAIN` contract).
-                unsafe { self.destroy_dead::<PLAIN>(local, slot, requeue, hook, events.as_deref_mut(), stats) };
+                unsafe { self.destroy_dead::<PLAIN>(local, slot, requeue, hook, events.as_deref_mut(), bytes) };
             }
         }
     }

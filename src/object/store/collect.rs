@@ -162,19 +162,19 @@ impl<T: MMObject> Store<T> {
         // unswitched on what most collections have none of: a hook, events
         // to record and a tracker to credit (a dozen instructions per object).
         let mut left = *budget;
-        let mut counted = CollectStats::default();
+        let mut bytes = 0;
         if self.destroys_plainly(&hook, &events) {
             // SAFETY: the caller's contract; none of the three is there.
-            unsafe { self.collect_lanes::<true>(&mut requeue, &mut hook, &mut events, &mut left, &mut counted) };
+            unsafe { self.collect_lanes::<true>(&mut requeue, &mut hook, &mut events, &mut left, &mut bytes) };
         } else {
             // SAFETY: the caller's contract.
-            unsafe { self.collect_lanes::<false>(&mut requeue, &mut hook, &mut events, &mut left, &mut counted) };
+            unsafe { self.collect_lanes::<false>(&mut requeue, &mut hook, &mut events, &mut left, &mut bytes) };
         }
         *budget = left;
-        // Each step counts its object in `destroyed` (not in `counted` as well).
+        // Each step counts its object in `destroyed`.
         let destroyed = requeue.freed.destroyed as usize;
         stats.objects += destroyed;
-        stats.bytes = stats.bytes.saturating_add(counted.bytes);
+        stats.bytes = stats.bytes.saturating_add(bytes);
         destroyed
     }
 
@@ -201,7 +201,7 @@ impl<T: MMObject> Store<T> {
         hook: &mut Option<DestroyHook<T>>,
         events: &mut Option<&mut std::vec::Vec<Destroyed>>,
         budget: &mut usize,
-        stats: &mut CollectStats,
+        bytes: &mut usize,
     ) {
         // One slot of each lane in turn while two or more have slots left:
         // the lanes' links are independent loads, so the CPU waits for one
@@ -214,7 +214,7 @@ impl<T: MMObject> Store<T> {
                 }
                 *budget -= 1;
                 // SAFETY: the caller's contract; `lane` has slots left.
-                unsafe { self.collect_next::<PLAIN>(lane, step, requeue, hook, events, stats) };
+                unsafe { self.collect_next::<PLAIN>(lane, step, requeue, hook, events, bytes) };
             }
         }
         // Then the last lane alone (a level's unload, released in index
@@ -224,7 +224,7 @@ impl<T: MMObject> Store<T> {
             while requeue.rest[lane] != NIL && *budget > 0 {
                 *budget -= 1;
                 // SAFETY: as above.
-                unsafe { self.collect_next::<PLAIN>(lane, &mut step, requeue, hook, events, stats) };
+                unsafe { self.collect_next::<PLAIN>(lane, &mut step, requeue, hook, events, bytes) };
             }
         }
     }
@@ -244,7 +244,7 @@ impl<T: MMObject> Store<T> {
         requeue: &mut Requeue<'_, T>,
         hook: &mut Option<DestroyHook<T>>,
         events: &mut Option<&mut Vec<Destroyed>>,
-        stats: &mut CollectStats,
+        bytes: &mut usize,
     ) -> u32 {
         let local = requeue.rest[lane];
         let slot = step.slot(self, local);
@@ -252,7 +252,7 @@ impl<T: MMObject> Store<T> {
         requeue.rest[lane] = next;
         // SAFETY: a slot taken off the dead list holds a dead object that
         // nothing references; the caller holds `&mut ObjectManager`.
-        unsafe { self.destroy_dead::<PLAIN>(local, slot, requeue, hook, events.as_deref_mut(), stats) };
+        unsafe { self.destroy_dead::<PLAIN>(local, slot, requeue, hook, events.as_deref_mut(), bytes) };
         next
     }
 
@@ -280,7 +280,7 @@ impl<T: MMObject> Store<T> {
         requeue: &mut Requeue<'_, T>,
         hook: &mut Option<DestroyHook<T>>,
         events: Option<&mut Vec<Destroyed>>,
-        stats: &mut CollectStats,
+        bytes: &mut usize,
     ) {
         debug_assert!(!PLAIN || self.destroys_plainly(hook, &events), "a plain step has nothing to skip");
         // Only the hook and the events name the object (an atomic load is not
@@ -319,7 +319,7 @@ impl<T: MMObject> Store<T> {
         // exactly once, here.
         unsafe { slot.drop_value() };
         match seen {
-            Ok(bytes) => stats.bytes = stats.bytes.saturating_add(bytes),
+            Ok(size) => *bytes = bytes.saturating_add(size),
             Err(payload) => std::panic::resume_unwind(payload),
         }
     }
