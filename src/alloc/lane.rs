@@ -530,17 +530,17 @@ impl Lanes {
         if !self.is_quiet_own_lane(cache, slot) {
             return false;
         }
-        // The shift takes the slot's low six bits, as `slot % 64` would.
-        let bit = 1u64.wrapping_shl(slot as u32);
         debug_assert!(slot / 64 < self.bits.words.len(), "slot {slot} past the whole words");
         // SAFETY: the caller's contract.
         let cell = unsafe { self.bits.words.get_unchecked(slot / 64) };
         let word = cell.load(Ordering::Relaxed);
-        if word & bit == 0 {
+        // Cleared first and compared, so x86 clears and tests with one `btr` and a compare.
+        let cleared = word & !(1u64 << (slot % 64));
+        if cleared == word {
             return false;
         }
         fill();
-        cell.store(word ^ bit, Ordering::Relaxed);
+        cell.store(cleared, Ordering::Relaxed);
         cache.sub_held(1);
         true
     }

@@ -73,7 +73,15 @@ pub(crate) struct SmallCache {
     shared: Weak<Shared>,
 }
 
-impl CacheEntry for SmallCache {
+// SAFETY: `ID_OFFSET` is `id`'s, which nothing changes after `new_cache`; the assertion
+// keeps it inside `Closed`.
+unsafe impl CacheEntry for SmallCache {
+    const ID_OFFSET: usize = {
+        let offset = std::mem::offset_of!(SmallCache, id);
+        assert!(offset + 8 <= size_of::<thread_cache::Closed>());
+        offset
+    };
+
     fn id(&self) -> u64 {
         self.id
     }
@@ -281,8 +289,8 @@ impl SmallObjectAllocator {
         });
         let route_lanes = route.map(|c| lanes[c.get()]);
         let granule_class = granule_of.map(|i| match i {
-            Some(i) => GranuleClass::new(Some(&classes[i]), i, lanes[i], &shared.lanes[i]),
-            None => GranuleClass::new(None, 0, lanes[0], &shared.lanes[0]),
+            Some(i) => GranuleClass::new(Some(&classes[i]), i, &shared.lanes[i]),
+            None => GranuleClass::new(None, 0, &shared.lanes[0]),
         });
         SmallObjectAllocator {
             region,

@@ -50,7 +50,16 @@ pub(crate) fn next_allocator_id() -> u64 {
 
 /// What a thread keeps for one allocator. Dropping an entry gives back what the thread owns
 /// in the allocator (if it is still alive).
-pub(crate) trait CacheEntry: Sized + 'static {
+///
+/// # Safety
+///
+/// The `u64` at byte [`ID_OFFSET`](Self::ID_OFFSET) of `Self` is the id that
+/// [`id`](Self::id) returns, never changed after the entry is made, and `ID_OFFSET + 8` is
+/// at most [`Closed`]'s size: the fast path reads the id through a pointer to the entry,
+/// or to [`CLOSED`] (see [`Fast`]).
+pub(crate) unsafe trait CacheEntry: Sized + 'static {
+    /// Where the id lies in the entry (from `offset_of!`).
+    const ID_OFFSET: usize;
     /// The allocator's id.
     fn id(&self) -> u64;
     /// Whether the allocator still exists (entries of dropped allocators are removed).
@@ -105,7 +114,15 @@ impl PoolCache {
     }
 }
 
-impl CacheEntry for PoolCache {
+// SAFETY: `ID_OFFSET` is `pool`'s, the id, which nothing changes after `new`; the
+// assertion keeps it inside `Closed`.
+unsafe impl CacheEntry for PoolCache {
+    const ID_OFFSET: usize = {
+        let offset = std::mem::offset_of!(PoolCache, pool);
+        assert!(offset + 8 <= size_of::<Closed>());
+        offset
+    };
+
     fn id(&self) -> u64 {
         self.pool
     }
@@ -156,9 +173,10 @@ impl fmt::Debug for PoolCache {
 /// 2. `last` is null or one of `entries`, the one for allocator `last_pool`.
 /// 3. While `busy` is set, exactly one `&mut E` derived from `entries` is live (the one
 ///    handed to [`with_cache`]'s closure); nothing else touches `entries` meanwhile.
-/// 4. The thread's [`Fast`] of this kind holds (`last_pool`, `last`) while `busy` is clear,
-///    and id 0 (no allocator's) while it is set and once the list has dropped, so the fast
-///    path needs one compare for all three conditions.
+/// 4. The thread's [`Fast`] of this kind points to `last` (whose id is `last_pool`) while
+///    `busy` is clear and `last` is not null, and to [`CLOSED`] (whose "id" is 0, no
+///    allocator's) otherwise and once the list has dropped, so the fast path needs one
+///    compare for all three conditions.
 pub(crate) struct Caches<E: CacheEntry> {
     busy: Cell<bool>,
     last_pool: Cell<u64>,
@@ -166,28 +184,43 @@ pub(crate) struct Caches<E: CacheEntry> {
     entries: UnsafeCell<Vec<NonNull<E>>>,
 }
 
-/// The fast path's copy of a [`Caches`]' last entry (its invariant 4). A thread-local of its
-/// own with no destructor, so reading it is a plain thread-local load, with no check that
-/// the thread's locals are still alive.
+/// Zeroed bytes, as large as an entry's id lies deep at most.
+#[repr(C, align(8))]
+pub(crate) struct Closed([u8; 512]);
+
+/// What [`Fast`] points to when the fast path is closed: whatever an entry's
+/// [`ID_OFFSET`](CacheEntry::ID_OFFSET), the id read there is 0, no allocator's.
+static CLOSED: Closed = Closed([0; 512]);
+
+/// The fast path's pointer to a [`Caches`]' last entry (its invariant 4), or to [`CLOSED`].
+/// One pointer, so the fast path loads it, compares the id behind it and has the entry,
+/// with one thread-local load. A thread-local of its own with no destructor, so reading it
+/// is a plain thread-local load, with no check that the thread's locals are still alive.
 pub(crate) struct Fast<E> {
-    pool: Cell<u64>,
+    /// An entry (from its `Box`, so with the whole entry's provenance), or [`CLOSED`] cast
+    /// (never dereferenced as an `E`).
     entry: Cell<*mut E>,
 }
 
 impl<E> Fast<E> {
     const fn new() -> Fast<E> {
-        Fast { pool: Cell::new(0), entry: Cell::new(std::ptr::null_mut()) }
+        Fast { entry: Cell::new(Self::closed()) }
     }
 
-    fn set(&self, pool: u64, entry: *mut E) {
-        self.pool.set(pool);
-        self.entry.set(entry);
+    /// [`CLOSED`], as the pointer type.
+    const fn closed() -> *mut E {
+        (&raw const CLOSED).cast_mut().cast()
+    }
+
+    /// Points the fast path at `entry`, or closes it if `entry` is null.
+    fn set(&self, entry: *mut E) {
+        self.entry.set(if entry.is_null() { Self::closed() } else { entry });
     }
 }
 
 /// Sets the thread's [`Fast`] of kind `E` (if its thread-local is still there).
-fn set_fast<E: CacheEntry>(pool: u64, entry: *mut E) {
-    let _ = E::fast().try_with(|fast| fast.set(pool, entry));
+fn set_fast<E: CacheEntry>(entry: *mut E) {
+    let _ = E::fast().try_with(|fast| fast.set(entry));
 }
 
 impl<E: CacheEntry> Caches<E> {
@@ -237,7 +270,7 @@ impl<E: CacheEntry> Caches<E> {
 impl<E: CacheEntry> Drop for Caches<E> {
     fn drop(&mut self) {
         // Invariant 4: the fast path must not reach the entries freed below.
-        set_fast::<E>(0, std::ptr::null_mut());
+        set_fast::<E>(std::ptr::null_mut());
         for entry in self.entries.get_mut().drain(..) {
             // SAFETY: invariant 1: each entry is freed once, here.
             drop(unsafe { Box::from_raw(entry.as_ptr()) });
@@ -252,7 +285,7 @@ struct Unbusy<'a, E: CacheEntry>(&'a Caches<E>);
 impl<E: CacheEntry> Drop for Unbusy<'_, E> {
     fn drop(&mut self) {
         self.0.busy.set(false);
-        set_fast(self.0.last_pool.get(), self.0.last.get());
+        set_fast(self.0.last.get());
     }
 }
 
@@ -323,15 +356,20 @@ pub(crate) fn token_if_any() -> u64 {
 pub(crate) unsafe fn with_last_cache<E: CacheEntry, R>(pool: u64, f: impl FnOnce(&mut E) -> Option<R>) -> Option<R> {
     E::fast()
         .try_with(|fast| {
-            // Invariant 4: equal only when `busy` is clear, the list is alive and `pool` was
-            // used last.
-            if fast.pool.get() != pool {
+            let entry = fast.entry.get();
+            // SAFETY: invariant 4: `entry` is a live entry, whose id lies at `ID_OFFSET`, or
+            // `CLOSED`, whose bytes there are 0 (`CacheEntry`'s contract); both 8-aligned,
+            // and nothing writes either.
+            let id = unsafe { entry.byte_add(E::ID_OFFSET).cast::<u64>().read() };
+            // Equal only when `busy` is clear, the list is alive and `pool` was used last.
+            if id != pool {
                 return None;
             }
-            // SAFETY: invariants 1–4: `entry` is the live entry for `pool`; `busy` is clear,
-            // so no other reference to it exists, and `f` cannot create one (the caller's
-            // contract) before this one ends.
-            f(unsafe { &mut *fast.entry.get() })
+            // SAFETY: invariants 1–4: `entry` is the live entry for `pool` (ids are never 0,
+            // so not `CLOSED`), with its box's provenance; `busy` is clear, so no other
+            // reference to it exists, and `f` cannot create one (the caller's contract)
+            // before this one ends.
+            f(unsafe { &mut *entry })
         })
         .ok()
         .flatten()
@@ -352,7 +390,7 @@ pub(crate) fn with_cache<E: CacheEntry, R>(
             if caches.busy.replace(true) {
                 return None;
             }
-            set_fast::<E>(0, std::ptr::null_mut());
+            set_fast::<E>(std::ptr::null_mut());
             let _unbusy = Unbusy(caches);
             let cache = if caches.last_pool.get() == pool {
                 caches.last.get()

@@ -489,6 +489,34 @@ fn pools_dropped_while_caches_name_them() {
     }
 }
 
+#[test]
+fn pools_used_in_turn_keep_their_own_caches() {
+    // The fast path reaches the cache of the pool used last: alternating pools must each
+    // find their own (a cache used for the wrong pool hands out the other's pages).
+    // Unlike layouts: `a`'s first page is of 64-byte blocks, `b`'s of 8-byte ones, so a
+    // cache of `a`'s used for `b` hands out 8-byte blocks for 64-byte requests.
+    let (a, b) = (SizeClassPool::new(&[(64, 256)]), SizeClassPool::new(&[(8, 256), (64, 256)]));
+    let mut taken = Vec::new();
+    for n in 0..300 {
+        let (pool, other) = if n % 3 == 0 { (&a, &b) } else { (&b, &a) };
+        let l = Layout::from_size_align(if n % 2 == 0 { 8 } else { 64 }, 8).unwrap();
+        let p = pool.alloc(l);
+        assert!(pool.contains(p) && !other.contains(p), "allocation {n} from its own pool");
+        taken.push((p, n % 3 == 0));
+    }
+    assert_eq!((a.stats().allocations, a.stats().live), (100, 100));
+    assert_eq!((b.stats().allocations, b.stats().live), (200, 200));
+    // Each request from its own class: `a` has only 64-byte blocks, `b` took 100 of each.
+    let in_use = |pool: &SizeClassPool| pool.class_stats().iter().map(|c| c.blocks - c.free).collect::<Vec<_>>();
+    assert_eq!((in_use(&a), in_use(&b)), (vec![100], vec![100, 100]));
+    for (p, from_a) in taken {
+        let pool = if from_a { &a } else { &b };
+        // SAFETY: ours, freed once, to the pool it came from.
+        unsafe { pool.free(p) };
+    }
+    assert_eq!((a.stats().live, b.stats().live), (0, 0));
+}
+
 proptest! {
     #![proptest_config(crate::alloc::model_config())]
     #[test]

@@ -114,14 +114,14 @@ pub(super) struct GranuleClass {
 }
 
 impl GranuleClass {
-    /// The record of class `i`, whose lanes are `lanes` (`lanes_ref` the same, borrowed);
-    /// `None` for a granule past the region, which has no slots, so every free there takes
-    /// the cold path.
-    pub(super) fn new(class: Option<&SmallClass>, i: usize, lanes: LanesPtr, lanes_ref: &Lanes) -> GranuleClass {
+    /// The record of class `i`, whose lanes are `lanes` (which must lie in the allocator's
+    /// `Shared`, for [`LanesPtr`]'s invariant); `None` for a granule past the region, which has
+    /// no slots, so every free there takes the cold path.
+    pub(super) fn new(class: Option<&SmallClass>, i: usize, lanes: &Lanes) -> GranuleClass {
         let (inverse, shift) = INVERSE[i];
         let slots = class.map_or(0, |c| u32::try_from(c.slots).expect("fewer than 2^32 slots"));
         // The invariant: whole words of this very bitmap.
-        let whole_slots = u32::try_from(lanes_ref.whole_words() * 64).expect("fewer than 2^32 slots").min(slots);
+        let whole_slots = u32::try_from(lanes.whole_words() * 64).expect("fewer than 2^32 slots").min(slots);
         GranuleClass {
             start: class.map_or(0, |c| c.start as u64),
             inverse,
@@ -129,7 +129,7 @@ impl GranuleClass {
             tail_slots: u8::try_from(slots - whole_slots).expect("under 64 slots past the whole words"),
             shift: shift as u8,
             class: ClassIndex::ALL[i],
-            lanes,
+            lanes: LanesPtr(NonNull::from(lanes)),
         }
     }
 

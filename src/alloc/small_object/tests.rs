@@ -171,10 +171,36 @@ fn classes_on_larger_granules() {
 }
 
 #[test]
+fn allocators_used_in_turn_keep_their_own_caches() {
+    // The fast path reaches the cache of the allocator used last: alternating allocators
+    // must each find their own (a cache used for the wrong one hands out slots its counts
+    // and words do not record).
+    let l = Layout::new::<u64>();
+    let (a, b) = (config([256; 7]), config([256; 7]));
+    let mut taken = Vec::new();
+    for n in 0..300 {
+        let (small, other) = if n % 3 == 0 { (&a, &b) } else { (&b, &a) };
+        let p = small.alloc(l);
+        let addr = p.as_ptr() as usize;
+        assert!(small.region.contains(addr) && !other.region.contains(addr), "allocation {n} from its own region");
+        taken.push((p, n % 3 == 0));
+    }
+    assert_eq!((a.stats().allocations, a.stats().live), (100, 100));
+    assert_eq!((b.stats().allocations, b.stats().live), (200, 200));
+    for (p, from_a) in taken {
+        let small = if from_a { &a } else { &b };
+        // SAFETY: ours, freed once, to the allocator it came from.
+        unsafe { small.free(p) };
+    }
+    assert_eq!((a.stats().live, b.stats().live), (0, 0));
+    assert_eq!((a.stats().failures, b.stats().failures), (0, 0), "no free was refused");
+}
+
+#[test]
 fn slot_of_divides_and_rejects_non_multiples() {
     let small = config([1; 7]);
     for (i, size) in SMALL_OBJECT_CLASSES.into_iter().enumerate() {
-        let record = GranuleClass::new(Some(&small.classes[i]), i, small.lanes[i], &small.shared.lanes[i]);
+        let record = GranuleClass::new(Some(&small.classes[i]), i, &small.shared.lanes[i]);
         let start = small.classes[i].start;
         let slot_of = |rel: usize| record.slot_of(start.wrapping_add(rel));
         let last = ((1usize << 32) - 1) * size; // the start of the last possible slot
