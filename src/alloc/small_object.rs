@@ -19,7 +19,7 @@ use crate::{Error, Result};
 
 mod classes;
 
-use self::classes::{ClassIndex, GranuleClass, LanesPtr, SmallClass, CLASS_ALIGN, GRANULES};
+use self::classes::{ClassIndex, GranuleClass, LanesPtr, SmallClass, CLASS_ALIGN, GRANULES, RECORD_SHIFT};
 
 /// What the allocator shares with the thread caches (which hold it as a `Weak`), so that a
 /// thread leaving can give its lanes back and move its counts into the classes'.
@@ -225,8 +225,10 @@ pub struct SmallObjectAllocator {
     route: [ClassIndex; 129],
     /// `route_lanes[size]`: that class's lanes, loaded beside its index rather than after it.
     route_lanes: [LanesPtr; 129],
-    /// Granules are `1 << granule_shift` bytes (at least [`CLASS_ALIGN`]).
-    granule_shift: u32,
+    /// Granules are `1 << granule_shift` bytes (at least [`CLASS_ALIGN`]); this is
+    /// `granule_shift` less [`RECORD_SHIFT`], so that shifting an offset by it gives its
+    /// granule's record's byte offset in `granule_class` (in its high bits).
+    record_shift: u32,
     /// The class of each granule of the region; the entries past it have no slots.
     granule_class: [GranuleClass; GRANULES],
     fallbacks: Mutex<Fallbacks>,
@@ -298,7 +300,7 @@ impl SmallObjectAllocator {
             id: thread_cache::next_allocator_id(),
             route,
             route_lanes,
-            granule_shift,
+            record_shift: granule_shift - RECORD_SHIFT,
             granule_class,
             fallbacks: Mutex::new(Fallbacks::default()),
             lanes,
@@ -669,12 +671,20 @@ impl SmallObjectAllocator {
 
     /// The record of `ptr`'s granule, `ptr`'s slot in its class by
     /// [`slot_of`](GranuleClass::slot_of) (at least `2^32` if `ptr` starts no slot of it),
-    /// and its region offset; `None` past the granule table.
+    /// and its region offset.
+    ///
+    /// Past the granule table, the granule number wraps around it (a mask, not a bounds
+    /// check), and the slot is at least the class's slot count all the same: `slot_of` is
+    /// below it only for `offset = start + q × size` with `q` below it, an offset inside the
+    /// class and so inside the table.
     #[inline(always)]
     fn granule_slot(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, u64, usize)> {
         // Below the region, the offset wraps to far past it.
         let offset = (ptr.as_ptr() as usize).wrapping_sub(self.region.addr());
-        let class = self.granule_class.get(offset >> self.granule_shift)?;
+        // The granule number times the record's size, masked to the table, divided again:
+        // written so, the compiler indexes with the masked byte offset and shifts once.
+        let at = (offset >> self.record_shift) & ((GRANULES - 1) << RECORD_SHIFT);
+        let class = &self.granule_class[at >> RECORD_SHIFT];
         Some((class, class.slot_of(offset), offset))
     }
 

@@ -15,6 +15,13 @@ pub(super) const CLASS_ALIGN: usize = 128;
 /// shift and one load.
 pub(super) const GRANULES: usize = 64;
 
+/// `log2` of a [`GranuleClass`]'s size, to index their table by byte offset.
+pub(super) const RECORD_SHIFT: u32 = {
+    let size = size_of::<GranuleClass>();
+    assert!(size.is_power_of_two() && GRANULES.is_power_of_two());
+    size.trailing_zeros()
+};
+
 /// A class index, `0..7`, as a type: the compiler then knows its range and indexes the
 /// per-class arrays with it without a bounds check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

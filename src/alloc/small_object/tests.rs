@@ -64,7 +64,7 @@ fn default_config_figures() {
         let small = SmallObjectAllocator::default();
         assert_eq!(small.capacity(), 2_084_352);
         // 64 KiB granules, 35 of them: each class but the last is padded to 5 granules.
-        assert_eq!((small.granule_shift, small.region.len()), (16, 6 * 5 * 65_536 + 294_912));
+        assert_eq!((small.record_shift + RECORD_SHIFT, small.region.len()), (16, 6 * 5 * 65_536 + 294_912));
     }
 }
 
@@ -136,7 +136,7 @@ fn bad_frees() {
 #[test]
 fn classes_on_larger_granules() {
     let small = config([3000, 10, 0, 2000, 0, 0, 5]);
-    assert_eq!(small.granule_shift, 11, "24,000 + 160 + 96,000 + 640 bytes in 61 granules of 2 KiB");
+    assert_eq!(small.record_shift + RECORD_SHIFT, 11, "24,000 + 160 + 96,000 + 640 bytes in 61 granules of 2 KiB");
     let starts: Vec<usize> = small.classes.iter().map(|c| c.start).collect();
     assert_eq!(starts, [0, 24_576, 26_624, 26_624, 122_880, 122_880, 122_880]);
     assert_eq!(small.capacity(), 24_000 + 160 + 96_000 + 640);
@@ -194,6 +194,26 @@ fn allocators_used_in_turn_keep_their_own_caches() {
     }
     assert_eq!((a.stats().live, b.stats().live), (0, 0));
     assert_eq!((a.stats().failures, b.stats().failures), (0, 0), "no free was refused");
+}
+
+#[test]
+fn addresses_a_table_span_from_a_slot_are_foreign() {
+    // The free's table lookup wraps granule numbers around the table: an address one whole
+    // table span above or below a slot lands on that slot's record, and must be refused.
+    let small = config([64; 7]);
+    let span = GRANULES << (small.record_shift + RECORD_SHIFT);
+    for size in SMALL_OBJECT_CLASSES {
+        let p = small.alloc(Layout::from_size_align(size, 8).unwrap());
+        for alias in [p.as_ptr().wrapping_add(span), p.as_ptr().wrapping_sub(span)] {
+            let alias = NonNull::new(alias).unwrap();
+            // SAFETY: not the allocator's (the error under test); never dereferenced.
+            let refused = unsafe { small.try_free(alias) };
+            assert_eq!(refused, Err(Error::ForeignPointer { addr: alias.as_ptr() as usize }), "{size}-byte class");
+        }
+        assert_eq!(small.stats().live, 1, "the slot itself stays handed out");
+        // SAFETY: ours, freed once.
+        unsafe { small.free(p) };
+    }
 }
 
 #[test]
