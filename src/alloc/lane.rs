@@ -116,7 +116,9 @@ impl Bitmap {
 ///    `shared`, whose release and acquire order the last writer's stores before the next's.
 /// 3. `shared.queued` holds the slots freed by threads that do not own the slot's lane, while
 ///    another thread owns it; their bits are still set, their debug fill already written.
-///    `pending` has the bit of every lane with a queued slot, and changes only under `shared`.
+///    `quiet` has the bit of every lane with no queued slot (clear while the lane has one:
+///    the complement, so the fast paths test it with no `not`), and changes only under
+///    `shared`.
 ///    An owner applies its lanes' queued frees (under the lock) before any free of its own in
 ///    such a lane, so a double free whose first free was queued is seen at the second call.
 /// 4. `held` of a thread's [`LaneCounts`] is the number of set bits (slots not free) in the
@@ -127,7 +129,7 @@ pub(crate) struct Lanes {
     lane_shift: u32,
     lanes: u32,
     owned: AtomicU64,
-    pending: AtomicU64,
+    quiet: AtomicU64,
     shared: Mutex<Shared>,
     /// How many times the lock was taken, so tests can check the fast paths take none.
     #[cfg(test)]
@@ -309,10 +311,11 @@ impl Lanes {
 
     /// Whether other threads' frees wait queued for this thread's lanes (`cache` is its
     /// cache of the class), for its next refill to apply. A queued free that happened
-    /// before this call set `pending` before it (invariant 3), so a relaxed load sees it.
+    /// before this call cleared its lane's `quiet` bit before it (invariant 3), so a relaxed
+    /// load sees it.
     #[inline]
     pub(crate) fn has_queued_for(&self, cache: &LaneCache) -> bool {
-        self.pending.load(Ordering::Relaxed) & cache.mine != 0
+        cache.mine & !self.quiet.load(Ordering::Relaxed) != 0
     }
 
     /// A class of `slots` free slots, every lane unowned.
@@ -334,7 +337,7 @@ impl Lanes {
             slots,
             lane_shift,
             owned: AtomicU64::new(0),
-            pending: AtomicU64::new(0),
+            quiet: AtomicU64::new(u64::MAX),
             shared: Mutex::new(Shared::default()),
             #[cfg(test)]
             locks: std::sync::atomic::AtomicU64::new(0),
@@ -397,7 +400,7 @@ impl Lanes {
             return Some(slot);
         }
         // No active word, the partial last word and queued frees take the out-of-line path.
-        if cache.active_lane & !self.pending.load(Ordering::Relaxed) == 0 {
+        if cache.active_lane & self.quiet.load(Ordering::Relaxed) == 0 {
             return self.take_in(cache, counts);
         }
         self.take_next(cache, counts)
@@ -413,7 +416,7 @@ impl Lanes {
     #[inline(always)]
     pub(crate) unsafe fn take_active_fast(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
         // One test for "a whole word, with no queued frees in its lane".
-        if cache.active_lane & !self.pending.load(Ordering::Relaxed) == 0 {
+        if cache.active_lane & self.quiet.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let w = cache.active as usize;
@@ -489,7 +492,7 @@ impl Lanes {
         if cache.active_lane != 0 || cache.active == NO_WORD {
             return None;
         }
-        if self.pending.load(Ordering::Relaxed) & self.lane_bit(w) != 0 {
+        if self.quiet.load(Ordering::Relaxed) & self.lane_bit(w) == 0 {
             return None;
         }
         let word = self.bits.load(w);
@@ -546,12 +549,12 @@ impl Lanes {
     }
 
     /// Whether slot `slot` lies in a lane this thread owns with no queued frees. A queued
-    /// free that happened before this call set `pending` before it (invariant 3), so a
-    /// relaxed load sees it.
+    /// free that happened before this call cleared its lane's `quiet` bit before it
+    /// (invariant 3), so a relaxed load sees it.
     #[inline(always)]
     fn is_quiet_own_lane(&self, cache: &LaneCache, slot: usize) -> bool {
         let lane = (slot / 64) >> self.lane_shift;
-        (cache.mine & !self.pending.load(Ordering::Relaxed)) >> lane & 1 != 0
+        (cache.mine & self.quiet.load(Ordering::Relaxed)) >> lane & 1 != 0
     }
 
     /// Clears slot `slot`'s bit (its word's writer only), or `Err` if it is clear.
@@ -656,7 +659,7 @@ impl Lanes {
             false
         });
         cache.sub_held(applied);
-        self.pending.store(self.pending.load(Ordering::Relaxed) & !mine, Ordering::Relaxed);
+        self.quiet.store(self.quiet.load(Ordering::Relaxed) | mine, Ordering::Relaxed);
         raced
     }
 
@@ -693,7 +696,7 @@ impl Lanes {
             }
             fill();
             shared.queued.insert(slot as u32);
-            self.pending.store(self.pending.load(Ordering::Relaxed) | lane, Ordering::Relaxed);
+            self.quiet.store(self.quiet.load(Ordering::Relaxed) & !lane, Ordering::Relaxed);
             return (Ok(()), Vec::new());
         }
         // Nobody owns the lane: the lock holder is its words' writer (invariant 2).
