@@ -126,6 +126,12 @@ impl Bitmap {
 pub(crate) struct Lanes {
     bits: Bitmap,
     slots: usize,
+    /// Where the slots lie, in bytes into the allocator's region: slot `s` at
+    /// `start + s × slot_size`. The lanes never touch the slots; they keep this so that a
+    /// thread's active word carries the offset of its first slot (`LaneCache::active_at`),
+    /// and the alloc's fast path finds its slot with one multiply and one add.
+    start: usize,
+    slot_size: usize,
     lane_shift: u32,
     lanes: u32,
     owned: AtomicU64,
@@ -260,7 +266,8 @@ impl LaneCounts {
 ///
 /// Invariant: a non-zero `active_lane` means `active` is a whole word of the bitmap of the
 /// [`Lanes`] that set it (only [`Lanes::set_active`] makes it non-zero), so the alloc's
-/// fast path indexes the word without a bounds check.
+/// fast path indexes the word without a bounds check, and `active_at` is the region offset
+/// of that word's first slot.
 #[derive(Debug)]
 pub(crate) struct LaneCache {
     /// Bit `l` set while this thread owns lane `l`.
@@ -270,14 +277,24 @@ pub(crate) struct LaneCache {
     /// The bit of the active word's lane if it is a whole word; 0 with no active word or
     /// with the partial last word active (those take the out-of-line path).
     active_lane: u64,
+    /// Where the active word's first slot lies, in bytes into the region.
+    active_at: usize,
     /// `held - allocations` of this thread's [`LaneCounts`] (wrapping; see there).
     offset: u64,
 }
 
 impl Default for LaneCache {
     fn default() -> Self {
-        LaneCache { mine: 0, active: NO_WORD, active_lane: 0, offset: 0 }
+        LaneCache { mine: 0, active: NO_WORD, active_lane: 0, active_at: 0, offset: 0 }
     }
+}
+
+/// A slot the alloc's fast path took: its index, and where it lies in bytes into the
+/// region (from the active word's `active_at`, with no multiply by the index).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Taken {
+    pub(crate) slot: usize,
+    pub(crate) at: usize,
 }
 
 impl LaneCache {
@@ -318,13 +335,17 @@ impl Lanes {
         cache.mine & !self.quiet.load(Ordering::Relaxed) != 0
     }
 
-    /// A class of `slots` free slots, every lane unowned.
+    /// A class of `slots` free slots of `slot_size` bytes from `start` bytes into the
+    /// region, every lane unowned.
     ///
     /// # Panics
     ///
-    /// Panics if `slots` is `2^32` or more.
-    pub(crate) fn new(slots: usize) -> Lanes {
+    /// Panics if `slots` is `2^32` or more, or if the slots would end past `usize::MAX`.
+    pub(crate) fn new(slots: usize, start: usize, slot_size: usize) -> Lanes {
         assert!(slots < 1 << 32, "a small-object class holds fewer than 2^32 slots");
+        // So that every offset `set_active` and the fast path compute fits.
+        let end = slots.checked_next_multiple_of(64).and_then(|s| s.checked_mul(slot_size));
+        assert!(end.and_then(|e| e.checked_add(start)).is_some(), "the slots end past usize::MAX");
         let bits = Bitmap::new(slots);
         let words = bits.len();
         let mut lane_shift = 0;
@@ -335,6 +356,8 @@ impl Lanes {
             lanes: words.div_ceil(1 << lane_shift) as u32,
             bits,
             slots,
+            start,
+            slot_size,
             lane_shift,
             owned: AtomicU64::new(0),
             quiet: AtomicU64::new(u64::MAX),
@@ -396,8 +419,8 @@ impl Lanes {
     #[inline]
     pub(crate) unsafe fn take_active(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
         // SAFETY: forwarded contract.
-        if let Some(slot) = unsafe { self.take_active_fast(cache, counts) } {
-            return Some(slot);
+        if let Some(taken) = unsafe { self.take_active_fast(cache, counts) } {
+            return Some(taken.slot);
         }
         // No active word, the partial last word and queued frees take the out-of-line path.
         if cache.active_lane & self.quiet.load(Ordering::Relaxed) == 0 {
@@ -414,7 +437,7 @@ impl Lanes {
     ///
     /// As `take_active`.
     #[inline(always)]
-    pub(crate) unsafe fn take_active_fast(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<usize> {
+    pub(crate) unsafe fn take_active_fast(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Option<Taken> {
         // One test for "a whole word, with no queued frees in its lane".
         if cache.active_lane & self.quiet.load(Ordering::Relaxed) == 0 {
             return None;
@@ -428,10 +451,13 @@ impl Lanes {
         if word == u64::MAX {
             return None;
         }
-        let bit = (!word).trailing_zeros();
+        let bit = (!word).trailing_zeros() as usize;
         cell.store(word | 1 << bit, Ordering::Relaxed);
         counts.take();
-        Some(w * 64 + bit as usize)
+        // No overflow: `new` checked that every slot's offset fits.
+        let taken = Taken { slot: w * 64 + bit, at: cache.active_at + bit * self.slot_size };
+        debug_assert_eq!(taken.at, self.start + taken.slot * self.slot_size, "active_at of word {w}");
+        Some(taken)
     }
 
     /// [`take_active`](Self::take_active) with the active word full: makes the next word of
@@ -462,6 +488,7 @@ impl Lanes {
     /// Makes word `w` of this thread's lanes the active one (`LaneCache`'s invariant).
     fn set_active(&self, cache: &mut LaneCache, w: usize) {
         cache.active = w as u32;
+        cache.active_at = self.start + w * 64 * self.slot_size;
         cache.active_lane = if w < self.bits.words.len() { self.lane_bit(w) } else { 0 };
     }
 
@@ -826,7 +853,7 @@ mod tests {
     #[test]
     fn bitmap_is_one_bit_per_slot() {
         for (slots, bytes) in [(0, 0), (1, 1), (8, 1), (9, 2), (64, 8), (1000, 125), (4096, 512)] {
-            let lanes = Lanes::new(slots);
+            let lanes = Lanes::new(slots, 0, 8);
             assert_eq!(lanes.bitmap_bytes(), bytes, "{slots} slots");
             assert_eq!(lanes.live(), 0);
         }
@@ -838,10 +865,10 @@ mod tests {
 
     #[test]
     fn lanes_cover_the_words() {
-        let lanes = Lanes::new(37_440); // 585 words: lanes of 16 words
+        let lanes = Lanes::new(37_440, 0, 8); // 585 words: lanes of 16 words
         assert_eq!((lanes.lane_shift, lanes.lanes), (4, 37));
         assert_eq!(lanes.lane_words(36), 576..585);
-        let lanes = Lanes::new(4096);
+        let lanes = Lanes::new(4096, 0, 8);
         assert_eq!((lanes.lane_shift, lanes.lanes), (0, 64));
     }
 
@@ -849,7 +876,7 @@ mod tests {
     /// the slots they hold (the cache's `offset`) with them.
     #[test]
     fn a_refill_that_finds_nothing_keeps_the_held_count() {
-        let lanes = Lanes::new(64); // one word, one lane
+        let lanes = Lanes::new(64, 0, 8); // one word, one lane
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(0));
         for _ in 1..64 {
@@ -868,7 +895,7 @@ mod tests {
     /// back to them when it applies a free another thread queued there meanwhile.
     #[test]
     fn a_refill_after_a_search_looks_again_only_at_queued_frees() {
-        let lanes = Lanes::new(128); // 2 words, one lane each
+        let lanes = Lanes::new(128, 0, 8); // 2 words, one lane each
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(0));
         for slot in 1..64 {
@@ -886,7 +913,7 @@ mod tests {
 
     #[test]
     fn owner_queue_and_unowned_frees() {
-        let lanes = Lanes::new(130); // 3 words, one lane each
+        let lanes = Lanes::new(130, 0, 8); // 3 words, one lane each
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(take(&lanes, &mut mine, &counts), None, "no lane yet");
         assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(0));
@@ -913,7 +940,7 @@ mod tests {
     /// peak; a thread that takes the lane over does not count them again.
     #[test]
     fn unowned_slots_taken_over_count_once() {
-        let lanes = Lanes::new(128); // two lanes of one word
+        let lanes = Lanes::new(128, 0, 8); // two lanes of one word
         for _ in 0..50 {
             lanes.take_unowned(|_| true).unwrap().unwrap();
         }
@@ -931,7 +958,7 @@ mod tests {
     /// them: frees count against those first.
     #[test]
     fn frees_of_taken_over_slots_count_against_them_first() {
-        let lanes = Lanes::new(128); // two lanes of one word
+        let lanes = Lanes::new(128, 0, 8); // two lanes of one word
         let slots: Vec<_> = (0..40).map(|_| lanes.take_unowned(|_| true).unwrap().unwrap()).collect();
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         assert_eq!(lanes.refill(&mut mine, &counts, false).0, Some(40), "the lane with the 40 slots");
@@ -956,7 +983,7 @@ mod tests {
     /// nowhere: not in the allocations, not in a peak, and it stays free.
     #[test]
     fn refused_slots_count_nowhere() {
-        let lanes = Lanes::new(128); // two lanes of one word
+        let lanes = Lanes::new(128, 0, 8); // two lanes of one word
         assert_eq!(lanes.take_unowned(|slot| slot != 0), Err(0), "checked before it is taken");
         assert_eq!((lanes.live(), lanes.totals(std::iter::empty())), (0, (0, 0)));
         assert_eq!(lanes.take_unowned(|_| true), Ok(Some(0)));
@@ -972,7 +999,7 @@ mod tests {
 
     #[test]
     fn racing_double_free_shows_when_applied() {
-        let lanes = Lanes::new(64);
+        let lanes = Lanes::new(64, 0, 8);
         let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
         let slot = lanes.refill(&mut mine, &counts, false).0.unwrap();
         // The other thread's free is queued after the owner's passed its check (the race).

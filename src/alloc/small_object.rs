@@ -7,7 +7,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
 
-use super::lane::{LaneCache, LaneCounts, Lanes};
+use super::lane::{LaneCache, LaneCounts, Lanes, Taken};
 use super::region::{self, Region, SystemBlock, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::small_object_config::{ClassFootprint, SizeHistogram, SmallObjectConfig, SMALL_OBJECT_CLASSES};
@@ -57,9 +57,15 @@ struct ThreadCounts([LaneCounts; 7]);
 /// One thread's cache for one [`SmallObjectAllocator`]: the lanes it owns in each class.
 /// Dropping it (when the thread exits) gives them back. `repr(C)` keeps the fast paths'
 /// fields first.
+///
+/// Invariant: `class_counts[i]` points to `counts.0[i]`, which `counts` keeps alive (it is
+/// never replaced) and nothing borrows mutably.
 #[repr(C)]
 pub(crate) struct SmallCache {
     classes: [LaneCache; 7],
+    /// Per class, its counts in `counts`: the alloc's fast path counts through one load, not
+    /// through the `Arc` and a second index.
+    class_counts: [NonNull<LaneCounts>; 7],
     /// Per class: requests still to send straight to the system, set when a refill found no
     /// free slot in any of the class's words. A full class then costs a request that spills
     /// to the system what the system allocation costs, not a visit to every word of the
@@ -279,7 +285,7 @@ impl SmallObjectAllocator {
             c.first = region.at(c.start);
         }
         let shared = Arc::new(Shared {
-            lanes: std::array::from_fn(|i| Lanes::new(config.slots[i])),
+            lanes: std::array::from_fn(|i| Lanes::new(config.slots[i], classes[i].start, classes[i].slot_size)),
             threads: Mutex::new(Vec::new()),
             counters: SharedCounters::default(),
             slot_addr: std::array::from_fn(|i| (region.addr() + classes[i].start, classes[i].slot_size)),
@@ -356,11 +362,13 @@ impl SmallObjectAllocator {
                 // class's `lanes` change.
                 let fast = unsafe {
                     thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
-                        lanes.take_active_fast(&mut cache.classes[i], &cache.counts.0[i])
+                        // SAFETY: `SmallCache`'s invariant: `counts` keeps them alive.
+                        let counts = cache.class_counts[i].as_ref();
+                        lanes.take_active_fast(&mut cache.classes[i], counts)
                     })
                 };
                 return match fast {
-                    Some(slot) => self.hand_out(i, slot),
+                    Some(taken) => self.hand_out_taken(i, taken),
                     None => self.alloc_slow(layout, i),
                 };
             }
@@ -500,6 +508,8 @@ impl SmallObjectAllocator {
         SmallCache {
             id: self.id,
             shared: Arc::downgrade(&self.shared),
+            // The invariant: into `counts`, moved in beside them.
+            class_counts: std::array::from_fn(|i| NonNull::from(&counts.0[i])),
             counts,
             classes: Default::default(),
             dry: [0; 7],
@@ -510,7 +520,22 @@ impl SmallObjectAllocator {
     /// the use-after-free check.
     #[inline(always)]
     fn hand_out(&self, i: usize, slot: usize) -> Result<NonNull<u8>> {
-        let ptr = self.slot_ptr(i, slot);
+        self.checked(i, slot, self.slot_ptr(i, slot))
+    }
+
+    /// [`hand_out`](Self::hand_out) for a slot the fast path took, whose region offset it
+    /// found with no multiply by the slot's index.
+    #[inline(always)]
+    fn hand_out_taken(&self, i: usize, taken: Taken) -> Result<NonNull<u8>> {
+        // One of the class's slots (its lanes handed it out), so inside the region.
+        let ptr = self.region.at(taken.at);
+        debug_assert_eq!(ptr, self.slot_ptr(i, taken.slot), "the offset of slot {} of class {i}", taken.slot);
+        self.checked(i, taken.slot, ptr)
+    }
+
+    /// Returns `ptr`, slot `slot` of class `i`, after the use-after-free check.
+    #[inline(always)]
+    fn checked(&self, i: usize, slot: usize, ptr: NonNull<u8>) -> Result<NonNull<u8>> {
         // SAFETY: the slot was free until just now: `slot_size` bytes nobody references,
         // initialised by the region's fill or the last free's.
         if !unsafe { region::freed_intact(ptr, self.classes[i].slot_size) } {
