@@ -231,9 +231,9 @@ pub struct SmallObjectAllocator {
     route: [ClassIndex; 129],
     /// `route_lanes[size]`: that class's lanes, loaded beside its index rather than after it.
     route_lanes: [LanesPtr; 129],
-    /// Granules are `1 << granule_shift` bytes (at least [`CLASS_ALIGN`]); this is
-    /// `granule_shift` less [`RECORD_SHIFT`], so that shifting an offset by it gives its
-    /// granule's record's byte offset in `granule_class` (in its high bits).
+    /// `log2` of the granule size (at least [`CLASS_ALIGN`]) less [`RECORD_SHIFT`]: an
+    /// offset shifted right by it holds its granule's record's byte offset in
+    /// `granule_class` (in its high bits).
     record_shift: u32,
     /// The class of each granule of the region; the entries past it have no slots.
     granule_class: [GranuleClass; GRANULES],
@@ -681,7 +681,7 @@ impl SmallObjectAllocator {
     /// and the region offset.
     #[inline(always)]
     fn locate(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, usize, usize)> {
-        let (class, slot, offset) = self.granule_slot(ptr)?;
+        let (class, slot, offset) = self.granule_slot(ptr);
         // Also past the region's end (in its last granule, or in a granule past it).
         (slot < class.slots()).then_some((class, slot as usize, offset))
     }
@@ -690,7 +690,7 @@ impl SmallObjectAllocator {
     /// words (below the record's `whole_slots`); `None` for the rest too.
     #[inline(always)]
     fn locate_whole(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, usize, usize)> {
-        let (class, slot, offset) = self.granule_slot(ptr)?;
+        let (class, slot, offset) = self.granule_slot(ptr);
         (slot < u64::from(class.whole_slots)).then_some((class, slot as usize, offset))
     }
 
@@ -703,14 +703,14 @@ impl SmallObjectAllocator {
     /// below it only for `offset = start + q × size` with `q` below it, an offset inside the
     /// class and so inside the table.
     #[inline(always)]
-    fn granule_slot(&self, ptr: NonNull<u8>) -> Option<(&GranuleClass, u64, usize)> {
+    fn granule_slot(&self, ptr: NonNull<u8>) -> (&GranuleClass, u64, usize) {
         // Below the region, the offset wraps to far past it.
         let offset = (ptr.as_ptr() as usize).wrapping_sub(self.region.addr());
         // The granule number times the record's size, masked to the table, divided again:
         // written so, the compiler indexes with the masked byte offset and shifts once.
         let at = (offset >> self.record_shift) & ((GRANULES - 1) << RECORD_SHIFT);
         let class = &self.granule_class[at >> RECORD_SHIFT];
-        Some((class, class.slot_of(offset), offset))
+        (class, class.slot_of(offset), offset)
     }
 
     /// Frees slot `slot` of `class` (at `offset`) if its lane is this thread's and has no

@@ -184,7 +184,9 @@ pub(crate) struct Caches<E: CacheEntry> {
     entries: UnsafeCell<Vec<NonNull<E>>>,
 }
 
-/// Zeroed bytes, as large as an entry's id lies deep at most.
+/// Zeroed bytes that stand in for an entry when there is none: deep enough to hold any
+/// entry's id (each [`CacheEntry`] asserts that its [`ID_OFFSET`](CacheEntry::ID_OFFSET)
+/// fits).
 #[repr(C, align(8))]
 pub(crate) struct Closed([u8; 512]);
 
