@@ -344,7 +344,7 @@ impl ObjectManagerBuilder {
     /// release, a locked decrement on a cold cache line, and those misses do
     /// not overlap. Deferred, the decrements run in a batch that prefetches
     /// each count a few entries ahead, so they do: a frame of 1,000 random
-    /// releases and creates among 100k ran 20–28 % faster on the host
+    /// releases and creates among 100k ran 20–52 % faster on the hosts
     /// measured (BENCHMARKS.md, O1). Unloading a level's handles in order ran
     /// up to 3 % slower (they already overlap, and the buffer adds work): unload
     /// with [`release_many`](crate::ObjectManager::release_many) instead.
