@@ -221,10 +221,21 @@ impl<T: MMObject> Store<T> {
         // order, is one run of neighbours in one lane).
         if let Some(lane) = requeue.rest.iter().position(|&rest| rest != NIL) {
             let mut step = steps[lane];
-            while requeue.rest[lane] != NIL && *budget > 0 {
-                *budget -= 1;
-                // SAFETY: as above.
-                unsafe { self.collect_next::<PLAIN>(lane, &mut step, requeue, hook, events, bytes) };
+            if *budget == usize::MAX {
+                // Unbounded (`collect_garbage`): no budget to count down per
+                // object; it loses what was destroyed once, after.
+                let before = requeue.freed.destroyed;
+                while requeue.rest[lane] != NIL {
+                    // SAFETY: as above.
+                    unsafe { self.collect_next::<PLAIN>(lane, &mut step, requeue, hook, events, bytes) };
+                }
+                *budget -= (requeue.freed.destroyed - before) as usize;
+            } else {
+                while requeue.rest[lane] != NIL && *budget > 0 {
+                    *budget -= 1;
+                    // SAFETY: as above.
+                    unsafe { self.collect_next::<PLAIN>(lane, &mut step, requeue, hook, events, bytes) };
+                }
             }
         }
     }
