@@ -315,6 +315,29 @@ fn budgeted_collection_stops_inside_a_cascade() {
     assert!(mm.is_empty());
 }
 
+#[test]
+fn budgets_too_large_to_run_out_collect_everything() {
+    // A budget above any store's slot count is not counted down per object
+    // (the walk takes the destroyed count off once): whatever its value, it
+    // collects all, a cascade's later rounds included.
+    for budget in [u32::MAX as usize + 1, usize::MAX - 1, usize::MAX] {
+        let drops = Drops::new();
+        let mut mm = quiet();
+        let mut head = mm.create(entity(0, None, &drops));
+        for name in 1..5 {
+            head = mm.create(entity(name, Some(head), &drops));
+        }
+        drop(head);
+        for w in 0..10 {
+            drop(mm.create(texture(w, &drops)));
+        }
+        let stats = mm.collect_garbage_budgeted(budget);
+        assert_eq!((stats.objects, stats.rounds), (15, 5), "budget {budget}");
+        assert_eq!(drops.count(), 15);
+        assert!(mm.is_empty() && mm.dead_count() == 0);
+    }
+}
+
 // --- Generations ----------------------------------------------------------------
 
 #[test]

@@ -221,9 +221,11 @@ impl<T: MMObject> Store<T> {
         // order, is one run of neighbours in one lane).
         if let Some(lane) = requeue.rest.iter().position(|&rest| rest != NIL) {
             let mut step = steps[lane];
-            if *budget == usize::MAX {
-                // Unbounded (`collect_garbage`): no budget to count down per
-                // object; it loses what was destroyed once, after.
+            // A budget above any store's slot count (local indices are
+            // `u32`) cannot run out here (`collect_garbage`'s is
+            // `usize::MAX`): it is not counted down per object, only by what
+            // was destroyed, once, after.
+            if *budget > u32::MAX as usize {
                 let before = requeue.freed.destroyed;
                 while requeue.rest[lane] != NIL {
                     // SAFETY: as above.
