@@ -50,6 +50,16 @@ fn entity(name: u32, parent: Option<Handle<Entity>>, drops: &Drops) -> Entity {
     Entity { name, mesh: None, material: None, parent, token: drops.token() }
 }
 
+/// Creates a chain of five entities, each holding the one before, and drops
+/// its head: collecting it is a cascade of five rounds.
+fn release_a_five_link_chain(mm: &mut ObjectManager, drops: &Drops) {
+    let mut head = mm.create(entity(0, None, drops));
+    for name in 1..5 {
+        head = mm.create(entity(name, Some(head), drops));
+    }
+    drop(head);
+}
+
 /// Panics in `Drop` when armed; still holds handles and a drop token.
 #[derive(MMObject)]
 struct Bomb {
@@ -299,11 +309,7 @@ fn budgeted_collection_keeps_the_rest_queued() {
 fn budgeted_collection_stops_inside_a_cascade() {
     let drops = Drops::new();
     let mut mm = quiet();
-    let mut head = mm.create(entity(0, None, &drops));
-    for name in 1..5 {
-        head = mm.create(entity(name, Some(head), &drops));
-    }
-    drop(head);
+    release_a_five_link_chain(&mut mm, &drops);
     let stats = mm.collect_garbage_budgeted(2);
     assert_eq!((stats.objects, stats.rounds), (2, 2));
     assert_eq!(drops.count(), 2);
@@ -323,11 +329,7 @@ fn budgets_too_large_to_run_out_collect_everything() {
     for budget in [u32::MAX as usize + 1, usize::MAX - 1, usize::MAX] {
         let drops = Drops::new();
         let mut mm = quiet();
-        let mut head = mm.create(entity(0, None, &drops));
-        for name in 1..5 {
-            head = mm.create(entity(name, Some(head), &drops));
-        }
-        drop(head);
+        release_a_five_link_chain(&mut mm, &drops);
         for w in 0..10 {
             drop(mm.create(texture(w, &drops)));
         }
