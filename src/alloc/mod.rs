@@ -143,6 +143,7 @@ mod double_ended_stack;
 mod frame;
 mod lane;
 mod page;
+mod page_map;
 mod page_table;
 mod pool;
 mod region;

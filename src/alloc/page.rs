@@ -25,7 +25,8 @@ pub(crate) const UNOWNED: u64 = 0;
 ///    it yet (collecting moves it to `free` with an `Acquire` swap that pairs with the
 ///    freeing thread's `Release` `fetch_or`, so the block's last writes happen before it is
 ///    handed out again). A block is handed out exactly when both bits are clear.
-/// 3. Bits at or above the page's block count are never set in `free` or `remote`.
+/// 3. Bits at or above the page's block count are never set in `free` or `remote` (an
+///    [`empty`](Self::empty) page has no blocks: its masks stay 0).
 /// 4. `allocations` counts the blocks the owners took from `free`. Bit `i` of `taken` is set
 ///    once block `i` has been taken. The owner always takes the lowest free bit, so when it
 ///    takes block `i` every block below `i` is handed out or freed remotely and not yet
@@ -71,6 +72,24 @@ impl Page {
             blocks: blocks as u8,
             owner: AtomicU64::new(UNOWNED),
             free: AtomicU64::new(full_mask(blocks)),
+            remote: AtomicU64::new(0),
+            allocations: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            #[cfg(debug_assertions)]
+            taken_before: AtomicU64::new(0),
+        }
+    }
+
+    /// A page of no blocks, owned by nobody: it never has a block to take or free (see
+    /// [`PageMap`](super::page_map::PageMap)).
+    pub(crate) fn empty() -> Page {
+        Page {
+            start: 0,
+            shift: 0,
+            class: 0,
+            blocks: 0,
+            owner: AtomicU64::new(UNOWNED),
+            free: AtomicU64::new(0),
             remote: AtomicU64::new(0),
             allocations: AtomicU64::new(0),
             taken: AtomicU64::new(0),
@@ -161,19 +180,20 @@ impl Page {
         if mask == 0 || self.remote.load(Ordering::Relaxed) & mask != 0 {
             return None;
         }
-        self.free.store(mask & (mask - 1), Ordering::Relaxed);
-        self.count_take(mask);
+        let rest = mask & (mask - 1);
+        self.free.store(rest, Ordering::Relaxed);
+        self.count_take(mask ^ rest);
         Some(mask.trailing_zeros())
     }
 
-    /// Counts the take of the lowest bit of `mask` (invariant 4).
+    /// Counts the take of block `bit`, a mask of one bit (invariant 4).
     #[inline(always)]
-    fn count_take(&self, mask: u64) {
+    fn count_take(&self, bit: u64) {
         self.allocations.store(self.allocations.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let taken = self.taken.load(Ordering::Relaxed);
         #[cfg(debug_assertions)]
         self.taken_before.store(taken, Ordering::Relaxed);
-        self.taken.store(taken | mask & mask.wrapping_neg(), Ordering::Relaxed);
+        self.taken.store(taken | bit, Ordering::Relaxed);
     }
 
     /// Takes the lowest free block (owner only) and returns its bit index, with the mask of
@@ -190,8 +210,9 @@ impl Page {
         if doubles != 0 {
             self.drop_remote(doubles);
         }
-        self.free.store(mask & (mask - 1), Ordering::Relaxed);
-        self.count_take(mask);
+        let rest = mask & (mask - 1);
+        self.free.store(rest, Ordering::Relaxed);
+        self.count_take(mask ^ rest);
         Some((mask.trailing_zeros(), doubles))
     }
 

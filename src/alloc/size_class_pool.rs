@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::page::{self, Page, UNOWNED};
+use super::page_map::{PageMap, GRANULE};
 use super::page_table::PageTable;
 use super::region::{self, Region, MAX_ALIGN};
 use super::shell::{self, Shell};
 use super::stats::SharedCounters;
-use super::thread_cache::{self, PoolCache, NO_PAGE, NO_TOKEN};
+use super::thread_cache::{self, PoolCache, NO_TOKEN};
 use super::AllocStats;
 use crate::{Error, Result};
 
@@ -47,11 +48,6 @@ const SCARCE: usize = 32;
 
 /// "No class is large enough" in the size lookup table.
 const NO_CLASS: u8 = u8::MAX;
-/// The granule of the address-to-page table: every page starts on a granule boundary and
-/// spans at least one (or is the last of its class), so one table load finds the page of
-/// any address.
-const GRANULE_SHIFT: u32 = 9;
-const GRANULE: usize = 1 << GRANULE_SHIFT;
 
 /// One size class: `count` blocks of `block_size` bytes at `start` in the region, in pages
 /// of `1 << page_shift` blocks (the last page may hold fewer).
@@ -119,8 +115,10 @@ pub struct SizeClassStats {
 ///   full class's spilled requests cost a few page visits each, not a visit to every page),
 ///   and always looks at it again before a request fails.
 /// - **Free**: the address alone finds the page: one load from a table with an entry per
-///   512 bytes of region (every page starts on such a boundary), and the page's one cache
-///   line says where its blocks are and who owns it. On the page's owner thread a free sets a bit with a plain store; on any other
+///   512 bytes of region (every page starts on such a boundary; the table's length is a
+///   power of two, so the granule number is masked, not bounds-checked, and the block check
+///   refuses an address the mask wrapped), and the page's one cache line says where its
+///   blocks are and who owns it. On the page's owner thread a free sets a bit with a plain store; on any other
 ///   thread it sets a bit in the page's *remote* mask with one atomic `fetch_or`, and the
 ///   owner collects those with one swap when its page runs out. A pointer that is not a
 ///   block start gives [`Error::NotBlockStart`], one outside the region
@@ -163,18 +161,20 @@ pub struct SizeClassStats {
 ///   starting on a 512-byte boundary, so each block is aligned to `min(block size, 4096)`;
 ///   a request for alignment `a` simply uses a class of at least `a` bytes.
 /// - **Overhead**: 64 bytes per page (one cache line: owner, local and remote free masks,
-///   counts, and where its blocks are): one byte per block for full pages; 4 bytes per 512
-///   bytes of region for the address-to-page table; under 512 bytes of padding before each
+///   counts, and where its blocks are): one byte per block for full pages; 8 bytes per 512
+///   bytes of region for the address-to-page table (a pointer an entry, the entries
+///   rounded up to a power of two); under 512 bytes of padding before each
 ///   class (address space in the region, not in [`capacity`](Self::capacity)). The
 ///   allocator never writes into a handed-out or free block (except the debug fill), so no
 ///   link can be corrupted. Internal fragmentation is up to half a block (power-of-two
-///   rounding). Each thread that uses the pool keeps a small cache (a page index per class
-///   and the list of its pages) in a thread-local.
+///   rounding). Each thread that uses the pool keeps a cache (a page pointer per request
+///   size, 2 KiB, and the list of its pages) in a thread-local.
 /// - **Debug builds** fill freed blocks with `0xDD` and check the fill on allocation
 ///   ([`Error::UseAfterFree`]).
 /// - **Drop** logs blocks still handed out as leaks (`log::warn!`). Dropping the pool while
-///   other threads' caches still name it is fine: they hold its id and a `Weak` to its page
-///   table, never a pointer into it.
+///   other threads' caches still name it is fine: they hold its id, a `Weak` to its page
+///   table, and pointers to its pages that only the pool reads (ids never repeat, so no
+///   later pool reads them).
 ///
 /// # Examples
 ///
@@ -208,9 +208,8 @@ pub struct SizeClassPool {
     id: u64,
     /// `by_log2[k]`: index of the first class with `block_size >= 1 << k`, or `NO_CLASS`.
     by_log2: [u8; 65],
-    /// For each [`GRANULE`] of the region, the page it belongs to, or `NO_PAGE` for the
-    /// padding between classes: the free path's page lookup.
-    granule_page: Box<[u32]>,
+    /// The page of each granule of the region: the free path's page lookup.
+    map: PageMap,
     /// Bit `i` is set by a thread that found no block in class `i` (or any larger one), and
     /// cleared when a thread takes over an unowned page of the class again. While it is set,
     /// owners free into their own pages of the class through the remote mask too (where a
@@ -280,15 +279,14 @@ impl SizeClassPool {
         }
         built.reverse(); // ascending block size
         let mut pages = Vec::new();
-        let mut granule_page = vec![NO_PAGE; offset.div_ceil(GRANULE)];
+        let mut spans = Vec::new();
         for (i, class) in built.iter_mut().enumerate() {
             class.first_page = u32::try_from(pages.len()).expect("too many pages");
             for rel in 0..class.pages {
                 let p = class.first_page + rel;
-                assert!(p != NO_PAGE, "too many pages");
                 let start = class.page_offset(p);
                 let blocks = class.page_blocks(rel);
-                granule_page[start / GRANULE..(start + ((blocks as usize) << class.shift)).div_ceil(GRANULE)].fill(p);
+                spans.push(start..start + ((blocks as usize) << class.shift));
                 pages.push(Page::new(blocks, start, class.shift, i));
             }
         }
@@ -302,7 +300,7 @@ impl SizeClassPool {
         }
         SizeClassPool {
             region: Region::new(offset),
-            granule_page: granule_page.into_boxed_slice(),
+            map: PageMap::new(offset, Arc::clone(&pages), spans.into_iter()),
             pressure: AtomicU64::new(0),
             capacity,
             classes: built.into_boxed_slice(),
@@ -363,20 +361,21 @@ impl SizeClassPool {
         // `k = log2` of `max(size, align, 8)` rounded up to a power of two; `align >= 1`, so
         // the subtraction cannot wrap, and `k <= 64`.
         let k = (usize::BITS - ((layout.size().max(align) - 1) | 7).leading_zeros()) as usize;
-        // SAFETY: the closure only reads and writes page masks and counts: it calls nothing
-        // that could reach the thread cache again.
-        let fast = unsafe {
-            thread_cache::with_last_cache(self.id, |cache: &mut PoolCache| {
-                // Indexed by `k` itself (no class lookup on the way) as a `u8`, so no bounds
-                // check; a `k` no class serves is always `NO_PAGE`, past the page table's end.
-                let p = cache.active[usize::from(k as u8)];
-                let page = self.pages.get(p as usize)?;
-                let bit = page.take_clean()?;
-                Some((p, bit, page.block_offset(bit), page.shift()))
-            })
+        // SAFETY: the closure only reads the cache: it calls nothing that could reach the
+        // thread cache again.
+        let active = unsafe {
+            // Indexed by `k` itself (no class lookup on the way) as a `u8`, so no bounds
+            // check; a `k` no class serves holds the empty page, which has no block.
+            thread_cache::with_last_cache(self.id, |cache: &mut PoolCache| Some(cache.active[usize::from(k as u8)]))
         };
-        if let Some((p, bit, offset, shift)) = fast {
-            return self.hand_out(p, bit, offset, 1 << shift);
+        if let Some(active) = active {
+            // SAFETY: the cache is this pool's (`with_last_cache` matched the id), so the
+            // entry points to one of its pages or its empty page (`PoolCache::active`), alive
+            // with `self`.
+            let page = unsafe { active.as_ref() };
+            if let Some(bit) = page.take_clean() {
+                return self.hand_out(page, bit);
+            }
         }
         self.alloc_slow(layout, k)
     }
@@ -391,7 +390,7 @@ impl SizeClassPool {
             return Err(self.out_of_memory(layout.size(), k));
         }
         let first = usize::from(first);
-        let make = || PoolCache::new(self.id, &self.table, self.classes.len());
+        let make = || PoolCache::new(self.id, &self.table, self.classes.len(), self.map.empty());
         let cached = thread_cache::with_cache(self.id, make, |cache: &mut PoolCache| {
             // Classes this thread found dry lately are passed over (see `PoolCache::dry`),
             // but looked at for real before the request fails: their blocks may have been
@@ -489,16 +488,17 @@ impl SizeClassPool {
     fn alloc_cached(&self, i: usize, cache: &mut PoolCache) -> Result<Option<NonNull<u8>>> {
         let class = &self.classes[i];
         // A class's own `k` is its shift.
-        let active = cache.active[class.shift as usize];
-        if active != NO_PAGE {
-            if let Some(taken) = self.pages[active as usize].take() {
-                return self.hand_out_taken(class, active, taken).map(Some);
-            }
+        // SAFETY: the cache is this pool's (`with_cache` keys it by the id), so the entry
+        // points to one of its pages (`PoolCache::active`), alive with `self`.
+        let active = unsafe { cache.active[class.shift as usize].as_ref() };
+        if let Some(taken) = active.take() {
+            return self.hand_out_taken(class, active, taken).map(Some);
         }
         match self.refill(i, cache) {
             Some(p) => {
-                let taken = self.pages[p as usize].take().expect("refill returns a page with a free block");
-                self.hand_out_taken(class, p, taken).map(Some)
+                let page = &self.pages[p as usize];
+                let taken = page.take().expect("refill returns a page with a free block");
+                self.hand_out_taken(class, page, taken).map(Some)
             }
             None => {
                 // The refill visited every page of the class (its own, then the others for
@@ -541,7 +541,8 @@ impl SizeClassPool {
         // Every `k` the class serves first: those above the previous class's shift, up to
         // its own.
         let lowest = class_index.checked_sub(1).map_or(0, |below| self.classes[below].shift as usize + 1);
-        cache.active[lowest..=class.shift as usize].fill(found.unwrap_or(NO_PAGE));
+        let active = found.map_or(self.map.empty(), |p| &self.pages[p as usize]);
+        cache.active[lowest..=class.shift as usize].fill(NonNull::from(active));
         found
     }
 
@@ -639,8 +640,9 @@ impl SizeClassPool {
         let token = thread_cache::token();
         for (i, class) in self.classes.iter().enumerate().skip(first) {
             if let Some(p) = self.acquire(i, token) {
-                let taken = self.pages[p as usize].take().expect("acquire returns a page with a free block");
-                let result = self.hand_out_taken(class, p, taken);
+                let page = &self.pages[p as usize];
+                let taken = page.take().expect("acquire returns a page with a free block");
+                let result = self.hand_out_taken(class, page, taken);
                 self.table.release(p);
                 if i != first {
                     self.counters.fallback();
@@ -667,26 +669,28 @@ impl SizeClassPool {
         }
     }
 
-    /// [`hand_out`](Self::hand_out) for block `bit` of page `p` of `class`, just taken;
+    /// [`hand_out`](Self::hand_out) for block `bit` of `page` of `class`, just taken;
     /// reports the page's blocks found freed twice (`doubles`, see [`Page::take`]).
     #[inline(always)]
-    fn hand_out_taken(&self, class: &Class, p: u32, (bit, doubles): (u32, u64)) -> Result<NonNull<u8>> {
+    fn hand_out_taken(&self, class: &Class, page: &Page, (bit, doubles): (u32, u64)) -> Result<NonNull<u8>> {
         if doubles != 0 {
-            self.double_free_raced(class, (p - class.first_page) << class.page_shift, doubles);
+            // The class's index of the page's first block.
+            let base = (page.start() - class.start) >> class.shift;
+            self.double_free_raced(class, base as u32, doubles);
         }
-        let page = &self.pages[p as usize];
-        self.hand_out(p, bit, page.block_offset(bit), 1 << page.shift())
+        self.hand_out(page, bit)
     }
 
-    /// Returns the block at region offset `offset`, bit `bit` of page `p`, just taken, after
-    /// the use-after-free check.
+    /// Returns block `bit` of `page` (one of `self.pages`), just taken, after the
+    /// use-after-free check.
     #[inline(always)]
-    fn hand_out(&self, p: u32, bit: u32, offset: usize, block_size: usize) -> Result<NonNull<u8>> {
-        let block = self.region.at(offset);
+    fn hand_out(&self, page: &Page, bit: u32) -> Result<NonNull<u8>> {
+        let block_size = 1 << page.shift();
+        let block = self.region.at(page.block_offset(bit));
         // SAFETY: the block was free until `take` just now: `block_size` bytes nobody else
         // references, initialised by the region's fill or the last free's.
         if !unsafe { region::freed_intact(block, block_size) } {
-            return Err(self.corrupted(p, bit, block, block_size));
+            return Err(self.corrupted(page, bit, block, block_size));
         }
         Ok(block)
     }
@@ -762,11 +766,14 @@ impl SizeClassPool {
     #[inline(always)]
     unsafe fn free_block(&self, ptr: NonNull<u8>) -> bool {
         let Some((page, offset, bit)) = self.find_block(ptr.as_ptr() as usize) else { return false };
-        if self.is_local(page) {
-            // SAFETY: forwarded contract; `page` is this thread's (just checked).
+        if page.owner() != thread_cache::token_if_any() {
+            self.free_remote(page, bit).is_ok()
+        } else if self.pressure.load(Ordering::Relaxed) == 0 {
+            // SAFETY: forwarded contract; `page` is this thread's and its class under no
+            // pressure (as `is_local`, with one test for every class).
             unsafe { self.free_here(page, offset, bit) }.is_ok()
         } else {
-            self.free_remote(page, bit).is_ok()
+            false // some class is under pressure: `free_checked` tests the page's
         }
     }
 
@@ -884,11 +891,12 @@ impl SizeClassPool {
     /// [`locate`](Self::locate) without the error: `None` if `addr` starts no block.
     #[inline(always)]
     fn find_block(&self, addr: usize) -> Option<(&Page, usize, u32)> {
+        // Below the region, the offset wraps to far past it.
         let offset = addr.wrapping_sub(self.region.addr());
-        // Outside the region, or padding between classes (`NO_PAGE` is past the table's end).
-        let page = self.granule_page.get(offset >> GRANULE_SHIFT).and_then(|&p| self.pages.get(p as usize))?;
-        // Pages start on granules, so `offset >= start` and this does not wrap.
-        let rel = offset - page.start();
+        // Outside the region, the masked lookup lands on some page (or on the empty page):
+        // `rel` is then at or past the page's end, or wraps to far past it.
+        let page = self.map.page_at(offset);
+        let rel = offset.wrapping_sub(page.start());
         // The block index if `rel` is a block's start; otherwise the rotation moves the low
         // bits to the top, and the index is far above any block count. One compare checks
         // both "a block's start" and "before the page's end".
@@ -905,9 +913,8 @@ impl SizeClassPool {
     #[inline(never)]
     fn not_a_block(&self, addr: usize) -> Error {
         let offset = addr.wrapping_sub(self.region.addr());
-        let page = self.granule_page.get(offset >> GRANULE_SHIFT).and_then(|&p| self.pages.get(p as usize));
-        let Some(page) = page else { return Error::ForeignPointer { addr } };
-        let rel = offset - page.start();
+        let page = self.map.page_at(offset);
+        let rel = offset.wrapping_sub(page.start());
         let bit = rel >> page.shift();
         if bit >= page.blocks() as usize {
             Error::ForeignPointer { addr }
@@ -946,7 +953,7 @@ impl SizeClassPool {
     pub fn metadata_bytes(&self) -> usize {
         self.pages.len() * size_of::<Page>()
             + self.classes.len() * size_of::<Class>()
-            + self.granule_page.len() * size_of::<u32>()
+            + self.map.table_bytes()
             + size_of::<Self>()
     }
 
@@ -1000,10 +1007,10 @@ impl SizeClassPool {
     /// next call hands it out.
     #[cold]
     #[inline(never)]
-    fn corrupted(&self, p: u32, bit: u32, block: NonNull<u8>, block_size: usize) -> Error {
+    fn corrupted(&self, page: &Page, bit: u32, block: NonNull<u8>, block_size: usize) -> Error {
         // SAFETY: the block was free until just now and is not handed out: nobody references it.
         unsafe { region::fill_freed(block, block_size) };
-        self.pages[p as usize].untake(bit);
+        page.untake(bit);
         self.failed(region::use_after_free("SizeClassPool", block.as_ptr() as usize))
     }
 }

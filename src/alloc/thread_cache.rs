@@ -4,11 +4,12 @@
 //! thread owns in that allocator.
 //!
 //! An allocator is a value, so the caches are keyed by the allocator's id in a thread-local
-//! list, with a one-entry check for the allocator used last. An entry holds indices and a
-//! `Weak` to the allocator's shared state, never a pointer into the allocator: an allocator
-//! dropped (or forgotten, or moved to another thread) while caches still name it leaves only
-//! stale numbers behind, and ids never repeat, so a stale entry is never used for another
-//! allocator. When a thread exits, its entries drop, and each gives back what the thread
+//! list, with a one-entry check for the allocator used last. An entry holds indices, a
+//! `Weak` to the allocator's shared state, and (a pool's) pointers to the pool's pages,
+//! which live in the pool's heap state, not in the value: an allocator dropped (or
+//! forgotten, or moved to another thread) while caches still name it leaves stale entries
+//! behind, and ids never repeat, so a stale entry is never read again, by its allocator or
+//! any other. When a thread exits, its entries drop, and each gives back what the thread
 //! owned if the allocator is still alive; other threads then take it over.
 //!
 //! [`SizeClassPool`]: super::SizeClassPool
@@ -20,11 +21,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use super::page::Page;
 use super::page_table::PageTable;
 use super::small_object::SmallCache;
-
-/// "No page" in a class cache.
-pub(crate) const NO_PAGE: u32 = u32::MAX;
 
 /// The token of a thread whose thread-locals are gone: it owns no page, so every free it
 /// makes takes the remote path.
@@ -71,18 +70,26 @@ pub(crate) unsafe trait CacheEntry: Sized + 'static {
 }
 
 /// One thread's cache for one size-class pool.
+///
+/// `repr(C)` keeps the id first, where [`Closed`] covers it, ahead of the 2 KiB `active`.
+#[repr(C)]
 pub(crate) struct PoolCache {
     pool: u64,
     /// The pool's page table, to give the pages back when the thread exits.
     table: Weak<PageTable>,
     /// Per `k` (the log2 of a request's rounded-up size, as the pool's `by_log2` index, at
     /// most 64): the page of class `by_log2[k]` that allocations come from first (one of
-    /// `owned`), or [`NO_PAGE`]; all the `k` of one class hold the same entry, and a class's
-    /// entry sits at least at `k` = its shift. Keyed by `k`, so the fast path goes from a
-    /// request's size to its page without the class lookup; inline, so it reads it with no
-    /// pointer to follow; one entry per `u8`, so `k` needs no bounds check (the entries no
-    /// class serves stay `NO_PAGE`).
-    pub(crate) active: [u32; 256],
+    /// `owned`), or the pool's empty page (see `PageMap`), which has no block to take; all
+    /// the `k` of one class hold the same entry, and a class's entry sits at least at `k` =
+    /// its shift. Keyed by `k`, so the fast path goes from a request's size to its page
+    /// without the class lookup; inline, so it reads it with no pointer to follow; one entry
+    /// per `u8`, so `k` needs no bounds check (the entries no class serves stay empty).
+    ///
+    /// Invariant: every entry was made from a shared reference to one of pool `pool`'s pages
+    /// or to its empty page, which live as long as that pool. Only that pool's own calls
+    /// read the entries (the caches are keyed by its id, which never repeats), so an entry
+    /// is never read after its pool is gone.
+    pub(crate) active: [NonNull<Page>; 256],
     /// Per class: every page of the class this thread owns (indices into the page table).
     pub(crate) owned: Box<[Vec<u32>]>,
     /// Per class: pages of `owned` that the last scan of them found with a free block and
@@ -102,11 +109,11 @@ pub(crate) struct PoolCache {
 
 impl PoolCache {
     /// An empty cache for pool `pool` with `classes` classes.
-    pub(crate) fn new(pool: u64, table: &Arc<PageTable>, classes: usize) -> PoolCache {
+    pub(crate) fn new(pool: u64, table: &Arc<PageTable>, classes: usize, empty: &Page) -> PoolCache {
         PoolCache {
             pool,
             table: Arc::downgrade(table),
-            active: [NO_PAGE; 256],
+            active: [NonNull::from(empty); 256],
             owned: (0..classes).map(|_| Vec::new()).collect(),
             ready: (0..classes).map(|_| Vec::new()).collect(),
             dry: vec![0; classes].into_boxed_slice(),

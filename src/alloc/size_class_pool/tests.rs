@@ -94,6 +94,27 @@ fn padding_between_classes_is_foreign() {
 }
 
 #[test]
+fn addresses_a_table_span_from_a_block_are_foreign() {
+    // The free's page lookup wraps granule numbers around the table: an address one whole
+    // table span above or below a block lands on that block's page, and must be refused.
+    let pool = small();
+    let span = pool.map.span();
+    for class in pool.class_stats() {
+        let p = pool.alloc(Layout::from_size_align(class.block_size, 8).unwrap());
+        for alias in [p.as_ptr().wrapping_add(span), p.as_ptr().wrapping_sub(span)] {
+            let alias = NonNull::new(alias).unwrap();
+            // SAFETY: not the pool's (the error under test); never dereferenced.
+            let refused = unsafe { pool.try_free(alias) };
+            let addr = alias.as_ptr() as usize;
+            assert_eq!(refused, Err(Error::ForeignPointer { addr }), "{}-byte class", class.block_size);
+        }
+        assert_eq!(pool.stats().live, 1, "the block itself stays handed out");
+        // SAFETY: ours, freed once.
+        unsafe { pool.free(p) };
+    }
+}
+
+#[test]
 fn peak_is_the_most_blocks_out_at_once() {
     let pool = SizeClassPool::new(&[(8, 64)]);
     let blocks: Vec<_> = (0..5).map(|_| pool.alloc(Layout::new::<u8>())).collect();
