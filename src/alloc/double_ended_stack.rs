@@ -181,7 +181,8 @@ impl DoubleEndedStack {
                 }
             }
         };
-        let ptr = self.region.at(start);
+        // SAFETY: `start + size <= upper <= len` (both arms checked it).
+        let ptr = unsafe { self.region.at(start) };
         // SAFETY: `start..start + size` lies in the free gap `lower..upper`.
         if !unsafe { region::freed_intact(ptr, size) } {
             // SAFETY: as above: nobody references the gap.
@@ -244,8 +245,8 @@ impl DoubleEndedStack {
         let (lower, upper) = (self.lower.get(), self.upper.get());
         match marker.end {
             0 if marker.offset <= lower => {
-                // SAFETY: `marker.offset..lower` is inside the region and `&mut self` proves
-                // nothing in it is borrowed.
+                // SAFETY: `marker.offset..lower` is inside the region (`lower <= len`) and
+                // `&mut self` proves nothing in it is borrowed.
                 unsafe { region::fill_freed(self.region.at(marker.offset), lower - marker.offset) };
                 self.lower.set(marker.offset);
             }
@@ -263,7 +264,7 @@ impl DoubleEndedStack {
     pub fn reset(&mut self) {
         self.update_peak();
         let len = self.region.len();
-        // SAFETY: `&mut self`: nothing in the region is borrowed.
+        // SAFETY: `lower <= upper <= len`, and `&mut self`: nothing in the region is borrowed.
         unsafe {
             region::fill_freed(self.region.at(0), self.lower.get());
             region::fill_freed(self.region.at(self.upper.get()), len - self.upper.get());
@@ -318,7 +319,8 @@ impl DoubleEndedStack {
             return None; // a stale write: leave it to `allocate`, which reports it
         }
         self.lower.set(end);
-        Some(self.region.at(offset))
+        // SAFETY: `offset + new_size <= upper <= len` (checked above).
+        Some(unsafe { self.region.at(offset) })
     }
 
     #[cold]

@@ -240,10 +240,17 @@ impl<T> Pool<T> {
         Ok((offset / Self::SLOT) as u32)
     }
 
+    /// Slot `index`'s first byte.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `index` is not a slot (callers pass indices of slots, so it never does; the
+    /// check keeps this safe function sound on its own).
     #[inline]
     fn slot(&self, index: u32) -> NonNull<u8> {
-        debug_assert!(index < self.capacity, "slot {index} out of range");
-        self.region.at(index as usize * Self::SLOT)
+        assert!(index < self.capacity, "slot {index} out of range");
+        // SAFETY: `index < capacity`, and the region holds `capacity` slots of `SLOT` bytes.
+        unsafe { self.region.at(index as usize * Self::SLOT) }
     }
 
     #[inline]

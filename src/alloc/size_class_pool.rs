@@ -479,7 +479,8 @@ impl SizeClassPool {
             self.counters.fallback();
         }
         let class = &self.classes[i];
-        self.block(class, ((p - class.first_page) << class.page_shift) + bit)
+        // SAFETY: `bit` came from page `p`'s remote mask, so it is one of its blocks.
+        unsafe { self.block(class, ((p - class.first_page) << class.page_shift) + bit) }
     }
 
     /// Takes a block of class `i` through this thread's cache for the class, or `None` if no
@@ -658,11 +659,10 @@ impl SizeClassPool {
     fn collect(&self, class: &Class, p: u32) {
         let base = (p - class.first_page) << class.page_shift;
         let doubles = self.pages[p as usize].collect(|bit| {
-            let block = self.block(class, base + bit);
-            // SAFETY: the block was just freed by another thread (its `Release` free
-            // happened before our `Acquire` swap) and is not yet free to hand out: nobody
-            // references it.
-            unsafe { region::fill_freed(block, class.block_size) };
+            // SAFETY: `bit` came from the page's remote mask, so the block is one of the
+            // page's, and it was just freed by another thread (its `Release` free happened
+            // before our `Acquire` swap) and is not yet free to hand out: nobody references it.
+            unsafe { region::fill_freed(self.block(class, base + bit), class.block_size) };
         });
         if doubles != 0 {
             self.double_free_raced(class, base, doubles);
@@ -686,7 +686,9 @@ impl SizeClassPool {
     #[inline(always)]
     fn hand_out(&self, page: &Page, bit: u32) -> Result<NonNull<u8>> {
         let block_size = 1 << page.shift();
-        let block = self.region.at(page.block_offset(bit));
+        // SAFETY: `page` had block `bit` to take, so it is one of `self.pages` (the empty page
+        // has none), and its blocks lie inside the region.
+        let block = unsafe { self.region.at(page.block_offset(bit)) };
         // SAFETY: the block was free until `take` just now: `block_size` bytes nobody else
         // references, initialised by the region's fill or the last free's.
         if !unsafe { region::freed_intact(block, block_size) } {
@@ -695,10 +697,17 @@ impl SizeClassPool {
         Ok(block)
     }
 
+    /// Block `index` of `class` (one of `self.classes`).
+    ///
+    /// # Safety
+    ///
+    /// `index < class.count`: a block of one of the class's pages (a page's masks hold no
+    /// bit past its blocks, `Page`'s invariant 3).
     #[inline]
-    fn block(&self, class: &Class, index: u32) -> NonNull<u8> {
+    unsafe fn block(&self, class: &Class, index: u32) -> NonNull<u8> {
         debug_assert!(index < class.count, "block index {index} out of range");
-        self.region.at(class.start + ((index as usize) << class.shift))
+        // SAFETY: the class's `count` blocks lie inside the region, and `index` is one.
+        unsafe { self.region.at(class.start + ((index as usize) << class.shift)) }
     }
 
     /// Returns a block to its class.
@@ -840,7 +849,8 @@ impl SizeClassPool {
     unsafe fn free_here(&self, page: &Page, offset: usize, bit: u32) -> std::result::Result<(), ()> {
         page.free_local(bit, || {
             // SAFETY: the block was handed out and, by the caller's contract, is no longer
-            // used; the pool's own pointer covers its `1 << shift` bytes.
+            // used; it starts at `offset` in the region (`find_block`), and the pool's own
+            // pointer covers its `1 << shift` bytes.
             unsafe { region::fill_freed(self.region.at(offset), 1 << page.shift()) }
         })
     }
@@ -993,7 +1003,8 @@ impl SizeClassPool {
     #[inline(never)]
     fn double_free_raced(&self, class: &Class, base: u32, mut doubles: u64) {
         while doubles != 0 {
-            let addr = self.block(class, base + doubles.trailing_zeros()).as_ptr() as usize;
+            // SAFETY: `doubles` holds bits of the page's masks, so blocks of the page.
+            let addr = unsafe { self.block(class, base + doubles.trailing_zeros()) }.as_ptr() as usize;
             log::error!(
                 "SizeClassPool: {} (two frees raced on two threads; the second is ignored)",
                 Error::DoubleFree { addr }
@@ -1104,7 +1115,8 @@ impl SizeClassPool {
     fn resize_in_place(&self, ptr: NonNull<u8>, new: Layout, keep: impl FnOnce(&Page) -> bool) -> Option<NonNull<u8>> {
         let addr = ptr.as_ptr() as usize;
         let (page, offset, _) = self.find_block(addr)?;
-        (addr % new.align() == 0 && keep(page)).then(|| self.region.at(offset))
+        // SAFETY: `find_block` found a block starting at `offset`, inside the region.
+        (addr % new.align() == 0 && keep(page)).then(|| unsafe { self.region.at(offset) })
     }
 }
 

@@ -282,7 +282,8 @@ impl SmallObjectAllocator {
         let region = Region::new(offset);
         // `SmallClass`'s invariant (a class with slots lies inside the region).
         for c in classes.iter_mut().filter(|c| c.slots > 0) {
-            c.first = region.at(c.start);
+            // SAFETY: `c.start < c.end <= offset`, the region's length.
+            c.first = unsafe { region.at(c.start) };
         }
         let shared = Arc::new(Shared {
             lanes: std::array::from_fn(|i| Lanes::new(config.slots[i], classes[i].start, classes[i].slot_size)),
@@ -490,14 +491,20 @@ impl SmallObjectAllocator {
         false
     }
 
-    /// Slot `slot` of class `i`, with the region's provenance. `slot` is one of the class's
-    /// slots (its lanes handed it out), as `Region::at`'s offset is inside the region.
+    /// Slot `slot` of class `i`, with the region's provenance.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `slot` is not one of the class's slots (callers pass slots its lanes handed
+    /// out, so it never does).
     #[inline(always)]
     fn slot_ptr(&self, i: usize, slot: usize) -> NonNull<u8> {
         let class = &self.classes[i];
-        debug_assert!(class.start + slot * class.slot_size < class.end, "slot {slot} of class {i}");
+        // Checked in every build, so this safe function is sound on its own: the paths that
+        // call it are off the fast path (which takes its offset from the thread's cache).
+        assert!((slot as u64) < class.slots, "slot {slot} of class {i}");
         // SAFETY: `first` is the region's pointer at the class's start (`SmallClass`'s
-        // invariant), and slot `slot` of the class lies inside the region.
+        // invariant), and the class's `slots` slots lie inside the region.
         unsafe { class.first.add(slot * class.slot_size) }
     }
 
@@ -527,8 +534,9 @@ impl SmallObjectAllocator {
     /// found with no multiply by the slot's index.
     #[inline(always)]
     fn hand_out_taken(&self, i: usize, taken: Taken) -> Result<NonNull<u8>> {
-        // One of the class's slots (its lanes handed it out), so inside the region.
-        let ptr = self.region.at(taken.at);
+        // SAFETY: `taken.at` is the offset of one of the class's slots (its lanes handed it
+        // out: see `Taken`), so inside the region.
+        let ptr = unsafe { self.region.at(taken.at) };
         debug_assert_eq!(ptr, self.slot_ptr(i, taken.slot), "the offset of slot {} of class {i}", taken.slot);
         self.checked(i, taken.slot, ptr)
     }
@@ -647,7 +655,10 @@ impl SmallObjectAllocator {
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
         // And `slot` is below the record's `whole_slots`, so (`GranuleClass`'s invariant) in a
-        // whole word of `lanes`' bitmap, as `free_owned_fast` asks.
+        // whole word of `lanes`' bitmap, as `free_owned_fast` asks. The fill's contract:
+        // `offset` is slot `slot`'s (`locate_whole`), the lanes run the fill only once they
+        // found the slot handed out, and by the forwarded contract the caller no longer uses
+        // it.
         let freed = unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                 Some(lanes.free_owned_fast(&mut cache.classes[i], slot, move || self.fill_slot(i, offset)))
@@ -670,10 +681,14 @@ impl SmallObjectAllocator {
             // SAFETY: forwarded contract.
             return unsafe { self.not_a_slot(ptr) };
         };
-        match self.free_in_own_lane(class, slot, offset) {
+        // SAFETY: `offset` is slot `slot`'s (`locate`), and the forwarded contract is
+        // `try_free`'s.
+        let own = unsafe { self.free_in_own_lane(class, slot, offset) };
+        match own {
             Some(Ok(())) => Ok(()),
             Some(Err(())) => Err(Error::DoubleFree { addr: ptr.as_ptr() as usize }),
-            None => self.free_slow(class.class.get(), slot, offset),
+            // SAFETY: as above.
+            None => unsafe { self.free_slow(class.class.get(), slot, offset) },
         }
     }
 
@@ -715,14 +730,21 @@ impl SmallObjectAllocator {
 
     /// Frees slot `slot` of `class` (at `offset`) if its lane is this thread's and has no
     /// queued frees: `Err` if the slot is free already, `None` for another lane.
+    ///
+    /// # Safety
+    ///
+    /// `offset` is the region offset of slot `slot` of `class`, and `try_free`'s contract
+    /// holds for that slot.
     #[inline(always)]
-    fn free_in_own_lane(&self, class: &GranuleClass, slot: usize, offset: usize) -> Option<Result<(), ()>> {
+    unsafe fn free_in_own_lane(&self, class: &GranuleClass, slot: usize, offset: usize) -> Option<Result<(), ()>> {
         let i = class.class.get();
         // SAFETY: `class` is one of `self.granule_class` (from `locate`), so its pointer is
         // `self`'s.
         let lanes = unsafe { class.lanes.get(self) };
         // SAFETY: the closure only reads and writes bitmap words and this thread's counts,
         // and writes the debug fill: it calls nothing that could reach the thread cache again.
+        // The fill's contract: the lanes run it only once they found the slot handed out; the
+        // rest is the forwarded contract.
         unsafe {
             thread_cache::with_last_cache(self.id, |cache: &mut SmallCache| {
                 lanes.free_owned(&mut cache.classes[i], slot, move || self.fill_slot(i, offset))
@@ -731,10 +753,15 @@ impl SmallObjectAllocator {
     }
 
     /// Writes the debug fill over the slot of class `i` at `offset`, being freed.
+    ///
+    /// # Safety
+    ///
+    /// `offset` is the region offset of a slot of class `i` that was handed out and that
+    /// nobody uses any more (`try_free`'s checks passed, and its caller's contract).
     #[inline(always)]
-    fn fill_slot(&self, i: usize, offset: usize) {
-        // SAFETY: called once `try_free`'s checks passed, so the slot was handed out and, by
-        // the caller's contract, is no longer used. The fill goes through the region's own
+    unsafe fn fill_slot(&self, i: usize, offset: usize) {
+        // SAFETY: the caller's contract: the slot lies inside the region and nobody uses
+        // it. The fill goes through the region's own
         // pointer, whose provenance covers the whole slot; the caller's pointer may cover
         // only the bytes it asked for (an `allocator_api2::boxed::Box<u8>` retags it to one
         // byte), so writing the whole slot through it would be undefined behaviour under
@@ -769,11 +796,17 @@ impl SmallObjectAllocator {
 
     /// The rest of [`try_free`](Self::try_free) for slot `slot` of class `i` (at `offset`): a
     /// lane with queued frees, or one this thread does not own.
+    ///
+    /// # Safety
+    ///
+    /// As [`free_in_own_lane`](Self::free_in_own_lane), for slot `slot` of class `i`.
     #[cold]
     #[inline(never)]
-    fn free_slow(&self, i: usize, slot: usize, offset: usize) -> Result<()> {
+    unsafe fn free_slow(&self, i: usize, slot: usize, offset: usize) -> Result<()> {
         let lanes = &self.shared.lanes[i];
-        let fill = || self.fill_slot(i, offset);
+        // SAFETY: the lanes run the fill only once they found the slot handed out; the rest
+        // is the caller's contract.
+        let fill = || unsafe { self.fill_slot(i, offset) };
         let (freed, raced) = thread_cache::with_cache(
             self.id,
             || self.new_cache(),

@@ -287,7 +287,8 @@ impl StackAllocator {
         if end > self.grain_end {
             return None;
         }
-        let ptr = self.region.at(start);
+        // SAFETY: `start < end <= grain_end <= len`.
+        let ptr = unsafe { self.region.at(start) };
         // SAFETY: `start..end` lies inside the region above the top: nobody references it.
         if cfg!(debug_assertions) && !unsafe { region::freed_intact(ptr, size) } {
             return None;
@@ -315,7 +316,8 @@ impl StackAllocator {
         if end > self.region.len() {
             return Err(self.out_of_memory(end - top));
         }
-        let ptr = self.region.at(start);
+        // SAFETY: `start <= end <= len`.
+        let ptr = unsafe { self.region.at(start) };
         // SAFETY: `start..end` lies inside the region above the old top: nobody references it.
         if !unsafe { region::freed_intact(ptr, size) } {
             return Err(self.corrupted(ptr, size));
@@ -404,8 +406,8 @@ impl StackAllocator {
     fn release(&mut self, to: usize, top: usize) {
         debug_assert!(to <= top, "release moves the top down");
         self.peak.set(self.peak.get().max(top));
-        // SAFETY: `to..top` is inside the region, and `&mut self` proves no allocation in it is
-        // still borrowed.
+        // SAFETY: `to..top` is inside the region (`to <= top <= len`), and `&mut self` proves
+        // no allocation in it is still borrowed.
         unsafe { region::fill_freed(self.region.at(to), top - to) };
         self.top.set(to);
     }
@@ -450,13 +452,15 @@ impl StackAllocator {
         let end = offset + new_size;
         // A growth within the block's rounding leaves the top where it is.
         if end > top {
-            // SAFETY: `top..end` lies inside the region above the top: nobody references it.
+            // SAFETY: `top..end` lies inside the region (`new_size <= len - offset` above)
+            // above the top: nobody references it.
             if !unsafe { region::freed_intact(self.region.at(top), end - top) } {
                 return None; // a stale write: leave it to `allocate`, which reports it
             }
             self.top.set(top_after(end, self.region.len()));
         }
-        Some(self.region.at(offset))
+        // SAFETY: `offset + new_size <= len` (checked above).
+        Some(unsafe { self.region.at(offset) })
     }
 
     /// Whether `ptr` points into this stack's region.
@@ -472,10 +476,16 @@ impl StackAllocator {
     }
 
     /// A pointer (with the region's provenance) to `offset`, which must be `<= top`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `offset` is above the top (callers pass offsets of blocks they allocated,
+    /// so it never does; the check keeps this safe function sound on its own).
     #[inline]
     pub(crate) fn pointer_at(&self, offset: usize) -> NonNull<u8> {
-        debug_assert!(offset <= self.top.get(), "offset {offset} above the top");
-        self.region.at(offset)
+        assert!(offset <= self.top.get(), "offset {offset} above the top");
+        // SAFETY: `offset <= top <= len`.
+        unsafe { self.region.at(offset) }
     }
 
     #[cold]

@@ -121,7 +121,8 @@ fn bad_frees() {
             small.try_free(p.add(8)),
             Err(Error::NotBlockStart { addr: p.as_ptr() as usize + 8, block_start: p.as_ptr() as usize })
         );
-        // Padding between the 8-byte class (64 bytes) and the 48-byte class (at 128).
+        // Padding between the 8-byte class (64 bytes) and the 48-byte class (at 128), inside
+        // the region.
         let pad = small.region.at(100);
         assert!(matches!(small.try_free(pad), Err(Error::ForeignPointer { .. })));
         small.free(p);
@@ -146,10 +147,11 @@ fn classes_on_larger_granules() {
     let blocks: Vec<_> = layouts.iter().flat_map(|&l| (0..5).map(move |_| l)).map(|l| small.alloc(l)).collect();
     assert_eq!(small.stats().fallbacks, 0);
     for (i, c) in small.classes.iter().enumerate().filter(|(_, c)| c.slots > 0) {
-        let at = |offset: usize| small.region.at(offset);
-        // SAFETY: none of these is a live block; each bad free is caught before memory
+        // SAFETY: `at` is called with offsets inside the region (`c.end < len`, `c.start + 3 <
+        // c.end`); none of these is a live block, and each bad free is caught before memory
         // is touched.
         unsafe {
+            let at = |offset: usize| small.region.at(offset);
             if c.end < small.region.len() {
                 assert!(matches!(small.try_free(at(c.end)), Err(Error::ForeignPointer { .. })), "class {i}");
             }
@@ -157,7 +159,8 @@ fn classes_on_larger_granules() {
         }
     }
     // Just past the region, in its last granule (whose record is the last class's).
-    let end = small.region.at(small.region.len());
+    // SAFETY: one past the end is allowed.
+    let end = unsafe { small.region.at(small.region.len()) };
     // SAFETY: not a block; caught before memory is touched.
     assert_eq!(unsafe { small.try_free(end) }, Err(Error::ForeignPointer { addr: end.as_ptr() as usize }));
     for p in blocks {
