@@ -62,7 +62,18 @@ pub unsafe trait RawAlloc {
     }
 }
 
-/// [`RawAlloc`] over [`std::alloc::System`], asking for alignment 1.
+/// [`RawAlloc`] over [`std::alloc::System`], asking for alignment 1. A request for 0 bytes
+/// gets `None` (the system allocator takes no zero-size request; [`AlignedAlloc`] never makes
+/// one).
+///
+/// ```
+/// use mmobject::alloc::{RawAlloc, SystemRaw};
+///
+/// assert!(SystemRaw.alloc(0).is_none());
+/// let p = SystemRaw.alloc(16).unwrap();
+/// // SAFETY: from `alloc(16)`, freed once.
+/// unsafe { SystemRaw.free(p, 16) };
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemRaw;
 
@@ -70,10 +81,11 @@ pub struct SystemRaw;
 // caller until `free` (2), and `System` never reclaims them on its own (3).
 unsafe impl RawAlloc for SystemRaw {
     fn alloc(&self, size: usize) -> Option<NonNull<u8>> {
+        if size == 0 {
+            return None;
+        }
         let layout = Layout::from_size_align(size, 1).ok()?;
-        debug_assert!(size > 0, "RawAlloc::alloc takes a non-zero size");
-        // SAFETY: `layout` has a non-zero size (AlignedAlloc always asks for at least HEADER
-        // bytes).
+        // SAFETY: `layout` has a non-zero size (checked above).
         NonNull::new(unsafe { System.alloc(layout) })
     }
 
@@ -395,6 +407,16 @@ mod tests {
             // SAFETY: undoes `alloc`: the real block starts one byte earlier.
             unsafe { SystemRaw.free(ptr.sub(1), size + 1) }
         }
+    }
+
+    #[test]
+    fn system_raw_refuses_zero_bytes() {
+        // A safe call: it must not reach `System.alloc` with a zero-size layout (undefined
+        // behaviour, which Miri reports).
+        assert_eq!(SystemRaw.alloc(0), None);
+        let p = SystemRaw.alloc(1).unwrap();
+        // SAFETY: from `alloc(1)`, freed once.
+        unsafe { SystemRaw.free(p, 1) };
     }
 
     #[test]
