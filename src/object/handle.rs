@@ -139,7 +139,9 @@ impl<T> Handle<T> {
     ) -> Self {
         #[allow(unused_mut)]
         let mut handle = Handle {
-            tagged: tag_slot_with(slot, tag),
+            // SAFETY: a published segment's slot (the caller's contract), and stores refuse
+            // segments above 2^48.
+            tagged: unsafe { tag_slot_with(slot, tag) },
             #[cfg(feature = "handle-sites")]
             site: 0,
             _type: PhantomData,
@@ -824,14 +826,20 @@ impl HandleTag {
 ///
 /// `tag` must be [`HandleTag::of`] a slot of `slot`'s store: a tag from
 /// another store would give the handle another manager's id or counting.
+///
+/// # Safety
+///
+/// `slot`'s address is below 2^[`ADDRESS_BITS`] (a store's slots are: stores
+/// refuse segments above), so the shift keeps all of it.
 #[inline]
 #[allow(unused_variables)]
-fn tag_slot_with<T>(slot: NonNull<Slot<T>>, tag: HandleTag) -> NonNull<u8> {
+unsafe fn tag_slot_with<T>(slot: NonNull<Slot<T>>, tag: HandleTag) -> NonNull<u8> {
     #[cfg(target_pointer_width = "64")]
     {
         debug_assert!(slot.as_ptr().addr() >> ADDRESS_BITS == 0 && slot.as_ptr().addr() % 8 == 0);
         let tagged = slot.as_ptr().cast::<u8>().map_addr(|addr| addr << TAG_BITS | tag.0);
-        // SAFETY: a slot's address is not zero, so neither is this.
+        // SAFETY: a slot's address is not zero and, below 2^48 (the caller's contract),
+        // keeps every bit through the shift: neither is this zero.
         unsafe { NonNull::new_unchecked(tagged) }
     }
     #[cfg(not(target_pointer_width = "64"))]

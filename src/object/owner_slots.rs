@@ -143,10 +143,14 @@ impl OwnerSlots {
     }
 
     /// Fresh slots in the run alone.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is the owner ([`is_owner`](Self::is_owner)), or
+    /// holds `&mut ObjectManager` (the type's first invariant).
     #[inline]
-    pub(crate) fn run_left(&self) -> u32 {
-        // SAFETY: only the owner thread, or a holder of `&mut
-        // ObjectManager`, calls it (as `take`), and it only reads.
+    pub(crate) unsafe fn run_left(&self) -> u32 {
+        // SAFETY: the caller's contract, and it only reads.
         self.run.with(|run| unsafe { (*run).1 - (*run).0 })
     }
 
@@ -159,16 +163,20 @@ impl OwnerSlots {
     /// `chunk_run(next, end)` gives slot `next`'s address and how many slots
     /// of `next..end` lie contiguously from it (at least one), as
     /// `Store::chunk_run` does.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is the owner ([`is_owner`](Self::is_owner)).
     #[inline]
-    pub(crate) fn take(
+    pub(crate) unsafe fn take(
         &self,
         stride: usize,
         chunk_run: impl FnOnce(u32, u32) -> (NonNull<u8>, u32),
     ) -> Option<(u32, NonNull<u8>)> {
         debug_assert!(self.is_owner());
-        // SAFETY: only the owner thread reaches here (caller), and it runs
-        // nothing else while it holds the pointers (type invariants;
-        // `chunk_run` only computes an address).
+        // SAFETY: only the owner thread reaches here (the caller's contract),
+        // and it runs nothing else while it holds the pointers (type
+        // invariants; `chunk_run` only computes an address).
         self.run.with_mut(|run| unsafe {
             let (next, end) = *run;
             if next == end {
@@ -199,8 +207,12 @@ impl OwnerSlots {
     }
 
     /// Makes `start..end` the run. Only the owner calls it, with an empty run.
+    ///
+    /// # Safety
+    ///
+    /// As for [`run_left`](Self::run_left).
     #[inline]
-    pub(crate) fn refill(&self, start: u32, end: u32) {
+    pub(crate) unsafe fn refill(&self, start: u32, end: u32) {
         debug_assert!(self.is_owner() && start < end);
         // SAFETY: as in `take`.
         self.run.with_mut(|run| unsafe {
@@ -215,9 +227,13 @@ impl OwnerSlots {
     /// The first slot of the kept chain, if it has one, with what `read`
     /// found there. `read` loads a kept slot's link (and may return its
     /// address with it); it is called on every slot taken, the last one too,
-    /// whose link is not used. Only the owner calls it.
+    /// whose link is not used.
+    ///
+    /// # Safety
+    ///
+    /// As for [`take`](Self::take).
     #[inline]
-    pub(crate) fn take_kept<R>(&self, read: impl FnOnce(u32) -> (u32, R)) -> Option<(u32, R)> {
+    pub(crate) unsafe fn take_kept<R>(&self, read: impl FnOnce(u32) -> (u32, R)) -> Option<(u32, R)> {
         debug_assert!(self.is_owner());
         // SAFETY: as in `take`; `read` only loads a slot's word.
         self.kept.with_mut(|kept| unsafe {

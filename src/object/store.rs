@@ -381,12 +381,15 @@ impl<T: MMObject> Store<T> {
         if self.tracking.is_some() || self.iterating.load(Ordering::Relaxed) != 0 || !self.owner_slots.is_owner() {
             return Err(value);
         }
-        let vacant = match self.take_kept() {
+        // SAFETY: this thread is the owner (for `take_run` below too;
+        // checked above).
+        let vacant = match unsafe { self.take_kept() } {
             Some(vacant) => vacant,
             // Freed slots first: the run only once the free list is empty.
             // (`Relaxed`: nothing is read through it; a stale answer costs
             // at most the general path or one fresh slot.)
-            None if split_free(self.free_head.load(Ordering::Relaxed)).0 == NIL => match self.take_run() {
+            // SAFETY: as above.
+            None if split_free(self.free_head.load(Ordering::Relaxed)).0 == NIL => match unsafe { self.take_run() } {
                 Some(vacant) => vacant,
                 None => return Err(value),
             },
@@ -423,7 +426,8 @@ impl<T: MMObject> Store<T> {
         };
         let reused = match source {
             _ if self.iterating.load(Ordering::Relaxed) > 0 => None,
-            SlotSource::Manager => self.pop_reused(self.owner_slots.is_owner()),
+            // SAFETY: `owner` is whether this thread is the owner.
+            SlotSource::Manager => unsafe { self.pop_reused(self.owner_slots.is_owner()) },
             SlotSource::Loader => self.pop_for_loader(),
         };
         let vacant = match reused {
@@ -482,21 +486,30 @@ impl<T: MMObject> Store<T> {
     /// collection kept for it (plain loads and stores), else one from the
     /// free list. Its pointer comes with it: finding it from the index is
     /// a dozen instructions, which the pop has already spent.
+    ///
+    /// # Safety
+    ///
+    /// If `owner`, the calling thread is the owner.
     #[inline(always)]
-    fn pop_reused(&self, owner: bool) -> Option<VacantSlot<T>> {
+    unsafe fn pop_reused(&self, owner: bool) -> Option<VacantSlot<T>> {
         if owner {
-            if let Some(vacant) = self.take_kept() {
+            // SAFETY: the caller's contract.
+            if let Some(vacant) = unsafe { self.take_kept() } {
                 return Some(vacant);
             }
         }
         self.pop_free()
     }
 
-    /// The first of the slots kept for the owner, if any. Only the owner
-    /// thread calls it.
+    /// The first of the slots kept for the owner, if any.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is the owner (`OwnerSlots::is_owner`).
     #[inline(always)]
-    fn take_kept(&self) -> Option<VacantSlot<T>> {
-        let (local, slot) = self.owner_slots.take_kept(|head| self.read_link(head))?;
+    unsafe fn take_kept(&self) -> Option<VacantSlot<T>> {
+        // SAFETY: the caller's contract.
+        let (local, slot) = unsafe { self.owner_slots.take_kept(|head| self.read_link(head)) }?;
         Some(VacantSlot { local, slot })
     }
 
@@ -561,14 +574,16 @@ impl<T: MMObject> Store<T> {
     #[inline]
     fn take_fresh(&self, source: SlotSource) -> Result<VacantSlot<T>, Error> {
         if source == SlotSource::Manager && self.iterating.load(Ordering::Relaxed) == 0 && self.owner_slots.is_owner() {
-            if let Some(vacant) = self.take_run() {
+            // SAFETY: this thread is the owner (checked above; for `refill` below too).
+            if let Some(vacant) = unsafe { self.take_run() } {
                 return Ok(vacant);
             }
             // No growing here: that runs the allocator, which must not find
             // the run half refilled. `bump` grows, and the next call refills.
             if let Some((start, end)) = self.raise_len(RUN, false)? {
                 if end - start > 1 {
-                    self.owner_slots.refill(start + 1, end);
+                    // SAFETY: as above.
+                    unsafe { self.owner_slots.refill(start + 1, end) };
                 }
                 return Ok(self.vacant(start));
             }
@@ -576,14 +591,21 @@ impl<T: MMObject> Store<T> {
         self.bump().map(|local| self.vacant(local))
     }
 
-    /// The next slot of the owner's run, if it has one. Only the owner
-    /// thread calls it.
+    /// The next slot of the owner's run, if it has one.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is the owner (`OwnerSlots::is_owner`).
     #[inline(always)]
-    fn take_run(&self) -> Option<VacantSlot<T>> {
-        let (local, slot) = self.owner_slots.take(std::mem::size_of::<Slot<T>>(), |next, end| {
-            let (first, contiguous) = self.chunk_run(next, end);
-            (first.cast::<u8>(), contiguous)
-        })?;
+    unsafe fn take_run(&self) -> Option<VacantSlot<T>> {
+        // SAFETY: the caller's contract.
+        let taken = unsafe {
+            self.owner_slots.take(std::mem::size_of::<Slot<T>>(), |next, end| {
+                let (first, contiguous) = self.chunk_run(next, end);
+                (first.cast::<u8>(), contiguous)
+            })
+        };
+        let (local, slot) = taken?;
         // The run's slots are this store's (`OwnerSlots` invariants), and its
         // cursor steps by whole slots through a chunk's contiguous ones.
         Some(VacantSlot { local, slot: slot.cast::<Slot<T>>() })

@@ -51,7 +51,8 @@ struct Taken<'s, T: MMObject> {
     store: &'s Store<T>,
     /// Whether the rest may refill the owner's run (a batch through the
     /// manager on its owner thread; never a loader's, which may run inside
-    /// a collection).
+    /// a collection). True only on the owner thread: a `Taken` is made and
+    /// dropped on one thread (it is not `Send`).
     owner: bool,
     next: u32,
     end: u32,
@@ -87,7 +88,8 @@ impl<T: MMObject> Taken<'_, T> {
 impl<T: MMObject> Drop for Taken<'_, T> {
     fn drop(&mut self) {
         if self.next < self.end {
-            self.store.give_back(self.next, self.end, self.owner);
+            // SAFETY: `owner` is true only on the owner thread (the field).
+            unsafe { self.store.give_back(self.next, self.end, self.owner) };
         }
     }
 }
@@ -119,7 +121,8 @@ impl<T: MMObject> Store<T> {
         while let Some(value) = values.next() {
             let slot = if self.tracking.is_none() && self.iterating.load(Ordering::Relaxed) == 0 {
                 let reused = match source {
-                    SlotSource::Manager => self.pop_reused(owner),
+                    // SAFETY: `owner` is whether this thread is the owner.
+                    SlotSource::Manager => unsafe { self.pop_reused(owner) },
                     SlotSource::Loader => self.pop_for_loader(),
                 };
                 match reused {
@@ -251,10 +254,16 @@ impl<T: MMObject> Store<T> {
     /// list. (Not onto the free list at once: only collection pushes there,
     /// which the free list's lock-free pops rely on.) Until then the counts
     /// leave them out, as free slots.
+    ///
+    /// # Safety
+    ///
+    /// If `owner`, the calling thread is the owner.
     #[cold]
-    fn give_back(&self, start: u32, end: u32, owner: bool) {
-        if owner && self.owner_slots.run_left() == 0 {
-            self.owner_slots.refill(start, end);
+    unsafe fn give_back(&self, start: u32, end: u32, owner: bool) {
+        // SAFETY: the caller's contract (for `refill` below too).
+        if owner && unsafe { self.owner_slots.run_left() } == 0 {
+            // SAFETY: as above.
+            unsafe { self.owner_slots.refill(start, end) };
             return;
         }
         for local in start..end - 1 {
