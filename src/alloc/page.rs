@@ -65,31 +65,24 @@ impl Page {
     /// An unowned page whose `blocks` blocks are all free, the first at region offset `start`,
     /// each `1 << shift` bytes, in class `class`.
     pub(crate) fn new(blocks: u32, start: usize, shift: u32, class: usize) -> Page {
+        Page::unowned(blocks, start, shift, class, full_mask(blocks))
+    }
+
+    /// A page of no blocks, owned by nobody: it never has a block to take or free (see
+    /// [`PageMap`](super::page_map::PageMap)).
+    pub(crate) fn empty() -> Page {
+        Page::unowned(0, 0, 0, 0, 0)
+    }
+
+    /// An unowned page with free mask `free` (the two constructors above).
+    fn unowned(blocks: u32, start: usize, shift: u32, class: usize, free: u64) -> Page {
         Page {
             start,
             shift: shift as u8,
             class: u8::try_from(class).expect("at most 64 classes"),
             blocks: blocks as u8,
             owner: AtomicU64::new(UNOWNED),
-            free: AtomicU64::new(full_mask(blocks)),
-            remote: AtomicU64::new(0),
-            allocations: AtomicU64::new(0),
-            taken: AtomicU64::new(0),
-            #[cfg(debug_assertions)]
-            taken_before: AtomicU64::new(0),
-        }
-    }
-
-    /// A page of no blocks, owned by nobody: it never has a block to take or free (see
-    /// [`PageMap`](super::page_map::PageMap)).
-    pub(crate) fn empty() -> Page {
-        Page {
-            start: 0,
-            shift: 0,
-            class: 0,
-            blocks: 0,
-            owner: AtomicU64::new(UNOWNED),
-            free: AtomicU64::new(0),
+            free: AtomicU64::new(free),
             remote: AtomicU64::new(0),
             allocations: AtomicU64::new(0),
             taken: AtomicU64::new(0),
