@@ -692,7 +692,8 @@ impl SizeClassPool {
         // SAFETY: the block was free until `take` just now: `block_size` bytes nobody else
         // references, initialised by the region's fill or the last free's.
         if !unsafe { region::freed_intact(block, block_size) } {
-            return Err(self.corrupted(page, bit, block, block_size));
+            // SAFETY: just taken, not handed out yet.
+            return Err(unsafe { self.corrupted(page, bit, block, block_size) });
         }
         Ok(block)
     }
@@ -1016,10 +1017,14 @@ impl SizeClassPool {
 
     /// Reports a free block whose fill was overwritten: it is refilled and put back, so the
     /// next call hands it out.
+    ///
+    /// # Safety
+    ///
+    /// `block` is block `bit` of `page`, `block_size` bytes, just taken and handed to nobody.
     #[cold]
     #[inline(never)]
-    fn corrupted(&self, page: &Page, bit: u32, block: NonNull<u8>, block_size: usize) -> Error {
-        // SAFETY: the block was free until just now and is not handed out: nobody references it.
+    unsafe fn corrupted(&self, page: &Page, bit: u32, block: NonNull<u8>, block_size: usize) -> Error {
+        // SAFETY: the caller's contract: nobody references the block.
         unsafe { region::fill_freed(block, block_size) };
         page.untake(bit);
         self.failed(region::use_after_free("SizeClassPool", block.as_ptr() as usize))

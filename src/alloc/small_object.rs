@@ -468,7 +468,9 @@ impl SmallObjectAllocator {
             Some(None) => None,
             // No cache to use (the thread's locals are gone): a slot of an unowned lane,
             // checked under the class's lock before it is taken.
-            None => match lanes.take_unowned(|slot| self.intact_or_refilled(i, slot)) {
+            // SAFETY: `take_unowned` passes free slots of an unowned lane, under the class's
+            // lock (the lane's writer), so nobody takes them meanwhile.
+            None => match lanes.take_unowned(|slot| unsafe { self.intact_or_refilled(i, slot) }) {
                 Ok(slot) => slot.map(|slot| Ok(self.slot_ptr(i, slot))),
                 Err(slot) => Some(Err(self.refused(self.slot_ptr(i, slot)))),
             },
@@ -476,12 +478,15 @@ impl SmallObjectAllocator {
     }
 
     /// Whether free slot `slot` of class `i` still holds its fill (always, in release
-    /// builds); if not, it is refilled. The caller keeps anyone else from taking the slot.
-    fn intact_or_refilled(&self, i: usize, slot: usize) -> bool {
+    /// builds); if not, it is refilled.
+    ///
+    /// # Safety
+    ///
+    /// The slot is free, and the caller keeps anyone else from taking it meanwhile.
+    unsafe fn intact_or_refilled(&self, i: usize, slot: usize) -> bool {
         let (ptr, len) = (self.slot_ptr(i, slot), self.classes[i].slot_size);
-        // SAFETY: the slot is free, and the caller (holding its class's lock, the writer of
-        // an unowned lane) keeps it from being taken meanwhile: nobody references its bytes,
-        // initialised by the region's fill or the last free's.
+        // SAFETY: the caller's contract: nobody references the slot's bytes, initialised by
+        // the region's fill or the last free's.
         unsafe {
             if region::freed_intact(ptr, len) {
                 return true;
@@ -547,7 +552,8 @@ impl SmallObjectAllocator {
         // SAFETY: the slot was free until just now: `slot_size` bytes nobody references,
         // initialised by the region's fill or the last free's.
         if !unsafe { region::freed_intact(ptr, self.classes[i].slot_size) } {
-            return Err(self.corrupted(i, slot, ptr));
+            // SAFETY: as above: the slot was just taken, and is handed to nobody yet.
+            return Err(unsafe { self.corrupted(i, slot, ptr) });
         }
         Ok(ptr)
     }
@@ -911,10 +917,14 @@ impl SmallObjectAllocator {
     /// Reports slot `slot` of class `i` (at `ptr`), just taken by this thread in its own
     /// lanes, whose fill was overwritten: it is refilled and put back as if never taken (no
     /// allocation, no peak), so the next call hands it out.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is slot `slot` of class `i`, just taken and handed to nobody.
     #[cold]
     #[inline(never)]
-    fn corrupted(&self, i: usize, slot: usize, ptr: NonNull<u8>) -> Error {
-        // SAFETY: the slot was just taken and is handed to nobody: nobody references it.
+    unsafe fn corrupted(&self, i: usize, slot: usize, ptr: NonNull<u8>) -> Error {
+        // SAFETY: the caller's contract: nobody references the slot.
         unsafe { region::fill_freed(ptr, self.classes[i].slot_size) };
         let lanes = &self.shared.lanes[i];
         let untaken = thread_cache::with_cache(

@@ -320,7 +320,8 @@ impl StackAllocator {
         let ptr = unsafe { self.region.at(start) };
         // SAFETY: `start..end` lies inside the region above the old top: nobody references it.
         if !unsafe { region::freed_intact(ptr, size) } {
-            return Err(self.corrupted(ptr, size));
+            // SAFETY: as above.
+            return Err(unsafe { self.corrupted(ptr, size) });
         }
         self.top.set(top_after(end, self.region.len()));
         Ok(ptr)
@@ -502,10 +503,15 @@ impl StackAllocator {
         self.failed(Error::OutOfMemory { requested, available })
     }
 
+    /// Refills and reports the `size` bytes at `ptr`, found written above the top.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + size` lies in the region above the top (nobody references it).
     #[cold]
     #[inline(never)]
-    fn corrupted(&self, ptr: NonNull<u8>, size: usize) -> Error {
-        // SAFETY: the caller found this block above the top: nobody references it.
+    unsafe fn corrupted(&self, ptr: NonNull<u8>, size: usize) -> Error {
+        // SAFETY: the caller's contract.
         unsafe { region::fill_freed(ptr, size) };
         self.failed(region::use_after_free("StackAllocator", ptr.as_ptr() as usize))
     }

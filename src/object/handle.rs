@@ -433,7 +433,9 @@ impl<T> Clone for Handle<T> {
         if self.counts_on_owner() {
             let header = &self.owner_slot().header;
             if header.owner_clone() {
-                super::last_drops::record_lease(self.shared(), self.local(), self.generation(), header);
+                // SAFETY: on the owner thread (`counts_on_owner`), through this handle, which
+                // just took the lease.
+                unsafe { super::last_drops::record_lease(self.shared(), self.local(), self.generation(), header) };
             }
         } else {
             let old = self.slot().header.word.fetch_add(1, AtomicOrdering::Relaxed);
@@ -502,7 +504,8 @@ impl<T> Handle<T> {
         match counting {
             Counting::Atomic => {
                 if self.slot().header.word.fetch_sub(1, AtomicOrdering::Release) == 1 {
-                    self.record_last_drop();
+                    // SAFETY: this drop took the count to zero.
+                    unsafe { self.record_last_drop() };
                 }
             }
             Counting::Owner => {
@@ -531,16 +534,21 @@ impl<T> Handle<T> {
     #[inline(never)]
     fn owner_release_rest(&self) {
         if self.owner_slot().header.owner_release_rest() == Released::Last {
-            self.record_last_drop();
+            // SAFETY: this drop took the count to zero.
+            unsafe { self.record_last_drop() };
         }
     }
 
     /// The end of a last drop: lists the slot as dead. Out of line, with
     /// the lookup of its store and index, so that the drop that inlines the
     /// test leading here needs no registers saved on its common paths.
+    ///
+    /// # Safety
+    ///
+    /// The caller took the slot's count to zero.
     #[inline(never)]
-    fn record_last_drop(&self) {
-        // SAFETY: the caller took the count to zero; the word carries the
+    unsafe fn record_last_drop(&self) {
+        // SAFETY: the caller's contract; the word carries the
         // handle's provenance, the segment's, and the store's slots lie
         // `Slot<T>`'s size apart within a chunk (`layout.rs`).
         unsafe { super::last_drops::record(self.word_ptr(), size_of::<Slot<T>>(), || (self.shared(), self.local())) };

@@ -589,8 +589,14 @@ impl Checks {
 /// no room there either, the lease is given back at once.
 ///
 /// Out of line: every handle clone inlines the test that leads here.
+///
+/// # Safety
+///
+/// The caller is the owner thread, holds a handle to the object in slot
+/// `local` of `shared`'s store, whose header is `header`, and just took the
+/// lease.
 #[inline(never)]
-pub(crate) fn record_lease(shared: &StoreShared, local: u32, generation: u32, header: &SlotHeader) {
+pub(crate) unsafe fn record_lease(shared: &StoreShared, local: u32, generation: u32, header: &SlotHeader) {
     let check = Check { local, generation };
     let entry = Entry::new(shared, NonNull::from(&header.word), Found::Check(check));
     // SAFETY: the caller, the owner thread, holds a handle to the object, so
@@ -647,7 +653,8 @@ pub(crate) unsafe fn record<'s>(
         }
     }
     let (shared, local) = place();
-    record_rest(shared, local, word, stride);
+    // SAFETY: the caller took the slot's count to zero (its contract).
+    unsafe { record_rest(shared, local, word, stride) };
 }
 
 /// Writes `entry` into the calling thread's ring if it has one with room:
@@ -718,10 +725,14 @@ unsafe fn record_release_rest(shared: &StoreShared, local: u32, word: NonNull<At
 /// The rest of [`record`]: the ring drained first if it is full (or made,
 /// if this is the thread's first last drop), else the slot pushed straight
 /// onto the dead list.
+///
+/// # Safety
+///
+/// As for [`record`]: the caller took the slot's count to zero.
 #[cold]
 #[inline(never)]
-fn record_rest(shared: &StoreShared, local: u32, word: NonNull<AtomicU32>, stride: usize) {
-    // SAFETY: the caller took the slot's count to zero.
+unsafe fn record_rest(shared: &StoreShared, local: u32, word: NonNull<AtomicU32>, stride: usize) {
+    // SAFETY: the caller's contract.
     if !unsafe { record_mine(Entry::new(shared, word, Found::Dead { local, stride })) } {
         note_here();
         // SAFETY: the slot's word outlives a dead slot's record.
