@@ -291,14 +291,21 @@ impl<T: MMObject> Store<T> {
         unsafe { self.shared.as_ref() }
     }
 
-    /// The slot `local`, if its segment exists. Only for a slot this store
-    /// handed out (below `len`, as every slot on its lists is); an index
-    /// from outside, such as a key's, goes through [`used_slot`](Self::used_slot).
+    /// The slot `local`, if its header was ever written. Every slot this
+    /// store handed out (below `len`, as every slot on its lists is) has
+    /// one; an index from outside, such as a key's, goes through
+    /// [`used_slot`](Self::used_slot), which also refuses slots never handed out.
     #[inline]
     pub(crate) fn slot(&self, local: u32) -> Option<&Slot<T>> {
-        debug_assert!(local >= MAX_INDEX || local < self.initialized.load(Ordering::Relaxed));
-        // SAFETY: slots below `len` are initialised (invariants; the caller),
-        // and a published segment lives as long as the store.
+        // `Acquire`: pairs with `initialize_to`'s `Release`, so the header is
+        // visible. Checked, not assumed, so that no caller's mistake makes a
+        // reference to memory never written.
+        if local >= self.initialized.load(Ordering::Acquire) {
+            return None;
+        }
+        // SAFETY: slots below `initialized` lie in published segments and
+        // have headers (invariants), and a published segment lives as long
+        // as the store.
         self.slot_ptr(local).map(|slot| unsafe { slot.as_ref() })
     }
 
@@ -332,8 +339,16 @@ impl<T: MMObject> Store<T> {
     /// The slot `local` (as [`slot_ptr`](Self::slot_ptr) gives it) and how
     /// many slots lie contiguously up to it (from the start of its chunk,
     /// itself included), if its segment exists.
+    ///
+    /// # Safety
+    ///
+    /// Slot `local`'s header was written (it is below `initialized`, as
+    /// every slot this store handed out is), so every slot of the run, which
+    /// lie below it, may be read. Not checked: it is the collection's step
+    /// to a dead object, where the load and compare were 1 % of a frame.
     #[inline]
-    fn slot_run_back(&self, local: u32) -> Option<(NonNull<Slot<T>>, u32)> {
+    unsafe fn slot_run_back(&self, local: u32) -> Option<(NonNull<Slot<T>>, u32)> {
+        debug_assert!(local < self.initialized.load(Ordering::Relaxed));
         if local >= MAX_INDEX {
             return None;
         }
@@ -1356,4 +1371,29 @@ pub(crate) fn leak_entries(store: &dyn ErasedStore, out: &mut Vec<LeakEntry>) {
             handles: Vec::new(),
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MMObject, ObjectManager};
+
+    #[derive(MMObject)]
+    struct Thing(#[allow(dead_code)] u64);
+
+    #[test]
+    fn slot_refuses_slots_whose_header_was_never_written() {
+        // A first segment far longer than one batch of written headers.
+        let mm = ObjectManager::builder().segment_base(4096).build();
+        let _h = mm.create(Thing(1));
+        let store = mm.store::<Thing>().expect("registered");
+        let initialized = store.initialized.load(Ordering::Relaxed);
+        assert!(store.slot(0).is_some());
+        assert!(store.slot(initialized - 1).is_some());
+        // Past `initialized` the segment is published, but its slots were never written.
+        assert!(store.slot_ptr(initialized).is_some(), "the test reaches into a published segment");
+        assert!(store.slot(initialized).is_none());
+        assert!(store.slot(MAX_INDEX).is_none());
+        assert!(store.used_slot(1).is_none(), "slot 1 was never handed out");
+    }
 }

@@ -206,7 +206,7 @@ impl<T: MMObject> Store<T> {
         // One slot of each lane in turn while two or more have slots left:
         // the lanes' links are independent loads, so the CPU waits for one
         // of each at once (see `shared.rs`).
-        let mut steps = [NeighbourStep::default(); DEAD_LANES];
+        let mut steps = [NeighbourStep::new(self); DEAD_LANES];
         while *budget > 0 && requeue.rest.iter().filter(|&&rest| rest != NIL).count() > 1 {
             for (lane, step) in steps.iter_mut().enumerate() {
                 if requeue.rest[lane] == NIL || *budget == 0 {
@@ -253,14 +253,15 @@ impl<T: MMObject> Store<T> {
     unsafe fn collect_next<const PLAIN: bool>(
         &self,
         lane: usize,
-        step: &mut NeighbourStep<T>,
+        step: &mut NeighbourStep<'_, T>,
         requeue: &mut Requeue<'_, T>,
         hook: &mut Option<DestroyHook<T>>,
         events: &mut Option<&mut Vec<Destroyed>>,
         bytes: &mut usize,
     ) -> u32 {
         let local = requeue.rest[lane];
-        let slot = step.slot(self, local);
+        // SAFETY: a slot on a dead lane was handed out by this store.
+        let slot = unsafe { step.slot(local) };
         let next = slot.header.word.load(Ordering::Relaxed) & !LINK_FLAG;
         requeue.rest[lane] = next;
         // SAFETY: a slot taken off the dead list holds a dead object that
@@ -567,7 +568,11 @@ impl<T: MMObject> Drop for Requeue<'_, T> {
 /// unloads, come back descending), and stepping to the previous slot's
 /// address, instead of computing it from the index just loaded, lets the
 /// CPU load the next link before this one arrives.
-struct NeighbourStep<T> {
+///
+/// Invariant: while `below_len` is non-zero, `below_ptr` is slot `below` of
+/// `store`, whose header was written.
+struct NeighbourStep<'s, T> {
+    store: &'s Store<T>,
     /// The slot before the last one, its address, and how many slots lie
     /// contiguously up to it (the address is used only while that is non-zero).
     below: u32,
@@ -575,37 +580,43 @@ struct NeighbourStep<T> {
     below_len: u32,
 }
 
-impl<T> Clone for NeighbourStep<T> {
+impl<T> Clone for NeighbourStep<'_, T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<T> Copy for NeighbourStep<T> {}
+impl<T> Copy for NeighbourStep<'_, T> {}
 
-impl<T> Default for NeighbourStep<T> {
-    fn default() -> Self {
-        NeighbourStep { below: NIL, below_ptr: std::ptr::null(), below_len: 0 }
+impl<'s, T: MMObject> NeighbourStep<'s, T> {
+    fn new(store: &'s Store<T>) -> Self {
+        NeighbourStep { store, below: NIL, below_ptr: std::ptr::null(), below_len: 0 }
     }
-}
 
-impl<T: MMObject> NeighbourStep<T> {
-    /// Slot `local` of `store`, on a dead lane.
+    /// Slot `local` of the store, on a dead lane.
+    ///
+    /// # Safety
+    ///
+    /// The store handed slot `local` out (as it did every slot on its
+    /// lists), so its header was written.
     #[inline]
-    fn slot<'s>(&mut self, store: &'s Store<T>, local: u32) -> &'s Slot<T> {
+    unsafe fn slot(&mut self, local: u32) -> &'s Slot<T> {
         let slot_ptr = if local == self.below && self.below_len != 0 {
             self.below_ptr
         } else {
-            let (slot, len) = store.slot_run_back(local).expect("dead slots live in published segments");
+            // SAFETY: the caller's contract.
+            let (slot, len) =
+                unsafe { self.store.slot_run_back(local) }.expect("dead slots live in published segments");
             self.below_len = len;
             slot.as_ptr().cast_const()
         };
         self.below = local.wrapping_sub(1);
         self.below_len -= 1;
         self.below_ptr = slot_ptr.wrapping_sub(1);
-        // SAFETY: `slot_ptr` is slot `local` of a published segment (from
-        // `slot_run_back`, or the previous slot of its run), which lives as
-        // long as the store.
+        // SAFETY: `slot_ptr` is slot `local` of the store, whose header was
+        // written (from `slot_run_back` and the caller's contract, or the
+        // type's invariant), in a published segment, which lives as long as
+        // the store.
         unsafe { &*slot_ptr }
     }
 }
