@@ -394,20 +394,28 @@ impl StackAllocator {
         if marker.offset > top {
             return Err(Error::InvalidMarker { reason: "the marker is above the top of the stack" });
         }
-        self.release(marker.offset, top);
+        // SAFETY: `marker.offset <= top`, just checked.
+        unsafe { self.release(marker.offset, top) };
         Ok(())
     }
 
     /// Frees everything.
     pub fn reset(&mut self) {
         let top = self.top.get();
-        self.release(0, top);
+        // SAFETY: `0 <= top`, the stack's top.
+        unsafe { self.release(0, top) };
     }
 
-    fn release(&mut self, to: usize, top: usize) {
-        debug_assert!(to <= top, "release moves the top down");
+    /// Moves the top down from `top` to `to`, filling what it frees.
+    ///
+    /// # Safety
+    ///
+    /// `top` is the stack's top and `to <= top`.
+    unsafe fn release(&mut self, to: usize, top: usize) {
+        debug_assert!(to <= top && top == self.top.get(), "release moves the top down");
         self.peak.set(self.peak.get().max(top));
-        // SAFETY: `to..top` is inside the region (`to <= top <= len`), and `&mut self` proves
+        // SAFETY: `to..top` is inside the region (`to <= top`, the caller's contract, and the
+        // top is at most the region's length), and `&mut self` proves
         // no allocation in it is still borrowed.
         unsafe { region::fill_freed(self.region.at(to), top - to) };
         self.top.set(to);

@@ -188,13 +188,19 @@ impl<T> Handle<T> {
     /// a constant, so it is subtracted instead of masked out, and the
     /// subtraction folds into the loads' displacement (one instruction
     /// fewer on the owner's clone and drop).
+    ///
+    /// # Safety
+    ///
+    /// The calling thread counts the handle through the owner's reservation
+    /// ([`counts_on_owner`](Self::counts_on_owner)), so the handle's tags
+    /// are exactly `OWNED_TAG`: with other tags the address is wrong.
     #[inline]
-    fn owner_slot(&self) -> &Slot<T> {
+    unsafe fn owner_slot(&self) -> &Slot<T> {
         #[cfg(target_pointer_width = "64")]
         {
             debug_assert!(self.tagged.as_ptr().addr() & (CYCLABLE_TAG | OWNED_TAG) == OWNED_TAG);
             let slot = self.tagged.as_ptr().map_addr(|tagged| tagged >> TAG_BITS).wrapping_sub(OWNED_TAG >> TAG_BITS);
-            // SAFETY: with the tags `OWNED_TAG` alone, this is `slot_ptr`'s
+            // SAFETY: with the tags `OWNED_TAG` alone (the caller's contract), this is `slot_ptr`'s
             // address (the tag bits sit in the address's zero low bits), with
             // the segment's provenance; the segment outlives the handle (type
             // invariant).
@@ -346,7 +352,9 @@ impl<T> Handle<T> {
 
     /// A weak handle to the same object: `Copy`, uncounted, checked on use.
     pub fn downgrade(&self) -> WeakHandle<T> {
-        WeakHandle::new(self.slot_ptr(), self.key(), self.manager_id())
+        // SAFETY: the handle's slot, with its segment's provenance, of its
+        // manager's store (type invariant).
+        unsafe { WeakHandle::new(self.slot_ptr(), self.key(), self.manager_id()) }
     }
 
     /// True if both handles name the same object.
@@ -431,7 +439,8 @@ impl<T> Clone for Handle<T> {
     #[cfg_attr(feature = "handle-sites", track_caller)]
     fn clone(&self) -> Self {
         if self.counts_on_owner() {
-            let header = &self.owner_slot().header;
+            // SAFETY: this thread counts the handle on the owner's reservation (just tested).
+            let header = &unsafe { self.owner_slot() }.header;
             if header.owner_clone() {
                 // SAFETY: on the owner thread (`counts_on_owner`), through this handle, which
                 // just took the lease.
@@ -472,7 +481,8 @@ impl<T> Drop for Handle<T> {
         } else {
             return self.drop_looking_further();
         };
-        self.release_as(counting);
+        // SAFETY: `counting` is how this thread counts the handle (just tested).
+        unsafe { self.release_as(counting) };
     }
 }
 
@@ -495,12 +505,19 @@ impl<T> Handle<T> {
     /// handle on another thread.
     #[inline(never)]
     fn drop_looking_further(&mut self) {
-        self.release_as(self.counting());
+        // SAFETY: `counting` says how this thread counts the handle.
+        unsafe { self.release_as(self.counting()) };
     }
 
     /// Gives up the handle's count, counted as `counting` says.
+    ///
+    /// # Safety
+    ///
+    /// `counting` is how the calling thread counts the handle (as
+    /// [`counting`](Self::counting) says): [`Counting::Owner`] only where
+    /// [`owner_slot`](Self::owner_slot) may be called.
     #[inline(always)]
-    fn release_as(&mut self, counting: Counting) {
+    unsafe fn release_as(&mut self, counting: Counting) {
         match counting {
             Counting::Atomic => {
                 if self.slot().header.word.fetch_sub(1, AtomicOrdering::Release) == 1 {
@@ -509,8 +526,10 @@ impl<T> Handle<T> {
                 }
             }
             Counting::Owner => {
-                if !self.owner_slot().header.owner_release_kept() {
-                    self.owner_release_rest();
+                // SAFETY: the caller's contract.
+                if !unsafe { self.owner_slot() }.header.owner_release_kept() {
+                    // SAFETY: as above.
+                    unsafe { self.owner_release_rest() };
                 }
             }
             Counting::Cyclable => self.drop_cyclable(),
@@ -531,9 +550,14 @@ impl<T> Handle<T> {
 
     /// The end of an owner's drop that did not just join the reservation
     /// (see `SlotHeader::owner_release_rest`). Out of line, as below.
+    ///
+    /// # Safety
+    ///
+    /// As for [`owner_slot`](Self::owner_slot).
     #[inline(never)]
-    fn owner_release_rest(&self) {
-        if self.owner_slot().header.owner_release_rest() == Released::Last {
+    unsafe fn owner_release_rest(&self) {
+        // SAFETY: the caller's contract.
+        if unsafe { self.owner_slot() }.header.owner_release_rest() == Released::Last {
             // SAFETY: this drop took the count to zero.
             unsafe { self.record_last_drop() };
         }
@@ -909,11 +933,14 @@ impl<T> WeakHandle<T> {
 
     /// A weak handle to the object with `key` in `slot`, of the manager `manager`.
     ///
-    /// `slot` must carry its segment's provenance and lie below 2^48, and
-    /// `manager` must be at most [`MAX_MANAGER_ID`]; the type's invariants
-    /// ask the rest.
+    /// # Safety
+    ///
+    /// `slot` is slot `key.index()` of a published segment of the store of
+    /// `T` of manager `manager` (at most [`MAX_MANAGER_ID`]), carries the
+    /// segment's provenance and lies below 2^48: the type's invariants, on
+    /// which its reads rely.
     #[inline]
-    pub(crate) fn new(slot: NonNull<Slot<T>>, key: ObjectKey, manager: u32) -> Self {
+    pub(crate) unsafe fn new(slot: NonNull<Slot<T>>, key: ObjectKey, manager: u32) -> Self {
         debug_assert!(manager <= MAX_MANAGER_ID && key.index() < 1 << INDEX_BITS);
         let index = key.index();
         #[cfg(target_pointer_width = "64")]
@@ -1039,7 +1066,10 @@ mod tests {
             (0x1234_5678_9ab8, 0x00ab_cdef, 0x8000_0001, 0x8001),
         ] {
             let slot = NonNull::new(std::ptr::without_provenance_mut::<Slot<u8>>(address)).unwrap();
-            let weak = WeakHandle::<u8>::new(slot, ObjectKey::new(index, generation), manager);
+            // SAFETY: not a real slot, so the handle breaks the type's
+            // invariants; it is only unpacked (nothing reads through it, and
+            // a weak handle has no drop).
+            let weak = unsafe { WeakHandle::<u8>::new(slot, ObjectKey::new(index, generation), manager) };
             assert_eq!((weak.key().index(), weak.key().generation()), (index, generation));
             assert_eq!((weak.generation(), weak.manager_id()), (generation, manager));
             // SAFETY: only the address is compared; nothing is read through it.

@@ -131,7 +131,9 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 }
                 self.yielded += 1;
                 let key = ObjectKey::new(self.first_index + offset, generation);
-                return Some((WeakHandle::new(slot_ptr, key, self.manager), slot));
+                // SAFETY: `slot_ptr` is slot `key.index()` of the manager's
+                // store, from the segment's base (type invariant).
+                return Some((unsafe { WeakHandle::new(slot_ptr, key, self.manager) }, slot));
             }
             if !self.next_run() {
                 return None;
@@ -159,7 +161,9 @@ impl<'a, T: MMObject> Cursor<'a, T> {
                 if generation & 1 == 1 && slot.header.is_referenced(owned, owner_here) {
                     let key = ObjectKey::new(first_index + offset, generation);
                     yielded += 1;
-                    acc = f(acc, WeakHandle::new(slot_ptr, key, self.manager), slot);
+                    // SAFETY: as in `next_live`.
+                    let weak = unsafe { WeakHandle::new(slot_ptr, key, self.manager) };
+                    acc = f(acc, weak, slot);
                 }
                 offset += 1;
             }
