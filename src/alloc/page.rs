@@ -173,10 +173,17 @@ impl Page {
         if mask == 0 || self.remote.load(Ordering::Relaxed) & mask != 0 {
             return None;
         }
+        Some(self.take_lowest(mask))
+    }
+
+    /// Takes the lowest block of `mask`, the page's free mask just loaded (not 0), and
+    /// returns its bit index.
+    #[inline(always)]
+    fn take_lowest(&self, mask: u64) -> u32 {
         let rest = mask & (mask - 1);
         self.free.store(rest, Ordering::Relaxed);
         self.count_take(mask ^ rest);
-        Some(mask.trailing_zeros())
+        mask.trailing_zeros()
     }
 
     /// Counts the take of block `bit`, a mask of one bit (invariant 4).
@@ -203,10 +210,7 @@ impl Page {
         if doubles != 0 {
             self.drop_remote(doubles);
         }
-        let rest = mask & (mask - 1);
-        self.free.store(rest, Ordering::Relaxed);
-        self.count_take(mask ^ rest);
-        Some((mask.trailing_zeros(), doubles))
+        Some((self.take_lowest(mask), doubles))
     }
 
     #[cold]

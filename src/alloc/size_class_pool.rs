@@ -902,12 +902,7 @@ impl SizeClassPool {
     /// [`locate`](Self::locate) without the error: `None` if `addr` starts no block.
     #[inline(always)]
     fn find_block(&self, addr: usize) -> Option<(&Page, usize, u32)> {
-        // Below the region, the offset wraps to far past it.
-        let offset = addr.wrapping_sub(self.region.addr());
-        // Outside the region, the masked lookup lands on some page (or on the empty page):
-        // `rel` is then at or past the page's end, or wraps to far past it.
-        let page = self.map.page_at(offset);
-        let rel = offset.wrapping_sub(page.start());
+        let (page, offset, rel) = self.page_of(addr);
         // The block index if `rel` is a block's start; otherwise the rotation moves the low
         // bits to the top, and the index is far above any block count. One compare checks
         // both "a block's start" and "before the page's end".
@@ -918,14 +913,23 @@ impl SizeClassPool {
         Some((page, offset, bit as u32))
     }
 
+    /// The page the table gives for `addr`, `addr`'s region offset, and its offset from the
+    /// page's first block. Below the region, the region offset wraps to far past it. Outside
+    /// the region, the masked lookup lands on some page (or on the empty page): the offset
+    /// from it is then at or past the page's end, or wraps to far past it.
+    #[inline(always)]
+    fn page_of(&self, addr: usize) -> (&Page, usize, usize) {
+        let offset = addr.wrapping_sub(self.region.addr());
+        let page = self.map.page_at(offset);
+        (page, offset, offset.wrapping_sub(page.start()))
+    }
+
     /// The error for a free at `addr`, which starts no block: outside the region or in the
     /// padding between classes, inside a block, or in the padding after a class's end.
     #[cold]
     #[inline(never)]
     fn not_a_block(&self, addr: usize) -> Error {
-        let offset = addr.wrapping_sub(self.region.addr());
-        let page = self.map.page_at(offset);
-        let rel = offset.wrapping_sub(page.start());
+        let (page, _, rel) = self.page_of(addr);
         let bit = rel >> page.shift();
         if bit >= page.blocks() as usize {
             Error::ForeignPointer { addr }
