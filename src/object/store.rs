@@ -1396,4 +1396,14 @@ mod tests {
         assert!(store.slot(MAX_INDEX).is_none());
         assert!(store.used_slot(1).is_none(), "slot 1 was never handed out");
     }
+
+    #[test]
+    #[should_panic(expected = "lies in one segment")]
+    fn chunk_run_refuses_a_run_past_its_segment() {
+        let mm = ObjectManager::builder().segment_base(64).build();
+        let _h = mm.create(Thing(1));
+        let store = mm.store::<Thing>().expect("registered");
+        // Segment 0 holds slots 0..64.
+        let _ = store.chunk_run(0, 65);
+    }
 }

@@ -337,7 +337,8 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
         for (at, handle) in handles.iter().enumerate() {
             slots[at] = self.handle_slot(handle)?;
         }
-        self.disjoint(slots, |at| handles[at].key().index())
+        // SAFETY: every entry is from `handle_slot`.
+        unsafe { self.disjoint(slots, |at| handles[at].key().index()) }
     }
 
     /// Writes several objects at once through weak handles; `None` if any is dead.
@@ -365,7 +366,8 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
         for (at, &weak) in weaks.iter().enumerate() {
             slots[at] = self.weak_slot(weak)?;
         }
-        self.disjoint(slots, |at| weaks[at].key().index())
+        // SAFETY: every entry is from `weak_slot`.
+        unsafe { self.disjoint(slots, |at| weaks[at].key().index()) }
     }
 
     /// The by-value form of [`try_get_disjoint_mut`](Self::try_get_disjoint_mut), for the manager.
@@ -387,7 +389,13 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
     }
 
     /// Turns checked, distinct slots into references, or reports the first alias.
-    fn disjoint<const N: usize>(
+    ///
+    /// # Safety
+    ///
+    /// Every entry of `slots` is an occupied slot of this view's store, as
+    /// [`handle_slot`](Self::handle_slot) and [`weak_slot`](Self::weak_slot)
+    /// give them.
+    unsafe fn disjoint<const N: usize>(
         &mut self,
         slots: [*const Slot<T>; N],
         index_of: impl Fn(usize) -> u32,
@@ -400,8 +408,7 @@ impl<'a, T: MMObject> ObjectViewMut<'a, T> {
             }
         }
         // SAFETY: each pointer is a live reference to an occupied slot of
-        // this manager (the callers filled every entry from `handle_slot` or
-        // `weak_slot`), the slots are distinct (checked above), and the
+        // this manager (the caller's contract), the slots are distinct (checked above), and the
         // view's exclusive access is borrowed mutably by the result: the
         // references cannot alias.
         Ok(slots.map(|slot| unsafe { (*slot).value_mut() }))

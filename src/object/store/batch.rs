@@ -22,7 +22,7 @@ use crate::sync::Ordering;
 use crate::Error;
 
 use super::super::handle::ManagerTagged;
-use super::super::layout::{locate, Chunks};
+use super::super::layout::{locate, segment_len, Chunks};
 use super::super::owner_slots::Chain;
 use super::super::shared::DEAD_LANES;
 use super::super::slot::{Slot, LINK_FLAG, NIL};
@@ -233,15 +233,18 @@ impl<T: MMObject> Store<T> {
     /// The slots from `local` to the end of its chunk (or `end`, if sooner):
     /// the first, and how many.
     ///
-    /// `local..end` must lie in one published segment, as a run from
-    /// `raise_len` does. Out of line: it runs once a chunk, for batches and
-    /// for the owner's run.
+    /// `local..end` lies in one published segment, as a run from
+    /// `raise_len` does (checked: a run that does not is a bug, and panics).
+    /// Out of line: it runs once a chunk, for batches and for the owner's run.
     #[inline(never)]
     pub(super) fn chunk_run(&self, local: u32, end: u32) -> (NonNull<Slot<T>>, u32) {
         let (segment, offset) = locate(local, self.config.base_bits);
         let base = NonNull::new(self.segments[segment].load(Ordering::Acquire)).expect("taken slots are published");
+        let run_end = end.checked_sub(local).and_then(|len| offset.checked_add(len));
+        let in_segment = run_end.is_some_and(|run_end| run_end <= segment_len(segment, self.config.base_bits));
+        assert!(local < end && in_segment, "the run {local}..{end} lies in one segment");
         // SAFETY: the segment is published, so it holds `segment_len` slots,
-        // and `offset..offset + (end - local)` lies inside it (the caller).
+        // and `offset < offset + (end - local) <=` that (just checked).
         unsafe { Chunks::run(base, offset, offset + (end - local)) }
     }
 
