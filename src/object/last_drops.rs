@@ -304,7 +304,9 @@ impl LastDrops {
             match entry.found {
                 // The common entry of drops at random: one slot, not read before.
                 Found::Dead { local, .. } if count == 1 && progress.drained == entry.start => {
-                    progress.lanes_for(entry.shared).link(local, entry.word);
+                    // SAFETY: the entry's one drop, recorded and not yet
+                    // drained: slot `local`, whose word is `entry.word`.
+                    unsafe { progress.lanes_for(entry.shared).link(local, entry.word) };
                 }
                 Found::Dead { local, stride } if count > 0 => {
                     let skip = progress.drained - entry.start;
@@ -320,7 +322,9 @@ impl LastDrops {
                     // SAFETY: the entry's count keeps the slot, and its store's
                     // shared part, allocated until this decrement (invariants).
                     if unsafe { release(entry.word) } {
-                        progress.lanes_for(entry.shared).link(local, entry.word);
+                        // SAFETY: this drain just took slot `local`'s count
+                        // to zero, and its word is `entry.word`.
+                        unsafe { progress.lanes_for(entry.shared).link(local, entry.word) };
                     }
                 }
                 Found::Check(check) if count > 0 => checks.add(entry.shared, check),
@@ -480,8 +484,14 @@ impl Lanes {
     }
 
     /// Puts the slot `local`, whose header word is `word`, in front of its lane's chain.
+    ///
+    /// # Safety
+    ///
+    /// `word` is the header word of slot `local`, recorded dead (or just
+    /// released to zero by the drainer) and not yet drained, of the store
+    /// these lanes are for.
     #[inline]
-    fn link(&mut self, local: u32, word: NonNull<AtomicU32>) {
+    unsafe fn link(&mut self, local: u32, word: NonNull<AtomicU32>) {
         if self.last != NIL {
             let first = if local == self.last.wrapping_add(1) {
                 // The neighbour of the slot linked last follows it onto the
@@ -494,8 +504,9 @@ impl Lanes {
                 self.firsts[self.lane]
             };
             if first != NIL {
-                // SAFETY: the word of a recorded slot stays valid, and only
-                // its drainer writes it (`LastDrops` invariants). `Relaxed`:
+                // SAFETY: the word of a recorded slot (the caller's
+                // contract) stays valid, and only its drainer writes it
+                // (`LastDrops` invariants). `Relaxed`:
                 // the push's `Release` publishes the link.
                 unsafe { word.as_ref() }.store(LINK_FLAG | first, Ordering::Relaxed);
                 self.last = local;
@@ -521,7 +532,8 @@ impl Lanes {
         let mut local = local + skip as u32;
         // SAFETY: the caller's contract: the slot lies in `word`'s chunk.
         let mut word = unsafe { word.byte_add(skip * stride) };
-        self.link(local, word);
+        // SAFETY: the caller's contract, for the run's slot `skip`.
+        unsafe { self.link(local, word) };
         for _ in 1..count {
             // SAFETY: as above, for the next slot of the run.
             word = unsafe { word.byte_add(stride) };

@@ -113,10 +113,14 @@ impl<T> Slot<T> {
     }
 
     /// Where a new segment's value cell goes, to set it up in place.
+    ///
+    /// # Safety
+    ///
+    /// `slot` points to a slot of a segment's allocation.
     #[cfg(loom)]
-    pub(crate) fn value_ptr(slot: *mut Self) -> *mut sync::UnsafeCell<MaybeUninit<T>> {
-        // SAFETY: only computes the field's address; `slot` points into a
-        // segment being allocated.
+    pub(crate) unsafe fn value_ptr(slot: *mut Self) -> *mut sync::UnsafeCell<MaybeUninit<T>> {
+        // SAFETY: only computes the field's address, inside the slot the
+        // caller's pointer is to.
         unsafe { std::ptr::addr_of_mut!((*slot).value) }
     }
 
