@@ -374,7 +374,8 @@ impl SizeClassPool {
             // with `self`.
             let page = unsafe { active.as_ref() };
             if let Some(bit) = page.take_clean() {
-                return self.hand_out(page, bit);
+                // SAFETY: this thread just took block `bit` of the pool's page.
+                return unsafe { self.hand_out(page, bit) };
             }
         }
         self.alloc_slow(layout, k)
@@ -493,13 +494,15 @@ impl SizeClassPool {
         // points to one of its pages (`PoolCache::active`), alive with `self`.
         let active = unsafe { cache.active[class.shift as usize].as_ref() };
         if let Some(taken) = active.take() {
-            return self.hand_out_taken(class, active, taken).map(Some);
+            // SAFETY: this thread just took the block, of a page of `class`.
+            return unsafe { self.hand_out_taken(class, active, taken) }.map(Some);
         }
         match self.refill(i, cache) {
             Some(p) => {
                 let page = &self.pages[p as usize];
                 let taken = page.take().expect("refill returns a page with a free block");
-                self.hand_out_taken(class, page, taken).map(Some)
+                // SAFETY: as above.
+                unsafe { self.hand_out_taken(class, page, taken) }.map(Some)
             }
             None => {
                 // The refill visited every page of the class (its own, then the others for
@@ -643,7 +646,8 @@ impl SizeClassPool {
             if let Some(p) = self.acquire(i, token) {
                 let page = &self.pages[p as usize];
                 let taken = page.take().expect("acquire returns a page with a free block");
-                let result = self.hand_out_taken(class, page, taken);
+                // SAFETY: this thread just took the block, of a page of `class`.
+                let result = unsafe { self.hand_out_taken(class, page, taken) };
                 self.table.release(p);
                 if i != first {
                     self.counters.fallback();
@@ -671,23 +675,32 @@ impl SizeClassPool {
 
     /// [`hand_out`](Self::hand_out) for block `bit` of `page` of `class`, just taken;
     /// reports the page's blocks found freed twice (`doubles`, see [`Page::take`]).
+    ///
+    /// # Safety
+    ///
+    /// As for `hand_out`, and `page` is one of `class`'s.
     #[inline(always)]
-    fn hand_out_taken(&self, class: &Class, page: &Page, (bit, doubles): (u32, u64)) -> Result<NonNull<u8>> {
+    unsafe fn hand_out_taken(&self, class: &Class, page: &Page, (bit, doubles): (u32, u64)) -> Result<NonNull<u8>> {
         if doubles != 0 {
             // The class's index of the page's first block.
             let base = (page.start() - class.start) >> class.shift;
             self.double_free_raced(class, base as u32, doubles);
         }
-        self.hand_out(page, bit)
+        // SAFETY: the caller's contract.
+        unsafe { self.hand_out(page, bit) }
     }
 
-    /// Returns block `bit` of `page` (one of `self.pages`), just taken, after the
-    /// use-after-free check.
+    /// Returns block `bit` of `page`, just taken, after the use-after-free check.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread just took block `bit` of `page`, one of `self.pages`, and hands
+    /// it to nobody else.
     #[inline(always)]
-    fn hand_out(&self, page: &Page, bit: u32) -> Result<NonNull<u8>> {
+    unsafe fn hand_out(&self, page: &Page, bit: u32) -> Result<NonNull<u8>> {
         let block_size = 1 << page.shift();
-        // SAFETY: `page` had block `bit` to take, so it is one of `self.pages` (the empty page
-        // has none), and its blocks lie inside the region.
+        // SAFETY: `page` had block `bit` to take (the caller), so it is one of `self.pages`
+        // (the empty page has none), and its blocks lie inside the region.
         let block = unsafe { self.region.at(page.block_offset(bit)) };
         // SAFETY: the block was free until `take` just now: `block_size` bytes nobody else
         // references, initialised by the region's fill or the last free's.

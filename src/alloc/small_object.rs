@@ -369,7 +369,8 @@ impl SmallObjectAllocator {
                     })
                 };
                 return match fast {
-                    Some(taken) => self.hand_out_taken(i, taken),
+                    // SAFETY: this thread's lanes just took the slot.
+                    Some(taken) => unsafe { self.hand_out_taken(i, taken) },
                     None => self.alloc_slow(layout, i),
                 };
             }
@@ -391,7 +392,8 @@ impl SmallObjectAllocator {
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout, i: usize) -> Result<NonNull<u8>> {
         match self.take_next_own(i) {
-            Ok(slot) => self.hand_out(i, slot),
+            // SAFETY: this thread just took the slot in its own lanes.
+            Ok(slot) => unsafe { self.hand_out(i, slot) },
             Err(own_searched) => self.alloc_slower(layout, i, own_searched),
         }
     }
@@ -463,7 +465,8 @@ impl SmallObjectAllocator {
                 if !raced.is_empty() {
                     self.shared.report_raced(i, raced);
                 }
-                slot.map(|slot| self.hand_out(i, slot))
+                // SAFETY: this thread just took the slot in its own lanes.
+                slot.map(|slot| unsafe { self.hand_out(i, slot) })
             }
             Some(None) => None,
             // No cache to use (the thread's locals are gone): a slot of an unowned lane,
@@ -530,26 +533,42 @@ impl SmallObjectAllocator {
 
     /// Returns slot `slot` of class `i`, just taken by this thread in its own lanes, after
     /// the use-after-free check.
+    ///
+    /// # Safety
+    ///
+    /// As for [`checked`](Self::checked).
     #[inline(always)]
-    fn hand_out(&self, i: usize, slot: usize) -> Result<NonNull<u8>> {
-        self.checked(i, slot, self.slot_ptr(i, slot))
+    unsafe fn hand_out(&self, i: usize, slot: usize) -> Result<NonNull<u8>> {
+        // SAFETY: the caller's contract; `slot_ptr` gives the slot's address.
+        unsafe { self.checked(i, slot, self.slot_ptr(i, slot)) }
     }
 
     /// [`hand_out`](Self::hand_out) for a slot the fast path took, whose region offset it
     /// found with no multiply by the slot's index.
+    ///
+    /// # Safety
+    ///
+    /// As for [`checked`](Self::checked), for the slot `taken` names, which this thread's
+    /// lanes of class `i` just took.
     #[inline(always)]
-    fn hand_out_taken(&self, i: usize, taken: Taken) -> Result<NonNull<u8>> {
+    unsafe fn hand_out_taken(&self, i: usize, taken: Taken) -> Result<NonNull<u8>> {
         // SAFETY: `taken.at` is the offset of one of the class's slots (its lanes handed it
         // out: see `Taken`), so inside the region.
         let ptr = unsafe { self.region.at(taken.at) };
         debug_assert_eq!(ptr, self.slot_ptr(i, taken.slot), "the offset of slot {} of class {i}", taken.slot);
-        self.checked(i, taken.slot, ptr)
+        // SAFETY: the caller's contract.
+        unsafe { self.checked(i, taken.slot, ptr) }
     }
 
     /// Returns `ptr`, slot `slot` of class `i`, after the use-after-free check.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is slot `slot` of class `i`, which the calling thread just took (it was free,
+    /// and nobody else references it) and hands to nobody else.
     #[inline(always)]
-    fn checked(&self, i: usize, slot: usize, ptr: NonNull<u8>) -> Result<NonNull<u8>> {
-        // SAFETY: the slot was free until just now: `slot_size` bytes nobody references,
+    unsafe fn checked(&self, i: usize, slot: usize, ptr: NonNull<u8>) -> Result<NonNull<u8>> {
+        // SAFETY: the slot was free until just now (the caller): `slot_size` bytes nobody references,
         // initialised by the region's fill or the last free's.
         if !unsafe { region::freed_intact(ptr, self.classes[i].slot_size) } {
             // SAFETY: as above: the slot was just taken, and is handed to nobody yet.
