@@ -271,6 +271,8 @@ impl<V: Copy> SysMap<V> {
     /// The slot index holding `key`, or the empty slot where the probe ended.
     #[inline]
     fn find(&self, key: usize) -> (usize, bool) {
+        // Every caller checks both first (`get_mut` and `remove` return early on an empty map,
+        // and `insert` allocates before it looks).
         debug_assert!(key >= 2, "keys 0 and 1 are reserved");
         debug_assert!(self.cap != 0, "find on an unallocated map");
         let mask = self.cap - 1;
@@ -308,6 +310,8 @@ impl<V: Copy> SysMap<V> {
     /// of memory.
     #[inline]
     pub(crate) fn insert(&mut self, key: usize, value: V) -> Result<Option<V>, V> {
+        // A reserved key would "find" an empty or removed slot and read its value.
+        assert!(key >= 2, "keys 0 and 1 are reserved");
         // Keeps the load under 3/4 after this insert.
         if self.len + self.tombstones >= self.grow_at && !self.rehash() {
             return Err(value);
@@ -439,6 +443,16 @@ pub(crate) mod test_hooks {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// A reserved key would match a removed slot and hand back its stale value.
+    #[test]
+    #[should_panic(expected = "keys 0 and 1 are reserved")]
+    fn insert_refuses_a_reserved_key() {
+        let mut map: SysMap<u64> = SysMap::new();
+        map.insert(2, 7).unwrap();
+        assert_eq!(map.remove(2), Some(7));
+        let _ = map.insert(1, 8);
+    }
 
     #[test]
     fn map_matches_a_hashmap_model() {
