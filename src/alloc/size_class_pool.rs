@@ -403,12 +403,14 @@ impl SizeClassPool {
                     passed_over |= 1 << i;
                     continue;
                 }
-                if let Some(ptr) = self.alloc_cached(i, cache)? {
+                // SAFETY: `with_cache` gives this thread's cache of this pool (keyed by its id).
+                if let Some(ptr) = unsafe { self.alloc_cached(i, cache) }? {
                     return Ok(Some(self.counted(ptr, i, first)));
                 }
             }
             for i in (first..self.classes.len()).filter(|&i| passed_over & 1 << i != 0) {
-                if let Some(ptr) = self.alloc_cached(i, cache)? {
+                // SAFETY: as above.
+                if let Some(ptr) = unsafe { self.alloc_cached(i, cache) }? {
                     return Ok(Some(self.counted(ptr, i, first)));
                 }
             }
@@ -450,7 +452,9 @@ impl SizeClassPool {
                 self.table.claim_hinted(pages, |p| self.pages[p as usize].steal_remote().map(|bit| (p, bit)))
             {
                 self.table.unhint_if_empty(p, || self.pages[p as usize].has_stealable());
-                return Some(self.stolen(first, i, p, bit));
+                // SAFETY: `p` is a page of class `i` (from its range), and this thread just
+                // claimed its block `bit`.
+                return Some(unsafe { self.stolen(first, i, p, bit) });
             }
         }
         // Blocks freed before the pressure, or while a claim cleared their page's hint,
@@ -469,28 +473,37 @@ impl SizeClassPool {
                 }
             }
         }
-        found.map(|(i, p, bit)| self.stolen(first, i, p, bit))
+        // SAFETY: as above.
+        found.map(|(i, p, bit)| unsafe { self.stolen(first, i, p, bit) })
     }
 
     /// Block `bit` of page `p` of class `i`, just claimed by [`steal`](Self::steal) for a
     /// request whose first class is `first`: counted.
-    fn stolen(&self, first: usize, i: usize, p: u32, bit: u32) -> NonNull<u8> {
+    ///
+    /// # Safety
+    ///
+    /// `p` is a page of class `i`, and `bit` one of its blocks.
+    unsafe fn stolen(&self, first: usize, i: usize, p: u32, bit: u32) -> NonNull<u8> {
         self.stolen.fetch_add(1, Ordering::Relaxed);
         if i != first {
             self.counters.fallback();
         }
         let class = &self.classes[i];
-        // SAFETY: `bit` came from page `p`'s remote mask, so it is one of its blocks.
+        // SAFETY: the caller's contract: block `bit` of a page of the class.
         unsafe { self.block(class, ((p - class.first_page) << class.page_shift) + bit) }
     }
 
     /// Takes a block of class `i` through this thread's cache for the class, or `None` if no
     /// page of the class has a free block this thread can take.
+    ///
+    /// # Safety
+    ///
+    /// `cache` is the calling thread's cache of this pool.
     #[inline(always)]
-    fn alloc_cached(&self, i: usize, cache: &mut PoolCache) -> Result<Option<NonNull<u8>>> {
+    unsafe fn alloc_cached(&self, i: usize, cache: &mut PoolCache) -> Result<Option<NonNull<u8>>> {
         let class = &self.classes[i];
         // A class's own `k` is its shift.
-        // SAFETY: the cache is this pool's (`with_cache` keys it by the id), so the entry
+        // SAFETY: the cache is this pool's (the caller's contract), so the entry
         // points to one of its pages (`PoolCache::active`), alive with `self`.
         let active = unsafe { cache.active[class.shift as usize].as_ref() };
         if let Some(taken) = active.take() {
@@ -522,9 +535,13 @@ impl SizeClassPool {
     /// With 200k live 64-byte blocks freed at random, each scan of some 3,000 pages found one
     /// or two free blocks, and an allocation took 24 µs (glibc: 0.13 µs). Now a scan's finds
     /// last until they are used up, and a scan that finds too few takes a fresh page as well.
+    ///
+    /// `cache` must be the calling thread's cache of this pool (a cache is the thread's own:
+    /// `PoolCache` is not `Send`, and only thread-locals hold one); its pool is checked.
     #[cold]
     #[inline(never)]
     fn refill(&self, class_index: usize, cache: &mut PoolCache) -> Option<u32> {
+        assert_eq!(cache.pool, self.id, "a refill through another pool's cache");
         let class = &self.classes[class_index];
         let pressure = self.pressure.load(Ordering::Relaxed) & 1 << class_index != 0;
         let mut found = None;
@@ -534,14 +551,17 @@ impl SizeClassPool {
                 // A ready page is still this thread's and still has the free blocks the scan
                 // saw (only the active page is taken from; see `PoolCache::ready`). The test
                 // is one load, and should that ever change it only sends us to a scan.
-                self.collect(class, p);
+                // SAFETY: the cache is this thread's of this pool (checked above), so its ready list holds
+                // this thread's pages of the class.
+                unsafe { self.collect(class, p) };
                 if self.pages[p as usize].has_local_free() {
                     found = Some(p);
                     break;
                 }
             }
         }
-        let found = found.or_else(|| self.scan_owned(class_index, pressure, cache));
+        // SAFETY: the cache is this thread's cache of this pool (checked above).
+        let found = found.or_else(|| unsafe { self.scan_owned(class_index, pressure, cache) });
         // Every `k` the class serves first: those above the previous class's shift, up to
         // its own.
         let lowest = class_index.checked_sub(1).map_or(0, |below| self.classes[below].shift as usize + 1);
@@ -560,7 +580,11 @@ impl SizeClassPool {
     /// it visited: 2 a page of 64), it also takes over an unowned page, which becomes the
     /// active one. So a scan costs about one page visit per two blocks it finds, however
     /// scattered they are, for a slack of at most 1 / `SCARCE` of the thread's blocks.
-    fn scan_owned(&self, class_index: usize, pressure: bool, cache: &mut PoolCache) -> Option<u32> {
+    ///
+    /// # Safety
+    ///
+    /// `cache` is the calling thread's cache of this pool.
+    unsafe fn scan_owned(&self, class_index: usize, pressure: bool, cache: &mut PoolCache) -> Option<u32> {
         let class = &self.classes[class_index];
         let owned = &mut cache.owned[class_index];
         let ready = &mut cache.ready[class_index];
@@ -572,7 +596,9 @@ impl SizeClassPool {
         while i < owned.len() {
             let p = owned[i];
             let page = &self.pages[p as usize];
-            self.collect(class, p);
+            // SAFETY: the cache is this thread's of this pool (the caller), so `owned` holds this thread's
+            // pages of the class.
+            unsafe { self.collect(class, p) };
             let free = page.local_free_count();
             if free > 0 {
                 match found {
@@ -621,7 +647,8 @@ impl SizeClassPool {
             let p = class.first_page + rel;
             let page = &self.pages[p as usize];
             if page.owner() == UNOWNED && page.may_have_free() && self.table.try_acquire(p, token) {
-                self.collect(class, p);
+                // SAFETY: a page of the class, which this thread just acquired.
+                unsafe { self.collect(class, p) };
                 if page.has_local_free() {
                     class.cursor.store(rel + 1, Ordering::Relaxed);
                     let bit = 1 << self.pages[p as usize].class();
@@ -658,18 +685,24 @@ impl SizeClassPool {
         Ok(None)
     }
 
-    /// Moves page `p`'s remote frees to its local mask (the caller owns the page), filling
-    /// the blocks in debug builds and reporting blocks freed twice.
-    fn collect(&self, class: &Class, p: u32) {
+    /// Moves page `p`'s remote frees to its local mask, filling the blocks in debug builds
+    /// and reporting blocks freed twice.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a page of `class`, and the calling thread owns it.
+    unsafe fn collect(&self, class: &Class, p: u32) {
         let base = (p - class.first_page) << class.page_shift;
         let doubles = self.pages[p as usize].collect(|bit| {
             // SAFETY: `bit` came from the page's remote mask, so the block is one of the
-            // page's, and it was just freed by another thread (its `Release` free happened
+            // page's, a page of `class` (the caller), and it was just freed by another thread (its `Release` free happened
             // before our `Acquire` swap) and is not yet free to hand out: nobody references it.
             unsafe { region::fill_freed(self.block(class, base + bit), class.block_size) };
         });
         if doubles != 0 {
-            self.double_free_raced(class, base, doubles);
+            // SAFETY: `base` is the class's index of the page's first block, and `doubles`
+            // holds bits of the page's masks.
+            unsafe { self.double_free_raced(class, base, doubles) };
         }
     }
 
@@ -684,7 +717,9 @@ impl SizeClassPool {
         if doubles != 0 {
             // The class's index of the page's first block.
             let base = (page.start() - class.start) >> class.shift;
-            self.double_free_raced(class, base as u32, doubles);
+            // SAFETY: `page` is one of `class`'s (the caller), and `doubles` holds bits of its
+            // masks.
+            unsafe { self.double_free_raced(class, base as u32, doubles) };
         }
         // SAFETY: the caller's contract.
         unsafe { self.hand_out(page, bit) }
@@ -1017,11 +1052,16 @@ impl SizeClassPool {
 
     /// Reports blocks of a page found freed twice when their two frees raced on two threads.
     /// The second free is ignored (the block is free once).
+    ///
+    /// # Safety
+    ///
+    /// `base` is `class`'s index of the first block of one of its pages, and `doubles` holds
+    /// only bits of that page's blocks.
     #[cold]
     #[inline(never)]
-    fn double_free_raced(&self, class: &Class, base: u32, mut doubles: u64) {
+    unsafe fn double_free_raced(&self, class: &Class, base: u32, mut doubles: u64) {
         while doubles != 0 {
-            // SAFETY: `doubles` holds bits of the page's masks, so blocks of the page.
+            // SAFETY: the caller's contract: a block of one of the class's pages.
             let addr = unsafe { self.block(class, base + doubles.trailing_zeros()) }.as_ptr() as usize;
             log::error!(
                 "SizeClassPool: {} (two frees raced on two threads; the second is ignored)",

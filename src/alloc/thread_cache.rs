@@ -74,7 +74,8 @@ pub(crate) unsafe trait CacheEntry: Sized + 'static {
 /// `repr(C)` keeps the id first, where [`Closed`] covers it, ahead of the 2 KiB `active`.
 #[repr(C)]
 pub(crate) struct PoolCache {
-    pool: u64,
+    /// The id of the pool the cache is for.
+    pub(crate) pool: u64,
     /// The pool's page table, to give the pages back when the thread exits.
     table: Weak<PageTable>,
     /// Per `k` (the log2 of a request's rounded-up size, as the pool's `by_log2` index, at

@@ -635,3 +635,13 @@ fn a_thread_lives_on_blocks_freed_into_an_idle_owners_pages() {
     });
     assert_eq!(pool.stats().live, 0);
 }
+
+/// A refill through another pool's cache would collect and hand out pages this thread
+/// does not own in the pool it is called on.
+#[test]
+#[should_panic(expected = "another pool's cache")]
+fn refill_refuses_another_pools_cache() {
+    let (a, b) = (small(), small());
+    let mut cache = PoolCache::new(a.id, &a.table, a.classes.len(), a.map.empty());
+    let _ = b.refill(0, &mut cache);
+}
