@@ -266,10 +266,10 @@ impl LaneCounts {
 ///
 /// Invariants: a cache is used with one [`Lanes`] only, by the one thread whose thread cache
 /// holds it (`mine` names lanes of that `Lanes` this thread owns, whose bitmap words it
-/// updates with plain loads and stores); and a non-zero `active_lane` means `active` is a whole word of the bitmap of the
-/// [`Lanes`] that set it (only [`Lanes::set_active`] makes it non-zero), so the alloc's
-/// fast path indexes the word without a bounds check, and `active_at` is the region offset
-/// of that word's first slot.
+/// updates with plain loads and stores); and a non-zero `active_lane` means `active` is a
+/// whole word of the bitmap of the [`Lanes`] that set it (only [`Lanes::set_active`] makes
+/// it non-zero), so the alloc's fast path indexes the word without a bounds check, and
+/// `active_at` is the region offset of that word's first slot.
 #[derive(Debug)]
 pub(crate) struct LaneCache {
     /// Bit `l` set while this thread owns lane `l`.

@@ -551,8 +551,8 @@ impl SizeClassPool {
                 // A ready page is still this thread's and still has the free blocks the scan
                 // saw (only the active page is taken from; see `PoolCache::ready`). The test
                 // is one load, and should that ever change it only sends us to a scan.
-                // SAFETY: the cache is this thread's of this pool (checked above), so its ready list holds
-                // this thread's pages of the class.
+                // SAFETY: the cache is this thread's of this pool (checked above), so its
+                // ready list holds this thread's pages of the class.
                 unsafe { self.collect(class, p) };
                 if self.pages[p as usize].has_local_free() {
                     found = Some(p);
@@ -596,8 +596,8 @@ impl SizeClassPool {
         while i < owned.len() {
             let p = owned[i];
             let page = &self.pages[p as usize];
-            // SAFETY: the cache is this thread's of this pool (the caller), so `owned` holds this thread's
-            // pages of the class.
+            // SAFETY: the cache is this thread's of this pool (the caller), so `owned` holds
+            // this thread's pages of the class.
             unsafe { self.collect(class, p) };
             let free = page.local_free_count();
             if free > 0 {
@@ -695,8 +695,9 @@ impl SizeClassPool {
         let base = (p - class.first_page) << class.page_shift;
         let doubles = self.pages[p as usize].collect(|bit| {
             // SAFETY: `bit` came from the page's remote mask, so the block is one of the
-            // page's, a page of `class` (the caller), and it was just freed by another thread (its `Release` free happened
-            // before our `Acquire` swap) and is not yet free to hand out: nobody references it.
+            // page's, a page of `class` (the caller), and it was just freed by another
+            // thread (its `Release` free happened before our `Acquire` swap) and is not yet
+            // free to hand out: nobody references it.
             unsafe { region::fill_freed(self.block(class, base + bit), class.block_size) };
         });
         if doubles != 0 {
