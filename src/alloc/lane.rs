@@ -137,6 +137,8 @@ pub(crate) struct Lanes {
     owned: AtomicU64,
     quiet: AtomicU64,
     shared: Mutex<Shared>,
+    /// Never repeats: a [`LaneCache`] is bound to the `Lanes` it owns lanes of (see there).
+    id: u32,
     /// How many times the lock was taken, so tests can check the fast paths take none.
     #[cfg(test)]
     locks: std::sync::atomic::AtomicU64,
@@ -266,7 +268,9 @@ impl LaneCounts {
 ///
 /// Invariants: a cache is used with one [`Lanes`] only, by the one thread whose thread cache
 /// holds it (`mine` names lanes of that `Lanes` this thread owns, whose bitmap words it
-/// updates with plain loads and stores); and a non-zero `active_lane` means `active` is a
+/// updates with plain loads and stores; the cache keeps that `Lanes`' id, which every path
+/// that acts on `mine` checks, but the two fast ones, `unsafe fn`s with that contract);
+/// and a non-zero `active_lane` means `active` is a
 /// whole word of the bitmap of the [`Lanes`] that set it (only [`Lanes::set_active`] makes
 /// it non-zero), so the alloc's fast path indexes the word without a bounds check, and
 /// `active_at` is the region offset of that word's first slot.
@@ -283,11 +287,15 @@ pub(crate) struct LaneCache {
     active_at: usize,
     /// `held - allocations` of this thread's [`LaneCounts`] (wrapping; see there).
     offset: u64,
+    /// The id of the [`Lanes`] whose lanes `mine` names (0 before the first). 32 bits, so
+    /// that it fills the padding after `active` and the cache stays 40 bytes (a wider one
+    /// cost the small-object loop two instructions a pair).
+    lanes: u32,
 }
 
 impl Default for LaneCache {
     fn default() -> Self {
-        LaneCache { mine: 0, active: NO_WORD, active_lane: 0, active_at: 0, offset: 0 }
+        LaneCache { lanes: 0, mine: 0, active: NO_WORD, active_lane: 0, active_at: 0, offset: 0 }
     }
 }
 
@@ -316,7 +324,31 @@ impl LaneCache {
     }
 }
 
+#[cold]
+#[inline(never)]
+fn wrong_cache() -> ! {
+    panic!("a lane cache used with another class's lanes");
+}
+
+/// The id of a new [`Lanes`]: never 0 (an unbound cache's) and never repeated.
+fn next_lanes_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
+        .unwrap_or_else(|_| panic!("lane ids exhausted: 2^32 - 1 small-object classes were made"))
+}
+
 impl Lanes {
+    /// Panics unless `cache` names no lanes or this `Lanes`' (`LaneCache`'s invariant: its
+    /// plain stores to the words of the lanes in `mine` are right only for their `Lanes`).
+    /// The paths that act on `mine` call it, but the two fast ones, which are `unsafe fn`s
+    /// with that contract.
+    #[inline(always)]
+    fn check_cache(&self, cache: &LaneCache) {
+        if cache.mine != 0 && cache.lanes != self.id {
+            wrong_cache();
+        }
+    }
+
     /// Bitmap words of the class, counting the partial last one: what a refill that finds
     /// nothing has visited.
     pub(crate) fn words(&self) -> usize {
@@ -355,6 +387,7 @@ impl Lanes {
             lane_shift += 1;
         }
         Lanes {
+            id: next_lanes_id(),
             lanes: words.div_ceil(1 << lane_shift) as u32,
             bits,
             slots,
@@ -479,6 +512,7 @@ impl Lanes {
     /// them again; `Err(false)` if it did not search.
     #[inline(always)]
     pub(crate) fn take_next_inline(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Result<usize, bool> {
+        self.check_cache(cache);
         if cache.active_lane == 0 || self.has_queued_for(cache) {
             return Err(false);
         }
@@ -539,6 +573,7 @@ impl Lanes {
     /// already. `fill` runs after the check, before the slot becomes free.
     #[inline(always)]
     pub(crate) fn free_owned(&self, cache: &mut LaneCache, slot: usize, fill: impl FnOnce()) -> Option<Result<(), ()>> {
+        self.check_cache(cache);
         if !self.is_quiet_own_lane(cache, slot) {
             return None;
         }
@@ -625,6 +660,7 @@ impl Lanes {
         counts: &LaneCounts,
         own_searched: bool,
     ) -> (Option<usize>, Vec<usize>) {
+        self.check_cache(cache);
         let mut raced = Vec::new();
         let mut search_own = !own_searched;
         if self.has_queued_for(cache) {
@@ -657,6 +693,7 @@ impl Lanes {
             shared.inherited = shared.loose;
             shared.cursor = l + 1;
             drop(shared);
+            cache.lanes = self.id;
             cache.mine |= 1 << l;
             self.set_active(cache, w);
             counts.take_over(cache, held);
@@ -706,6 +743,9 @@ impl Lanes {
         fill: impl FnOnce(),
     ) -> (Result<(), ()>, Vec<usize>) {
         let lane = self.lane_bit(slot / 64);
+        if let Some(cache) = &cache {
+            self.check_cache(cache);
+        }
         let mut shared = self.lock();
         if let Some(cache) = cache.filter(|cache| cache.mine & lane != 0) {
             let raced = self.apply_queued(&mut shared, cache);
@@ -745,6 +785,7 @@ impl Lanes {
     #[cold]
     #[inline(never)]
     pub(crate) fn untake(&self, cache: &LaneCache, counts: &LaneCounts, slot: usize) -> bool {
+        self.check_cache(cache);
         if cache.mine & self.lane_bit(slot / 64) == 0 {
             return false;
         }
@@ -787,6 +828,7 @@ impl Lanes {
     /// Gives back every lane of `cache` (a thread leaving), after applying their queued
     /// frees, and moves its counts into the class's. Returns the slots found freed twice.
     pub(crate) fn release(&self, cache: &mut LaneCache, counts: &LaneCounts) -> Vec<usize> {
+        self.check_cache(cache);
         let mut shared = self.lock();
         let raced = self.apply_queued(&mut shared, cache);
         let ((allocations, peak), held) = (counts.read(), counts.held(cache));
@@ -876,6 +918,40 @@ mod tests {
 
     /// A refill that finds no slot anywhere leaves the thread its lanes, and its count of
     /// the slots they hold (the cache's `offset`) with them.
+    /// A cache holding lanes of one class, used with another's, would have its thread store
+    /// to words of lanes it does not own there.
+    #[test]
+    fn a_cache_is_refused_by_another_class_lanes() {
+        let (a, b) = (Lanes::new(128, 0, 8), Lanes::new(128, 0, 8));
+        let (mut mine, counts) = (LaneCache::default(), LaneCounts::default());
+        assert_eq!(a.refill(&mut mine, &counts, false).0, Some(0));
+        let refused = |f: &dyn Fn(&mut LaneCache)| {
+            let mut cache = LaneCache { ..mine };
+            let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut cache))).err();
+            panic.and_then(|p| p.downcast_ref::<&str>().map(|m| m.contains("another class's lanes"))) == Some(true)
+        };
+        assert!(refused(&|cache| {
+            let _ = b.refill(cache, &counts, false);
+        }));
+        assert!(refused(&|cache| {
+            let _ = b.free_owned(cache, 0, || {});
+        }));
+        assert!(refused(&|cache| {
+            let _ = b.take_next_inline(cache, &counts);
+        }));
+        assert!(refused(&|cache| {
+            let _ = b.free_shared(Some(cache), 0, || {});
+        }));
+        assert!(refused(&|cache| {
+            let _ = b.untake(cache, &counts, 0);
+        }));
+        assert!(refused(&|cache| {
+            let _ = b.release(cache, &counts);
+        }));
+        // Its own class takes it as before.
+        assert_eq!(a.free_owned(&mut mine, 0, || {}), Some(Ok(())));
+    }
+
     #[test]
     fn a_refill_that_finds_nothing_keeps_the_held_count() {
         let lanes = Lanes::new(64, 0, 8); // one word, one lane
