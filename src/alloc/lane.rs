@@ -269,11 +269,11 @@ impl LaneCounts {
 /// Invariants: a cache is used with one [`Lanes`] only, by the one thread whose thread cache
 /// holds it (`mine` names lanes of that `Lanes` this thread owns, whose bitmap words it
 /// updates with plain loads and stores; the cache keeps that `Lanes`' id, which every path
-/// that acts on `mine` checks, but the two fast ones, `unsafe fn`s with that contract);
-/// and a non-zero `active_lane` means `active` is a
-/// whole word of the bitmap of the [`Lanes`] that set it (only [`Lanes::set_active`] makes
-/// it non-zero), so the alloc's fast path indexes the word without a bounds check, and
-/// `active_at` is the region offset of that word's first slot.
+/// that acts on `mine` checks, but the two fast ones, `unsafe fn`s with that contract); and
+/// a non-zero `active_lane` means `active` is a whole word of the bitmap of the [`Lanes`]
+/// that set it (only [`Lanes::set_active`] makes it non-zero), so the alloc's fast path
+/// indexes the word without a bounds check, and `active_at` is the region offset of that
+/// word's first slot.
 #[derive(Debug)]
 pub(crate) struct LaneCache {
     /// Bit `l` set while this thread owns lane `l`.
@@ -916,8 +916,6 @@ mod tests {
         assert_eq!((lanes.lane_shift, lanes.lanes), (0, 64));
     }
 
-    /// A refill that finds no slot anywhere leaves the thread its lanes, and its count of
-    /// the slots they hold (the cache's `offset`) with them.
     /// A cache holding lanes of one class, used with another's, would have its thread store
     /// to words of lanes it does not own there.
     #[test]
@@ -952,6 +950,8 @@ mod tests {
         assert_eq!(a.free_owned(&mut mine, 0, || {}), Some(Ok(())));
     }
 
+    /// A refill that finds no slot anywhere leaves the thread its lanes, and its count of
+    /// the slots they hold (the cache's `offset`) with them.
     #[test]
     fn a_refill_that_finds_nothing_keeps_the_held_count() {
         let lanes = Lanes::new(64, 0, 8); // one word, one lane
